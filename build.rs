@@ -1,0 +1,164 @@
+//! Compiles `gpu/` to PTX with rustc's own `nvptx64-nvidia-cuda` target, once per arch listed in
+//! `FETCHAHEAD_ARCHS` (default `sm_121a,sm_90`), checks every kernel entry the host will load, and
+//! embeds the PTX through `$OUT_DIR/ptx.rs`.
+//!
+//! The kernel crate needs nightly features, so its child build alone runs with
+//! `RUSTC_BOOTSTRAP=1`, `-Zbuild-std=core` and `-Cpanic=immediate-abort`, with this build's
+//! `CARGO_*` variables removed.
+use std::env;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+const DEFAULT_ARCHS: &str = "sm_121a,sm_90";
+const TARGET: &str = "nvptx64-nvidia-cuda";
+const COMPONENTS: [&str; 3] = ["rust-src", "llvm-bitcode-linker", "llvm-tools"];
+
+fn main() {
+    println!("cargo:rerun-if-changed=gpu/src");
+    println!("cargo:rerun-if-changed=gpu/Cargo.toml");
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=FETCHAHEAD_ARCHS");
+
+    let archs = env::var("FETCHAHEAD_ARCHS").unwrap_or_else(|_| DEFAULT_ARCHS.to_string());
+    let archs: Vec<&str> = archs.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
+    for arch in &archs {
+        if parse_arch(arch).is_none() {
+            fail(&format!(
+                "FETCHAHEAD_ARCHS: `{arch}` is not an arch like sm_90 or sm_121a"
+            ));
+        }
+    }
+    if archs.is_empty() {
+        fail("FETCHAHEAD_ARCHS names no arch; set it to e.g. sm_121a,sm_90");
+    }
+
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    ensure_components(&rustc);
+
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+    // Shared by every profile and by clippy, so core is built once per arch, not once per build.
+    let ptx_root = out_dir.ancestors().nth(4).unwrap_or(&out_dir).join("fetchahead-ptx");
+
+    let mut table = String::from("pub const BUILT: &[BuiltPtx] = &[\n");
+    for arch in &archs {
+        let ptx = build_arch(&rustc, &manifest_dir, &ptx_root.join(arch), arch);
+        check_entries(arch, &ptx);
+        let file = format!("{arch}.ptx");
+        fs::write(out_dir.join(&file), &ptx).unwrap();
+        writeln!(
+            table,
+            "    BuiltPtx {{ arch: {arch:?}, text: include_str!(concat!(env!(\"OUT_DIR\"), \"/{file}\")) }},"
+        )
+        .unwrap();
+    }
+    table.push_str("];\n");
+    fs::write(out_dir.join("ptx.rs"), table).unwrap();
+}
+
+/// `sm_121a` -> (121, true). Kept in step with `host/ptx.rs`.
+fn parse_arch(arch: &str) -> Option<(u32, bool)> {
+    let digits = arch.strip_prefix("sm_")?;
+    let (digits, specific) = match digits.strip_suffix('a') {
+        Some(d) => (d, true),
+        None => (digits, false),
+    };
+    Some((digits.parse().ok()?, specific))
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("error: fetchahead: {message}");
+    std::process::exit(1);
+}
+
+fn sysroot(rustc: &str) -> PathBuf {
+    let out = Command::new(rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .unwrap_or_else(|e| fail(&format!("cannot run `{rustc} --print sysroot`: {e}")));
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn components_present(sysroot: &Path) -> bool {
+    let host = env::var("HOST").unwrap();
+    let bin = sysroot.join("lib/rustlib").join(&host).join("bin");
+    sysroot.join("lib/rustlib/src/rust/library/core").is_dir()
+        && (bin.join("llvm-bitcode-linker").is_file()
+            || bin.join("self-contained/llvm-bitcode-linker").is_file())
+        && bin.join("llvm-link").is_file()
+}
+
+/// The child build needs the core sources, the bitcode linker, and LLVM's tools (the linker
+/// calls `llvm-link`, and an older system `llvm-link` on PATH rejects its arguments).
+fn ensure_components(rustc: &str) {
+    let root = sysroot(rustc);
+    if components_present(&root) {
+        return;
+    }
+    let fix = format!("rustup component add {}", COMPONENTS.join(" "));
+    println!("cargo:warning=fetchahead: adding rustup components: {fix}");
+    let mut rustup = Command::new("rustup");
+    rustup.args(["component", "add"]).args(COMPONENTS);
+    if let Ok(toolchain) = env::var("RUSTUP_TOOLCHAIN") {
+        rustup.args(["--toolchain", &toolchain]);
+    }
+    let added = rustup.stdout(Stdio::null()).stderr(Stdio::null()).status();
+    if !matches!(added, Ok(s) if s.success()) || !components_present(&root) {
+        fail(&format!("the PTX build needs rustup components {COMPONENTS:?}; run `{fix}`"));
+    }
+}
+
+fn build_arch(rustc: &str, manifest_dir: &Path, target_dir: &Path, arch: &str) -> String {
+    let mut flags = vec![
+        "-Zunstable-options".to_string(),
+        "-Cpanic=immediate-abort".to_string(),
+        format!("-Ctarget-cpu={arch}"),
+    ];
+    // sm_90 defaults to PTX 7.8; the bulk L2 prefetch needs PTX 8.0.
+    if parse_arch(arch).is_some_and(|(sm, _)| sm < 100) {
+        flags.push("-Ctarget-feature=+ptx80".to_string());
+    }
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    for (key, _) in env::vars() {
+        if key.starts_with("CARGO_") && key != "CARGO_HOME" {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env_remove("RUSTC_WRAPPER")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("RUSTFLAGS")
+        .env("RUSTC", rustc)
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
+        .current_dir(manifest_dir.join("gpu"))
+        .args(["rustc", "--quiet", "--profile", "ptx", "--target", TARGET])
+        .args(["-Zbuild-std=core", "--crate-type", "cdylib", "--target-dir"])
+        .arg(target_dir);
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| fail(&format!("cannot run cargo for the {arch} PTX build: {e}")));
+    if !out.status.success() {
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+        fail(&format!("the {arch} PTX build of gpu/ failed (its output is above)"));
+    }
+    let ptx = target_dir.join(TARGET).join("ptx/fetchahead_gpu.ptx");
+    fs::read_to_string(&ptx)
+        .unwrap_or_else(|e| fail(&format!("the {arch} PTX build wrote no {}: {e}", ptx.display())))
+}
+
+/// Every kernel the host loads is an entry of this PTX, and takes a parameter block of exactly
+/// the size the host passes.
+fn check_entries(arch: &str, ptx: &str) {
+    for entry in fetchahead_gpu::all_kernels() {
+        let (name, size) = (entry.name, entry.param_bytes);
+        if !ptx.contains(&format!(".entry {name}(")) {
+            fail(&format!("{arch} PTX has no kernel `{name}` (listed in gpu/'s variant tables)"));
+        }
+        if !ptx.contains(&format!(".param .align 8 .b8 {name}_param_0[{size}]")) {
+            fail(&format!("{arch} PTX: kernel `{name}` does not take one {size}-byte parameter"));
+        }
+    }
+}

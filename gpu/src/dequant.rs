@@ -1,0 +1,142 @@
+//! Fused gather + MXFP8 dequant: row `ids[i]` of FP8-E4M3 weights with its E8M0 scales (one per
+//! 32 elements) comes out as bf16, `e4m3(x) * 2^(s - 127)` rounded once to nearest even.
+//!
+//! Per thread: 16 elements (one 16-byte weight load, one scale byte, two 16-byte stores), so a
+//! 256-element row is 16 threads and a warp covers two rows. An id outside `0..rows` writes a zero
+//! row and is recorded in the launch's `IdStatus`.
+
+/// How a variant turns FP8 bytes into bf16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Conversion {
+    /// `cvt.rn.f16x2.e4m3x2` (sm_89+), an f32 multiply by the scale, `cvt.rn.bf16x2.f32`.
+    Hardware,
+    /// Integer bit manipulation only ([`crate::mxfp8::e4m3_scaled_to_bf16`]).
+    Bits,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    pub name: &'static str,
+    pub conversion: Conversion,
+    pub about: &'static str,
+}
+
+/// Elements each thread converts.
+pub const ELEMS_PER_THREAD: u32 = 16;
+
+pub const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "gather_dequant_cvt",
+        conversion: Conversion::Hardware,
+        about: "hardware e4m3x2 -> f16x2 conversion, f32 scale multiply",
+    },
+    Variant {
+        name: "gather_dequant_bits",
+        conversion: Conversion::Bits,
+        about: "integer bit manipulation, no float conversion instructions",
+    },
+];
+
+#[cfg(target_arch = "nvptx64")]
+mod kernels {
+    use super::ELEMS_PER_THREAD;
+    use crate::device::{
+        e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads, load_i64,
+        load_stream_16, load_u8, record_bad_id, store_16,
+    };
+    use crate::mxfp8::{E8M0_NAN, e4m3_scaled_to_bf16};
+    use crate::params::{DequantParams, MX_BLOCK};
+
+    /// E8M0 for 2^0.
+    const UNIT_SCALE: u8 = 127;
+
+    /// The E8M0 scale as an f32 power of two (2^-127 is an f32 subnormal, still exact).
+    #[inline(always)]
+    fn scale_f32(s: u8) -> f32 {
+        match s {
+            E8M0_NAN => f32::NAN,
+            0 => f32::from_bits(0x0040_0000),
+            _ => f32::from_bits((s as u32) << 23),
+        }
+    }
+
+    /// Output word `k` (elements 2k and 2k+1) of a 16-element chunk, hardware conversion.
+    #[inline(always)]
+    fn word_hardware(w: [u32; 4], k: usize, scale: f32) -> u32 {
+        let h = e4m3x2_to_f16x2((w[k / 2] >> (16 * (k % 2))) as u16);
+        let lo = f16_to_f32(h as u16) * scale;
+        let hi = f16_to_f32((h >> 16) as u16) * scale;
+        f32x2_to_bf16x2(lo, hi)
+    }
+
+    /// Output word `k` of a 16-element chunk, integer conversion.
+    #[inline(always)]
+    fn word_bits(w: [u32; 4], k: usize, s: u8) -> u32 {
+        let pair = w[k / 2] >> (16 * (k % 2));
+        let lo = e4m3_scaled_to_bf16(pair as u8, s) as u32;
+        let hi = e4m3_scaled_to_bf16((pair >> 8) as u8, s) as u32;
+        lo | hi << 16
+    }
+
+    /// The eight output words of a chunk, each call spelled out so that `k` is a constant and
+    /// the array stays in registers.
+    #[inline(always)]
+    fn convert<const HARDWARE: bool>(w: [u32; 4], s: u8) -> [u32; 8] {
+        let scale = scale_f32(s);
+        let word = |k: usize| {
+            if HARDWARE { word_hardware(w, k, scale) } else { word_bits(w, k, s) }
+        };
+        [word(0), word(1), word(2), word(3), word(4), word(5), word(6), word(7)]
+    }
+
+    #[inline(always)]
+    unsafe fn gather_dequant<const HARDWARE: bool>(p: &DequantParams) {
+        // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
+        let chunks = (p.dim / ELEMS_PER_THREAD).max(1);
+        let scales_per_row = (p.dim / MX_BLOCK) as u64;
+        let total = p.n * chunks as u64;
+        let stride = grid_threads();
+        let mut t = global_thread();
+        while t < total {
+            // t < n * chunks < 2^32, checked on the host.
+            let (i, c) = ((t as u32 / chunks) as u64, t as u32 % chunks);
+            // SAFETY: i < n, so ids + 8 i lies in the ids array.
+            let id = unsafe { load_i64(p.ids + 8 * i) };
+            // A bad id converts zero bytes at scale 2^0: a row of +0.0.
+            let (w, s) = if id >= 0 && (id as u64) < p.rows {
+                let elem = id as u64 * p.dim as u64 + (c * ELEMS_PER_THREAD) as u64;
+                // SAFETY: id < rows and c < dim / 16, so both reads lie inside row `id`.
+                unsafe {
+                    (
+                        load_stream_16(p.weights + elem),
+                        load_u8(p.scales + id as u64 * scales_per_row + (c / 2) as u64),
+                    )
+                }
+            } else {
+                if c == 0 {
+                    // SAFETY: the host passes the address of a live IdStatus.
+                    unsafe { record_bad_id(p.status, i) };
+                }
+                ([0; 4], UNIT_SCALE)
+            };
+            let out = convert::<HARDWARE>(w, s);
+            let dest = p.out + 2 * (i * p.dim as u64 + (c * ELEMS_PER_THREAD) as u64);
+            // SAFETY: 32 bytes of output row i < n, owned by this thread.
+            unsafe {
+                store_16(dest, [out[0], out[1], out[2], out[3]]);
+                store_16(dest + 16, [out[4], out[5], out[6], out[7]]);
+            }
+            t += stride;
+        }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_cvt(p: DequantParams) {
+        unsafe { gather_dequant::<true>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_bits(p: DequantParams) {
+        unsafe { gather_dequant::<false>(&p) }
+    }
+}

@@ -1,0 +1,46 @@
+//! fetchahead's GPU kernels and everything the host shares with them.
+//!
+//! The same crate compiles twice: for `nvptx64-nvidia-cuda` (the kernels, built to PTX by the
+//! host crate's `build.rs`) and for the host, where only the `#[repr(C)]` parameter structs and
+//! the variant tables exist. Those are the one definition of the launch ABI; the host never copies
+//! them.
+#![cfg_attr(target_arch = "nvptx64", no_std)]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_gpu_kernel, asm_experimental_arch, stdarch_nvptx)
+)]
+// Kernels take one `#[repr(C)]` struct of u64/u32 fields by value (a `.param .b8[N]` array);
+// build.rs checks every entry's parameter size against the host's `size_of`.
+#![cfg_attr(target_arch = "nvptx64", allow(improper_gpu_kernel_arg))]
+
+pub mod dequant;
+pub mod gather;
+pub mod l2_prefetch;
+pub mod mxfp8;
+pub mod params;
+
+#[cfg(target_arch = "nvptx64")]
+mod device;
+
+/// A kernel entry point the host may load, and the size of the one parameter struct it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub name: &'static str,
+    pub param_bytes: usize,
+}
+
+/// Every kernel entry point, in the order `fetchahead kernels` lists them. `build.rs` checks that
+/// each is an `.entry` of every PTX it builds, taking a parameter block of `param_bytes`.
+pub fn all_kernels() -> impl Iterator<Item = Entry> {
+    use core::mem::size_of;
+    let entry = |name, param_bytes| Entry { name, param_bytes };
+    let gather = size_of::<params::GatherParams>();
+    let dequant = size_of::<params::DequantParams>();
+    let prefetch = size_of::<params::PrefetchParams>();
+    gather::VARIANTS
+        .iter()
+        .map(move |v| entry(v.name, gather))
+        .chain([entry(gather::EMPTY_KERNEL, gather)])
+        .chain(dequant::VARIANTS.iter().map(move |v| entry(v.name, dequant)))
+        .chain(l2_prefetch::VARIANTS.iter().map(move |v| entry(v.name, prefetch)))
+}

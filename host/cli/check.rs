@@ -1,0 +1,53 @@
+//! `fetchahead check`: every kernel against the CPU reference on this machine's GPU.
+use std::process::ExitCode;
+
+use clap::Args;
+use fetchahead::gpu::Gpu;
+use fetchahead::kernels::Kernels;
+use fetchahead::{Error, selfcheck};
+
+#[derive(Args, Default)]
+pub struct CheckArgs {
+    /// Rows in the generated table (256-byte rows).
+    #[arg(long, default_value_t = 1 << 18)]
+    pub rows: u64,
+    /// Ids per launch.
+    #[arg(long, default_value_t = 1 << 16)]
+    pub n: usize,
+    /// Seed for the random table and ids (fresh when not given).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+pub fn run(args: &CheckArgs) -> fetchahead::Result<ExitCode> {
+    let (rows, n) = if args.rows == 0 { (1 << 18, 1 << 16) } else { (args.rows, args.n) };
+    super::kernels::list()?;
+    let gpu = match Gpu::open(0) {
+        Ok(gpu) => gpu,
+        Err(Error::NoDevice(why)) => {
+            println!("\nno GPU here ({why}): kernels listed, not launched");
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(e),
+    };
+    let kernels = Kernels::load(&gpu)?;
+    let seed = args.seed.unwrap_or_else(selfcheck::fresh_seed);
+    println!(
+        "\n{} (sm_{}{}, {} SMs), PTX {}: {n} random ids into {rows} rows, seed {seed}",
+        gpu.name, gpu.compute_capability.0, gpu.compute_capability.1, gpu.multiprocessors,
+        kernels.arch()
+    );
+    let outcomes = selfcheck::run(&kernels, rows, n, seed)?;
+    println!("{:<22} {:<11} {:>6} {:>10}", "kernel", "table", "result", "GB/s");
+    for o in &outcomes {
+        println!(
+            "{:<22} {:<11} {:>6} {:>10.1} {}",
+            o.kernel,
+            format!("{:?}", o.placement),
+            if o.passed { "pass" } else { "FAIL" },
+            o.bytes_per_s / 1e9,
+            o.detail
+        );
+    }
+    Ok(if outcomes.iter().all(|o| o.passed) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}

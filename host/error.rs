@@ -1,0 +1,67 @@
+//! The crate's one error type: each variant carries what the caller needs to act.
+use cudarc::driver::DriverError;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("CUDA {call} failed: {source}")]
+    Cuda {
+        call: &'static str,
+        #[source]
+        source: DriverError,
+    },
+
+    #[error("no CUDA device: {0}")]
+    NoDevice(String),
+
+    #[error(
+        "no PTX for {device} (compute capability {major}.{minor}, arch {wanted}); this build has \
+         {built}. Rebuild with FETCHAHEAD_ARCHS={wanted},{built} cargo build --release"
+    )]
+    NoPtxForDevice {
+        device: String,
+        major: i32,
+        minor: i32,
+        wanted: String,
+        built: String,
+    },
+
+    #[error("no PTX built for arch `{arch}`; this build has {built}")]
+    UnknownArch { arch: String, built: String },
+
+    #[error(
+        "{count} of {n} ids outside 0..{rows}; the first at position {first_index} is {first_id} \
+         (those output rows were written as zeros)"
+    )]
+    IdsOutOfRange {
+        count: u32,
+        n: u64,
+        rows: u64,
+        first_index: u64,
+        first_id: i64,
+    },
+
+    #[error("invalid {what}: {why}")]
+    Invalid { what: &'static str, why: String },
+}
+
+impl Error {
+    pub(crate) fn invalid(what: &'static str, why: impl Into<String>) -> Self {
+        Error::Invalid {
+            what,
+            why: why.into(),
+        }
+    }
+}
+
+/// Names the driver call a `DriverError` came from.
+pub(crate) trait CudaCall<T> {
+    fn call(self, call: &'static str) -> Result<T>;
+}
+
+impl<T> CudaCall<T> for std::result::Result<T, DriverError> {
+    fn call(self, call: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Cuda { call, source })
+    }
+}

@@ -1,0 +1,266 @@
+//! The kernels of one device, loaded from the PTX built for its arch, and their launches.
+//!
+//! Launches go straight to `cuLaunchKernel` with the caller's raw stream and one parameter struct
+//! by value: nothing is allocated per launch, and every launch can be captured into a CUDA graph.
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaModule, result, sys};
+use fetchahead_gpu::params::{CHUNK_BYTES, DequantParams, GatherParams, MX_BLOCK, PrefetchParams};
+use fetchahead_gpu::{dequant, gather, l2_prefetch};
+
+use crate::error::CudaCall;
+use crate::gpu::Gpu;
+use crate::ptx::{self, BuiltPtx};
+use crate::{Error, Result};
+
+/// A loaded kernel and how many of its blocks fit on one multiprocessor.
+#[derive(Debug)]
+struct Loaded {
+    function: CudaFunction,
+    blocks_per_sm: u32,
+}
+
+/// Every kernel of the variant tables in `gpu/`, loaded for one device.
+#[derive(Debug)]
+pub struct Kernels {
+    gpu: Gpu,
+    ptx: &'static BuiltPtx,
+    _module: Arc<CudaModule>,
+    gather: Vec<Loaded>,
+    empty: Loaded,
+    dequant: Vec<Loaded>,
+    prefetch: Vec<Loaded>,
+}
+
+impl Kernels {
+    /// Loads the PTX built for `gpu`'s compute capability.
+    pub fn load(gpu: &Gpu) -> Result<Kernels> {
+        let (major, minor) = gpu.compute_capability;
+        let ptx = ptx::for_compute_capability(&gpu.name, major, minor)?;
+        let module = gpu
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx.text))
+            .call("cuModuleLoadData")?;
+        let load = |name: &str| -> Result<Loaded> {
+            let function = module.load_function(name).call("cuModuleGetFunction")?;
+            let blocks_per_sm = function
+                .occupancy_max_active_blocks_per_multiprocessor(gather::BLOCK_THREADS, 0, None)
+                .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?
+                .max(1);
+            Ok(Loaded {
+                function,
+                blocks_per_sm,
+            })
+        };
+        Ok(Kernels {
+            gather: gather::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
+            empty: load(gather::EMPTY_KERNEL)?,
+            dequant: dequant::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
+            prefetch: l2_prefetch::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
+            _module: module,
+            ptx,
+            gpu: gpu.clone(),
+        })
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// The arch whose PTX was loaded.
+    pub fn arch(&self) -> &'static str {
+        self.ptx.arch
+    }
+
+    /// Launches gather `variant` (an index into `gather::VARIANTS`) on `stream`.
+    ///
+    /// # Safety
+    /// `p`'s addresses are valid device addresses for the whole launch: `table` holds `rows` rows
+    /// of `row_bytes`, `ids` holds `n` int64, `out` holds `n * row_bytes` bytes and is written by
+    /// nothing else, and `status` is a live `IdStatus`.
+    pub unsafe fn launch_gather(
+        &self,
+        stream: sys::CUstream,
+        variant: usize,
+        p: GatherParams,
+    ) -> Result<()> {
+        let threads = gather_threads(variant, &p)?;
+        // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
+        unsafe { self.launch(pick(&self.gather, variant, "gather")?, threads, stream, p) }
+    }
+
+    /// Launches the empty kernel with exactly the grid gather `variant` would get for `p`.
+    ///
+    /// # Safety
+    /// None beyond a valid stream: the kernel reads nothing.
+    pub unsafe fn launch_empty(
+        &self,
+        stream: sys::CUstream,
+        variant: usize,
+        p: GatherParams,
+    ) -> Result<()> {
+        let threads = gather_threads(variant, &p)?;
+        let own = pick(&self.gather, variant, "gather")?;
+        let empty = Loaded {
+            function: self.empty.function.clone(),
+            blocks_per_sm: own.blocks_per_sm,
+        };
+        // SAFETY: the empty kernel touches no memory.
+        unsafe { self.launch(&empty, threads, stream, p) }
+    }
+
+    /// Launches gather + dequant `variant` (an index into `dequant::VARIANTS`) on `stream`.
+    ///
+    /// # Safety
+    /// As [`Kernels::launch_gather`], for `weights` (`rows * dim` bytes), `scales`
+    /// (`rows * dim / 32` bytes), `ids` (`n`) and `out` (`n * dim` bf16).
+    pub unsafe fn launch_gather_dequant(
+        &self,
+        stream: sys::CUstream,
+        variant: usize,
+        p: DequantParams,
+    ) -> Result<()> {
+        if p.dim == 0 || p.dim % MX_BLOCK != 0 {
+            return Err(Error::invalid("dim", format!("{} is not a positive multiple of 32", p.dim)));
+        }
+        check_aligned("weights", p.weights)?;
+        check_aligned("out", p.out)?;
+        check_aligned_to("scales", p.scales, 1)?;
+        check_aligned_to("ids", p.ids, 8)?;
+        check_aligned_to("status", p.status, 8)?;
+        let threads = p.n * (p.dim / dequant::ELEMS_PER_THREAD) as u64;
+        check_chunk_count(threads)?;
+        // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
+        unsafe { self.launch(pick(&self.dequant, variant, "gather_dequant")?, threads, stream, p) }
+    }
+
+    /// Launches L2 prefetch `variant` (an index into `l2_prefetch::VARIANTS`) over `p.n`
+    /// segments with `blocks x threads` (the defaults: `min(n, 8) x 64`).
+    ///
+    /// # Safety
+    /// `p.segments` holds `p.n` segments, each 16-byte aligned and sized, inside valid device
+    /// allocations (the L2 plan validates them before they reach the device).
+    pub unsafe fn launch_l2_prefetch(
+        &self,
+        stream: sys::CUstream,
+        variant: usize,
+        p: PrefetchParams,
+        blocks: u32,
+        threads: u32,
+    ) -> Result<()> {
+        if p.chunk == 0 || p.chunk % 16 != 0 {
+            return Err(Error::invalid("prefetch chunk", format!("{} is not a positive multiple of 16", p.chunk)));
+        }
+        if blocks == 0 || threads == 0 || threads > 1024 {
+            return Err(Error::invalid("prefetch launch", format!("{blocks} blocks x {threads} threads")));
+        }
+        if p.n == 0 {
+            return Ok(());
+        }
+        check_aligned_to("segments", p.segments, 16)?;
+        let kernel = pick(&self.prefetch, variant, "l2_prefetch")?;
+        let mut params = p;
+        let mut args = [&mut params as *mut PrefetchParams as *mut c_void];
+        self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: one argument of the struct type the kernel takes (build.rs checked its size).
+        unsafe {
+            result::launch_kernel(
+                kernel.function.cu_function(),
+                (blocks, 1, 1),
+                (threads, 1, 1),
+                0,
+                stream,
+                &mut args,
+            )
+        }
+        .call("cuLaunchKernel")
+    }
+
+    /// One launch of `threads` threads in blocks of `BLOCK_THREADS`, the grid capped at what fits
+    /// on the device at once (the kernels are grid-stride loops). No threads: no launch.
+    unsafe fn launch<P: Copy>(
+        &self,
+        kernel: &Loaded,
+        threads: u64,
+        stream: sys::CUstream,
+        p: P,
+    ) -> Result<()> {
+        if threads == 0 {
+            return Ok(());
+        }
+        let resident = self.gpu.multiprocessors as u64 * kernel.blocks_per_sm as u64;
+        let blocks = threads.div_ceil(gather::BLOCK_THREADS as u64).min(resident) as u32;
+        let mut params = p;
+        let mut args = [&mut params as *mut P as *mut c_void];
+        self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: one argument of the struct type the kernel takes (build.rs checked its size);
+        // the caller guarantees the addresses inside it.
+        unsafe {
+            result::launch_kernel(
+                kernel.function.cu_function(),
+                (blocks, 1, 1),
+                (gather::BLOCK_THREADS, 1, 1),
+                0,
+                stream,
+                &mut args,
+            )
+        }
+        .call("cuLaunchKernel")
+    }
+}
+
+/// Checks a gather's shape and returns the threads gather `variant` needs for it.
+fn gather_threads(variant: usize, p: &GatherParams) -> Result<u64> {
+    if p.row_bytes == 0 || p.row_bytes % CHUNK_BYTES != 0 {
+        return Err(Error::invalid(
+            "row width",
+            format!("{} bytes is not a positive multiple of {CHUNK_BYTES}", p.row_bytes),
+        ));
+    }
+    check_aligned("table", p.table)?;
+    check_aligned("out", p.out)?;
+    check_aligned_to("ids", p.ids, 8)?;
+    check_aligned_to("status", p.status, 8)?;
+    let chunks = (p.row_bytes / CHUNK_BYTES) as u64;
+    check_chunk_count(p.n * chunks)?;
+    let shape = gather::VARIANTS
+        .get(variant)
+        .ok_or_else(|| Error::invalid("gather variant", format!("no variant {variant}")))?
+        .shape;
+    Ok(match shape {
+        gather::Shape::ChunkPerThread { unroll } => (p.n * chunks).div_ceil(unroll as u64),
+        gather::Shape::WarpPerRow => p.n * 32,
+    })
+}
+
+/// The kernels index 16-byte chunks with 32-bit arithmetic.
+fn check_chunk_count(chunks: u64) -> Result<()> {
+    if chunks >= u32::MAX as u64 {
+        return Err(Error::invalid(
+            "batch",
+            format!("{chunks} 16-byte chunks in one launch; split it below 2^32"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_aligned(what: &'static str, address: u64) -> Result<()> {
+    check_aligned_to(what, address, 16)
+}
+
+fn check_aligned_to(what: &'static str, address: u64, align: u64) -> Result<()> {
+    if address == 0 || address % align != 0 {
+        return Err(Error::invalid(
+            what,
+            format!("address {address:#x} is null or not {align}-byte aligned"),
+        ));
+    }
+    Ok(())
+}
+
+fn pick<'a>(loaded: &'a [Loaded], variant: usize, family: &'static str) -> Result<&'a Loaded> {
+    loaded
+        .get(variant)
+        .ok_or_else(|| Error::invalid("variant", format!("{family} has no variant {variant}")))
+}

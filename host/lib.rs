@@ -1,0 +1,20 @@
+//! fetchahead: gets bytes to the GPU's multiprocessors before the kernels that need them start.
+//!
+//! - [`ptx`]: the PTX built from `gpu/` for each arch, and the choice for a device.
+//! - [`gpu`]: opening a device; detecting that there is none.
+//! - [`kernels`]: the loaded kernels and their launches (gather, gather + dequant, L2 prefetch).
+//! - [`table`]: row tables in device memory or in pinned host memory mapped for the device.
+//! - [`reference`]: the CPU reference every kernel is checked against.
+//! - [`selfcheck`]: runs every kernel against the reference on this machine's GPU.
+
+pub mod error;
+pub mod gpu;
+pub mod id_check;
+pub mod kernels;
+pub mod ptx;
+pub mod reference;
+pub mod selfcheck;
+pub mod table;
+
+pub use error::{Error, Result};
+pub use fetchahead_gpu as device_abi;
