@@ -1,4 +1,7 @@
 //! The crate's one error type: each variant carries what the caller needs to act.
+use std::fmt;
+use std::path::PathBuf;
+
 use cudarc::driver::DriverError;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -44,9 +47,104 @@ pub enum Error {
 
     #[error("invalid {what}: {why}")]
     Invalid { what: &'static str, why: String },
+
+    #[error("{}: {op} failed: {source}", file.display())]
+    Io {
+        file: PathBuf,
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{}: bad safetensors header: {why}", file.display())]
+    TableHeader { file: PathBuf, why: String },
+
+    #[error("{}: tensor {tensor} is missing", file.display())]
+    MissingTensor { file: PathBuf, tensor: String },
+
+    #[error("{}: tensor {tensor}: {why}", file.display())]
+    BadTensor {
+        file: PathBuf,
+        tensor: String,
+        why: String,
+    },
+
+    #[error(
+        "{}: the file is {len} bytes but tensor {tensor} ends at byte {end}: the shard is truncated",
+        file.display()
+    )]
+    TruncatedShard {
+        file: PathBuf,
+        tensor: String,
+        len: u64,
+        end: u64,
+    },
+
+    #[error("layer {layer} is not in this table (it has layers {have:?})")]
+    NoSuchLayer { layer: u32, have: Vec<u32> },
+
+    #[error(
+        "{count} of {n} row ids outside the owned range {start}..{end}; the first at position \
+         {first_index} is {first_id} (nothing was read)"
+    )]
+    RowsOutOfRange {
+        count: u64,
+        n: u64,
+        start: u64,
+        end: u64,
+        first_index: u64,
+        first_id: i64,
+    },
+
+    #[error(
+        "reading rows {rows} of layer {layer} failed ({} at byte {offset}): {source}; the lookup's \
+         outputs are not valid",
+        file.display()
+    )]
+    RowRead {
+        layer: u32,
+        rows: RowIds,
+        file: PathBuf,
+        offset: u64,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("read path {path} is not available here: {why}")]
+    ReadPathUnavailable { path: &'static str, why: String },
+}
+
+/// Row ids named by an error; prints the first few and the count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowIds(pub Vec<u64>);
+
+impl fmt::Display for RowIds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SHOWN: usize = 16;
+        let ids = &self.0;
+        write!(f, "[")?;
+        for (i, id) in ids.iter().take(SHOWN).enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            write!(f, "{id}")?;
+        }
+        if ids.len() > SHOWN {
+            write!(f, ", ... ({} rows in all)", ids.len())?;
+        }
+        write!(f, "]")
+    }
 }
 
 impl Error {
+    pub(crate) fn io(file: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
+        Error::Io {
+            file: file.into(),
+            op,
+            source,
+        }
+    }
+
     pub(crate) fn invalid(what: &'static str, why: impl Into<String>) -> Self {
         Error::Invalid {
             what,

@@ -6,6 +6,7 @@
 //! - [`table`]: row tables in device memory or in pinned host memory mapped for the device.
 //! - [`reference`]: the CPU reference every kernel is checked against.
 //! - [`selfcheck`]: runs every kernel against the reference on this machine's GPU.
+//! - [`store`]: the NVMe row store for Engram tables (safetensors shards, io_uring, DRAM cache).
 
 pub mod error;
 pub mod gpu;
@@ -14,6 +15,7 @@ pub mod kernels;
 pub mod ptx;
 pub mod reference;
 pub mod selfcheck;
+pub mod store;
 pub mod table;
 
 pub use error::{Error, Result};

@@ -3,8 +3,12 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
+mod bench_io;
 mod check;
+mod inspect;
 mod kernels;
+mod make_table;
+mod tune;
 
 #[derive(Subcommand)]
 pub enum Command {
@@ -18,6 +22,14 @@ pub enum Command {
     },
     /// Run every kernel against the CPU reference on this machine's GPU, with bandwidth.
     Check(check::CheckArgs),
+    /// Write a generated Engram table (safetensors shards) for the row store.
+    MakeTable(make_table::MakeTableArgs),
+    /// Show a table's tensors, rows, bytes, shards and row alignment to 4 KiB pages.
+    Inspect(inspect::InspectArgs),
+    /// Measure the read paths on this disk and write Auto's choice beside the table.
+    Tune(tune::TuneArgs),
+    /// Benchmark every read path cold and warm beside a raw io_uring QD64 baseline.
+    BenchIo(bench_io::BenchIoArgs),
 }
 
 impl Default for Command {
@@ -31,5 +43,9 @@ pub fn run(command: Command) -> fetchahead::Result<ExitCode> {
         Command::Kernels => kernels::list(),
         Command::Ptx { arch } => kernels::print_ptx(&arch),
         Command::Check(args) => check::run(&args),
+        Command::MakeTable(args) => make_table::run(&args),
+        Command::Inspect(args) => inspect::run(&args),
+        Command::Tune(args) => tune::run(&args),
+        Command::BenchIo(args) => bench_io::run(&args),
     }
 }

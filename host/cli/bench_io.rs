@@ -1,0 +1,206 @@
+//! `fetchahead bench-io`: every read path on cold and warm data, for decode, mid and prefill
+//! batches, beside a raw io_uring O_DIRECT 4 KiB random-read baseline of the same file at QD64.
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use fetchahead::store::measure::{percentiles_us, raw_random_reads, time_lookups, unique_rows};
+use fetchahead::store::{ReadPath, RowStore, StoreOptions};
+use serde_json::json;
+
+#[derive(Args)]
+pub struct BenchIoArgs {
+    /// A model directory or one .safetensors file.
+    pub dir: PathBuf,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Rows in the prefill batch.
+    #[arg(long, default_value_t = 100_000)]
+    pub prefill_rows: usize,
+    /// Batches timed per (path, size): decode, 4096, prefill.
+    #[arg(long, value_delimiter = ',', default_value = "50,5,2")]
+    pub iters: Vec<usize>,
+    /// 4 KiB reads in the baseline.
+    #[arg(long, default_value_t = 200_000)]
+    pub baseline_reads: u64,
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+}
+
+struct Row {
+    path: &'static str,
+    batch: usize,
+    cold: bool,
+    source: &'static str,
+    samples: usize,
+    rows_per_s: f64,
+    iops: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+fn summarize(
+    path: &'static str,
+    batch: usize,
+    cold: bool,
+    source: &'static str,
+    times: &[Duration],
+    reads: u64,
+) -> Row {
+    let secs: f64 = times.iter().map(Duration::as_secs_f64).sum();
+    let (p50_us, p99_us) = percentiles_us(times);
+    Row {
+        path,
+        batch,
+        cold,
+        source,
+        samples: times.len(),
+        rows_per_s: (batch * times.len()) as f64 / secs,
+        iops: reads as f64 / secs,
+        p50_us,
+        p99_us,
+    }
+}
+
+pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
+    let say = |line: String| {
+        if !args.json {
+            println!("{line}");
+        }
+    };
+    let store = RowStore::open(&args.dir, StoreOptions::default())?;
+    let layer = store.layers()[0];
+    let span = store.layout().layer(layer).map(|l| l.weight.clone());
+    let Some(span) = span else {
+        return Ok(ExitCode::FAILURE);
+    };
+    let file = store.layout().path(span.file).to_path_buf();
+    let direct = store.direct_io().is_ok();
+    if let Err(why) = store.direct_io() {
+        eprintln!(
+            "WARNING: O_DIRECT is not supported here ({why}): the uring and preadv paths read through the page cache and the raw baseline is skipped"
+        );
+    }
+    let baseline = if direct {
+        let b = raw_random_reads(
+            &file,
+            span.offset..span.offset + span.len(),
+            64,
+            args.baseline_reads,
+            args.seed,
+        )?;
+        say(format!(
+            "baseline: raw io_uring O_DIRECT 4 KiB random reads of {} at QD64: {:.0} IOPS (p50 {:.0} us, p99 {:.0} us, {} reads)",
+            file.display(),
+            b.iops,
+            b.p50_us,
+            b.p99_us,
+            b.reads
+        ));
+        Some(b)
+    } else {
+        None
+    };
+    let range = store.row_range();
+    let sizes = [72, 4096, args.prefill_rows];
+    let iters = |k: usize| args.iters.get(k).copied().unwrap_or(1).max(1);
+    let mut rows = Vec::new();
+    for path in ReadPath::ALL {
+        if path == ReadPath::Uring && store.uring().is_err() {
+            eprintln!(
+                "WARNING: io_uring unavailable ({}); uring path skipped",
+                store.uring().err().unwrap_or("")
+            );
+            continue;
+        }
+        let warm_source = match path {
+            ReadPath::Uring | ReadPath::Preadv if direct => "disk",
+            _ => "page-cache",
+        };
+        for (k, &batch) in sizes.iter().enumerate() {
+            let batches: Vec<Vec<i64>> = (0..iters(k))
+                .map(|i| {
+                    unique_rows(
+                        range.clone(),
+                        batch,
+                        args.seed ^ ((k as u64) << 32) ^ i as u64 ^ 0x5eed,
+                    )
+                })
+                .collect();
+            for cold in [true, false] {
+                let before = store.stats().reads;
+                let times = time_lookups(&store, path, layer, &batches, cold)?;
+                let reads = store.stats().reads - before;
+                let source = if cold { "disk" } else { warm_source };
+                let row = summarize(path.name(), batch, cold, source, &times, reads);
+                say(line(&row, baseline.map(|b| b.iops)));
+                rows.push(row);
+            }
+        }
+    }
+    // The DRAM row cache: batches read once, then served from the cache.
+    let cache_bytes = (args.prefill_rows.max(4096) as u64) * (store.dim() as u64 + 64) * 2;
+    let cached = RowStore::open(
+        &args.dir,
+        StoreOptions {
+            cache_bytes,
+            ..StoreOptions::default()
+        },
+    )?;
+    for (k, &batch) in sizes.iter().enumerate() {
+        let ids = unique_rows(range.clone(), batch, args.seed ^ 0xcace ^ k as u64);
+        let n = if k == 0 { 1000 } else { iters(k).max(5) };
+        let batches = vec![ids; n];
+        time_lookups(&cached, ReadPath::Auto, layer, &batches[..1], false)?;
+        let times = time_lookups(&cached, ReadPath::Auto, layer, &batches, false)?;
+        let row = summarize("auto", batch, false, "cache", &times, 0);
+        say(line(&row, baseline.map(|b| b.iops)));
+        rows.push(row);
+    }
+    let stats = cached.stats();
+    say(format!(
+        "row cache: {} hits, {} misses",
+        stats.hits, stats.misses
+    ));
+    if args.json {
+        let results: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "path": r.path, "batch": r.batch, "cold": r.cold, "source": r.source,
+                    "samples": r.samples, "rows_per_s": r.rows_per_s, "iops": r.iops,
+                    "p50_us": r.p50_us, "p99_us": r.p99_us,
+                })
+            })
+            .collect();
+        let out = json!({
+            "file": file.display().to_string(),
+            "direct_io": direct,
+            "baseline_iops": baseline.map(|b| b.iops),
+            "baseline": baseline.map(|b| json!({"depth": 64, "reads": b.reads, "iops": b.iops, "p50_us": b.p50_us, "p99_us": b.p99_us})),
+            "results": results,
+        });
+        println!("{out}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn line(r: &Row, baseline_iops: Option<f64>) -> String {
+    let ratio = baseline_iops.map_or(String::new(), |b| {
+        format!("  {:.2}x baseline", r.rows_per_s / b)
+    });
+    format!(
+        "{:<9} batch {:>6} {:<4} {:<10} n={:<4} {:>11.0} rows/s {:>10.0} IOPS  p50 {:>10.1} us  p99 {:>10.1} us{ratio}",
+        r.path,
+        r.batch,
+        if r.cold { "cold" } else { "warm" },
+        r.source,
+        r.samples,
+        r.rows_per_s,
+        r.iops,
+        r.p50_us,
+        r.p99_us
+    )
+}

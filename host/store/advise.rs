@@ -1,0 +1,88 @@
+//! `advise`: a background thread warms the rows of a coming batch, so the caller never waits.
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::thread::JoinHandle;
+
+use super::{Inner, ReadPath};
+
+/// Batches waiting to be warmed; more are dropped (and counted) rather than block the caller.
+const PENDING: usize = 16;
+
+pub(crate) struct Advisor {
+    batches: Option<SyncSender<(u32, Vec<i64>)>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Advisor {
+    pub fn start(inner: Arc<Inner>) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::sync_channel::<(u32, Vec<i64>)>(PENDING);
+        let thread = std::thread::Builder::new()
+            .name("fetchahead-advise".into())
+            .spawn(move || {
+                let (mut weights, mut scales) = (Vec::new(), Vec::new());
+                while let Ok((layer, ids)) = rx.recv() {
+                    inner.warm(layer, &ids, &mut weights, &mut scales);
+                }
+            })?;
+        Ok(Advisor {
+            batches: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues `ids` for warming; false when the queue is full and the batch was dropped.
+    pub fn send(&self, layer: u32, ids: &[i64]) -> bool {
+        let Some(tx) = &self.batches else {
+            return false;
+        };
+        !matches!(
+            tx.try_send((layer, ids.to_vec())),
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_))
+        )
+    }
+}
+
+impl Drop for Advisor {
+    fn drop(&mut self) {
+        self.batches = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Inner {
+    /// Reads `ids` into the row cache; without a cache, asks the kernel to read their pages
+    /// into the page cache (which helps the mmap and buffered paths).
+    fn warm(&self, layer: u32, ids: &[i64], weights: &mut Vec<u8>, scales: &mut Vec<u8>) {
+        if self.cache.is_some() {
+            let sdim = self.layout.dim / super::layout::MX_BLOCK;
+            weights.resize(ids.len() * self.layout.dim, 0);
+            scales.resize(ids.len() * sdim, 0);
+            if self
+                .lookup(ReadPath::Auto, layer, ids, weights, scales)
+                .is_err()
+            {
+                self.counters.advise_failed.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
+        let Some(l) = self.layout.layer(layer) else {
+            return;
+        };
+        for &id in ids {
+            let span = &l.weight;
+            let fd = self.buffered_fd(span.file);
+            // SAFETY: plain syscall on an open descriptor; advice only.
+            unsafe {
+                libc::posix_fadvise(
+                    fd,
+                    span.row_offset(id as u64) as libc::off_t,
+                    span.row_bytes as libc::off_t,
+                    libc::POSIX_FADV_WILLNEED,
+                )
+            };
+        }
+    }
+}

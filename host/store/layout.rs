@@ -1,0 +1,397 @@
+//! Where each Engram layer's rows live: safetensors shards, found through
+//! `model.safetensors.index.json` or a single `.safetensors` file, checked before any row is read.
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use safetensors::Dtype;
+use safetensors::tensor::Metadata;
+
+use crate::{Error, Result};
+
+/// Bytes of one page: the unit of O_DIRECT reads.
+pub const PAGE: u64 = 4096;
+/// Elements sharing one E8M0 scale.
+pub const MX_BLOCK: usize = fetchahead_gpu::params::MX_BLOCK as usize;
+/// The widest row the read plan handles (a row plus its page padding fits one read slot).
+pub const MAX_DIM: usize = 8192;
+/// The index file of a sharded model directory.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+/// safetensors refuses headers over 100 MB; so do we, before allocating.
+const MAX_HEADER: u64 = 100_000_000;
+
+pub fn weight_name(layer: u32) -> String {
+    format!("layers.{layer}.engram.embed.weight")
+}
+
+pub fn scale_name(layer: u32) -> String {
+    format!("layers.{layer}.engram.embed.scale")
+}
+
+/// One tensor's bytes in one shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpan {
+    pub name: String,
+    /// Index into [`TableLayout::files`].
+    pub file: usize,
+    pub dtype: Dtype,
+    /// Absolute byte offset of row 0 in the file.
+    pub offset: u64,
+    pub rows: u64,
+    pub row_bytes: u64,
+}
+
+impl TensorSpan {
+    /// Absolute file offset of `row`'s first byte.
+    pub fn row_offset(&self, row: u64) -> u64 {
+        self.offset + row * self.row_bytes
+    }
+
+    /// Bytes from row 0 to the end of the tensor.
+    pub fn len(&self) -> u64 {
+        self.rows * self.row_bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Of the rows in one period of the page grid, how many cross a page boundary.
+    pub fn straddling_rows_per_period(&self) -> (u64, u64) {
+        let period = PAGE / gcd(self.row_bytes, PAGE);
+        let straddle = (0..period)
+            .filter(|r| (self.offset + r * self.row_bytes) % PAGE + self.row_bytes > PAGE)
+            .count() as u64;
+        (straddle, period)
+    }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a.max(1) } else { gcd(b, a % b) }
+}
+
+/// One Engram layer: FP8-E4M3 rows and their E8M0 scales.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerLayout {
+    pub layer: u32,
+    pub weight: TensorSpan,
+    pub scale: TensorSpan,
+}
+
+/// One shard file and what its header says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardFile {
+    pub path: PathBuf,
+    pub len: u64,
+    /// Offset of the data section (8 + header length).
+    pub data_start: u64,
+}
+
+/// Every Engram layer of a table, validated against the files' lengths.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableLayout {
+    pub files: Vec<ShardFile>,
+    /// Sorted by layer.
+    pub layers: Vec<LayerLayout>,
+    pub dim: usize,
+}
+
+impl TableLayout {
+    /// Opens a model directory (with an index or one `.safetensors` file) or one file.
+    pub fn open(path: &Path) -> Result<Self> {
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "stat", e))?;
+        if meta.is_file() {
+            return Self::from_files(&[path.to_path_buf()], None);
+        }
+        let index = path.join(INDEX_FILE);
+        if index.exists() {
+            let bytes = std::fs::read(&index).map_err(|e| Error::io(&index, "read", e))?;
+            let weight_map = parse_index(&bytes).map_err(|why| Error::TableHeader {
+                file: index.clone(),
+                why,
+            })?;
+            let mut files: Vec<PathBuf> = Vec::new();
+            let mut owner = BTreeMap::new();
+            for (tensor, file) in weight_map {
+                if !is_engram_tensor(&tensor) {
+                    continue;
+                }
+                let full = path.join(&file);
+                let i = match files.iter().position(|f| *f == full) {
+                    Some(i) => i,
+                    None => {
+                        files.push(full);
+                        files.len() - 1
+                    }
+                };
+                owner.insert(tensor, i);
+            }
+            return Self::from_files(&files, Some(&owner));
+        }
+        let mut shards = Vec::new();
+        for entry in std::fs::read_dir(path).map_err(|e| Error::io(path, "read_dir", e))? {
+            let entry = entry.map_err(|e| Error::io(path, "read_dir", e))?;
+            let p = entry.path();
+            if p.extension().is_some_and(|x| x == "safetensors") {
+                shards.push(p);
+            }
+        }
+        match shards.len() {
+            1 => Self::from_files(&shards, None),
+            n => Err(Error::TableHeader {
+                file: path.to_path_buf(),
+                why: format!("no {INDEX_FILE} and {n} .safetensors files (need one, or an index)"),
+            }),
+        }
+    }
+
+    /// `owner`: tensor name → file index, from an index file; without it every tensor of every
+    /// file counts.
+    fn from_files(paths: &[PathBuf], owner: Option<&BTreeMap<String, usize>>) -> Result<Self> {
+        let mut files = Vec::with_capacity(paths.len());
+        let mut headers = Vec::with_capacity(paths.len());
+        for path in paths {
+            let (shard, metadata) = read_header(path)?;
+            files.push(shard);
+            headers.push(metadata);
+        }
+        // Which file each Engram tensor lives in.
+        let mut location: BTreeMap<String, usize> = BTreeMap::new();
+        match owner {
+            Some(owner) => location.extend(owner.iter().map(|(t, &f)| (t.clone(), f))),
+            None => {
+                for (i, metadata) in headers.iter().enumerate() {
+                    for name in metadata.tensors().keys() {
+                        if is_engram_tensor(name) {
+                            location.insert(name.clone(), i);
+                        }
+                    }
+                }
+            }
+        }
+        let mut layer_ids: Vec<u32> = location.keys().filter_map(|t| engram_layer(t)).collect();
+        layer_ids.sort_unstable();
+        layer_ids.dedup();
+        if layer_ids.is_empty() {
+            let file = paths.first().cloned().unwrap_or_default();
+            return Err(Error::MissingTensor {
+                file,
+                tensor: "layers.{L}.engram.embed.weight (no Engram layer found)".into(),
+            });
+        }
+        let mut layers = Vec::with_capacity(layer_ids.len());
+        let mut dim = None;
+        for layer in layer_ids {
+            let weight = span(&files, &headers, &location, &weight_name(layer), paths)?;
+            let scale = span(&files, &headers, &location, &scale_name(layer), paths)?;
+            let wfile = files[weight.file].path.clone();
+            let sfile = files[scale.file].path.clone();
+            if weight.dtype != Dtype::F8_E4M3 {
+                return Err(bad(
+                    &wfile,
+                    &weight.name,
+                    format!("dtype {:?}, want F8_E4M3", weight.dtype),
+                ));
+            }
+            if !matches!(scale.dtype, Dtype::F8_E8M0 | Dtype::U8) {
+                return Err(bad(
+                    &sfile,
+                    &scale.name,
+                    format!("dtype {:?}, want F8_E8M0 or U8", scale.dtype),
+                ));
+            }
+            let d = weight.row_bytes as usize;
+            if d == 0 || d % MX_BLOCK != 0 || d > MAX_DIM {
+                return Err(bad(
+                    &wfile,
+                    &weight.name,
+                    format!("row width {d}, want a multiple of {MX_BLOCK} up to {MAX_DIM}"),
+                ));
+            }
+            if scale.row_bytes as usize != d / MX_BLOCK || scale.rows != weight.rows {
+                return Err(bad(
+                    &sfile,
+                    &scale.name,
+                    format!(
+                        "shape [{}, {}], want [{}, {}] to match {}",
+                        scale.rows,
+                        scale.row_bytes,
+                        weight.rows,
+                        d / MX_BLOCK,
+                        weight.name
+                    ),
+                ));
+            }
+            if *dim.get_or_insert(d) != d {
+                return Err(bad(
+                    &wfile,
+                    &weight.name,
+                    format!("row width {d}, other layers have {}", dim.unwrap_or(0)),
+                ));
+            }
+            layers.push(LayerLayout {
+                layer,
+                weight,
+                scale,
+            });
+        }
+        Ok(TableLayout {
+            files,
+            layers,
+            dim: dim.unwrap_or(0),
+        })
+    }
+
+    pub fn layer(&self, layer: u32) -> Option<&LayerLayout> {
+        self.layers.iter().find(|l| l.layer == layer)
+    }
+
+    pub fn path(&self, file: usize) -> &Path {
+        self.files
+            .get(file)
+            .map_or(Path::new(""), |f| f.path.as_path())
+    }
+
+    /// Rows every layer has (the table's row count when layers agree).
+    pub fn rows(&self) -> u64 {
+        self.layers.iter().map(|l| l.weight.rows).min().unwrap_or(0)
+    }
+}
+
+fn bad(file: &Path, tensor: &str, why: String) -> Error {
+    Error::BadTensor {
+        file: file.to_path_buf(),
+        tensor: tensor.to_string(),
+        why,
+    }
+}
+
+/// A tensor's span, checked to be two-dimensional and inside its file.
+fn span(
+    files: &[ShardFile],
+    headers: &[Metadata],
+    location: &BTreeMap<String, usize>,
+    name: &str,
+    paths: &[PathBuf],
+) -> Result<TensorSpan> {
+    let Some(&file) = location.get(name) else {
+        let listed = paths.first().cloned().unwrap_or_default();
+        return Err(Error::MissingTensor {
+            file: listed,
+            tensor: name.to_string(),
+        });
+    };
+    let (shard, metadata) = (&files[file], &headers[file]);
+    let Some(info) = metadata.info(name) else {
+        return Err(Error::MissingTensor {
+            file: shard.path.clone(),
+            tensor: name.to_string(),
+        });
+    };
+    let [rows, cols] = info.shape[..] else {
+        return Err(bad(
+            &shard.path,
+            name,
+            format!("shape {:?}, want [rows, dim]", info.shape),
+        ));
+    };
+    let (start, end) = info.data_offsets;
+    let end_abs = shard.data_start.saturating_add(end as u64);
+    if end_abs > shard.len {
+        return Err(Error::TruncatedShard {
+            file: shard.path.clone(),
+            tensor: name.to_string(),
+            len: shard.len,
+            end: end_abs,
+        });
+    }
+    Ok(TensorSpan {
+        name: name.to_string(),
+        file,
+        dtype: info.dtype,
+        offset: shard.data_start + start as u64,
+        rows: rows as u64,
+        row_bytes: (cols * info.dtype.bitsize() / 8) as u64,
+    })
+}
+
+/// Reads and checks one shard's header: length prefix, JSON, contiguous offsets that match each
+/// tensor's dtype and shape (the `safetensors` crate's own validation).
+pub fn read_header(path: &Path) -> Result<(ShardFile, Metadata)> {
+    let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io(path, "stat", e))?
+        .len();
+    let header_err = |why: String| Error::TableHeader {
+        file: path.to_path_buf(),
+        why,
+    };
+    let mut prefix = [0u8; 8];
+    if len < 8 {
+        return Err(header_err(format!(
+            "file is {len} bytes, shorter than the 8-byte length prefix"
+        )));
+    }
+    file.read_exact_at(&mut prefix, 0)
+        .map_err(|e| Error::io(path, "read", e))?;
+    let n = u64::from_le_bytes(prefix);
+    if n > MAX_HEADER || n > len - 8 {
+        return Err(header_err(format!(
+            "header length {n} does not fit the {len}-byte file"
+        )));
+    }
+    let mut header = vec![0u8; n as usize];
+    file.read_exact_at(&mut header, 8)
+        .map_err(|e| Error::io(path, "read", e))?;
+    let metadata = parse_header(&header).map_err(header_err)?;
+    Ok((
+        ShardFile {
+            path: path.to_path_buf(),
+            len,
+            data_start: 8 + n,
+        },
+        metadata,
+    ))
+}
+
+/// Parses a safetensors JSON header (without its length prefix).
+pub fn parse_header(header: &[u8]) -> std::result::Result<Metadata, String> {
+    serde_json::from_slice::<Metadata>(header).map_err(|e| e.to_string())
+}
+
+/// Parses `model.safetensors.index.json` into tensor name → file name.
+pub fn parse_index(bytes: &[u8]) -> std::result::Result<BTreeMap<String, String>, String> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    let map = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or("no `weight_map` object")?;
+    let mut out = BTreeMap::new();
+    for (tensor, file) in map {
+        let file = file
+            .as_str()
+            .ok_or_else(|| format!("weight_map[{tensor}] is not a file name"))?;
+        if file.contains('/') || file.contains("..") {
+            return Err(format!(
+                "weight_map[{tensor}] = {file:?} leaves the model directory"
+            ));
+        }
+        out.insert(tensor.clone(), file.to_string());
+    }
+    Ok(out)
+}
+
+fn is_engram_tensor(name: &str) -> bool {
+    engram_layer(name).is_some()
+}
+
+/// `layers.{L}.engram.embed.{weight,scale}` → L.
+fn engram_layer(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("layers.")?;
+    let (layer, tail) = rest.split_once('.')?;
+    matches!(tail, "engram.embed.weight" | "engram.embed.scale")
+        .then(|| layer.parse().ok())
+        .flatten()
+}

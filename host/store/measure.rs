@@ -1,0 +1,177 @@
+//! Timing lookups and raw reads, for `bench-io`, `tune` and the criterion bench.
+use std::collections::HashSet;
+use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use io_uring::{IoUring, opcode, types};
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
+use super::aligned::AlignedBuf;
+use super::layout::PAGE;
+use super::{ReadPath, RowStore};
+use crate::{Error, Result};
+
+/// `n` distinct random row ids from `rows` (all of them, shuffled, when `n` covers the range).
+pub fn unique_rows(rows: std::ops::Range<u64>, n: usize, seed: u64) -> Vec<i64> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let span = rows.end.saturating_sub(rows.start);
+    if n as u64 >= span {
+        let mut all: Vec<i64> = (rows.start..rows.end).map(|r| r as i64).collect();
+        for i in (1..all.len()).rev() {
+            let j = rng.random_range(0..=i);
+            all.swap(i, j);
+        }
+        return all;
+    }
+    let mut seen = HashSet::with_capacity(n);
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let r = rows.start + rng.random_range(0..span);
+        if seen.insert(r) {
+            out.push(r as i64);
+        }
+    }
+    out
+}
+
+/// Median and 99th percentile of `samples`, in microseconds.
+pub fn percentiles_us(samples: &[Duration]) -> (f64, f64) {
+    let mut us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    us.sort_by(f64::total_cmp);
+    let at = |p: f64| {
+        if us.is_empty() {
+            return 0.0;
+        }
+        let i = ((p * us.len() as f64).ceil() as usize).clamp(1, us.len()) - 1;
+        us[i]
+    };
+    (at(0.5), at(0.99))
+}
+
+/// Times one lookup per batch on `path`; `cold` evicts the table's pages before each.
+pub fn time_lookups(
+    store: &RowStore,
+    path: ReadPath,
+    layer: u32,
+    batches: &[Vec<i64>],
+    cold: bool,
+) -> Result<Vec<Duration>> {
+    let dim = store.dim();
+    let longest = batches.iter().map(Vec::len).max().unwrap_or(0);
+    let mut weights = vec![0u8; longest * dim];
+    let mut scales = vec![0u8; longest * dim / super::layout::MX_BLOCK];
+    let mut times = Vec::with_capacity(batches.len());
+    for ids in batches {
+        if cold {
+            store.evict_page_cache()?;
+        }
+        let (w, s) = (
+            &mut weights[..ids.len() * dim],
+            &mut scales[..ids.len() * dim / super::layout::MX_BLOCK],
+        );
+        let t = Instant::now();
+        store.lookup_with(path, layer, ids, w, s)?;
+        times.push(t.elapsed());
+    }
+    Ok(times)
+}
+
+/// A fio-like baseline: 4 KiB O_DIRECT random reads through io_uring.
+#[derive(Clone, Copy, Debug)]
+pub struct RawReads {
+    pub reads: u64,
+    pub seconds: f64,
+    pub iops: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+/// `reads` random page-aligned 4 KiB O_DIRECT reads of `file` within `bytes`, `depth` in flight.
+pub fn raw_random_reads(
+    file: &Path,
+    bytes: std::ops::Range<u64>,
+    depth: u32,
+    reads: u64,
+    seed: u64,
+) -> Result<RawReads> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(file)
+        .map_err(|e| Error::io(file, "open O_DIRECT", e))?;
+    let fd = f.as_raw_fd();
+    let first_page = bytes.start.div_ceil(PAGE);
+    let pages = (bytes.end / PAGE).saturating_sub(first_page).max(1);
+    let mut ring = IoUring::new(depth.next_power_of_two())
+        .map_err(|e| Error::io(file, "io_uring_setup", e))?;
+    let mut buf = AlignedBuf::new(depth as usize * PAGE as usize);
+    let base = buf.as_mut_ptr();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut started = vec![Instant::now(); depth as usize];
+    let mut latencies = Vec::with_capacity(reads as usize);
+    let (mut submitted, mut completed, mut in_flight) = (0u64, 0u64, 0u32);
+    let mut free: Vec<u32> = (0..depth).collect();
+    let t0 = Instant::now();
+    while completed < reads {
+        {
+            let mut sq = ring.submission();
+            while submitted < reads
+                && let Some(slot) = free.pop()
+            {
+                let offset = (first_page + rng.random_range(0..pages)) * PAGE;
+                // SAFETY: slot < depth, so the 4 KiB at slot * PAGE lie inside `buf`, which lives
+                // until every read completes (the loop runs until completed == reads).
+                let dst = unsafe { base.add(slot as usize * PAGE as usize) };
+                let entry = opcode::Read::new(types::Fd(fd), dst, PAGE as u32)
+                    .offset(offset)
+                    .build()
+                    .user_data(u64::from(slot));
+                // SAFETY: as above.
+                if unsafe { sq.push(&entry) }.is_err() {
+                    free.push(slot);
+                    break;
+                }
+                started[slot as usize] = Instant::now();
+                submitted += 1;
+                in_flight += 1;
+            }
+        }
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io(file, "io_uring_enter", e)),
+        }
+        let mut failed = None;
+        for cqe in ring.completion() {
+            let slot = cqe.user_data() as u32;
+            in_flight -= 1;
+            if cqe.result() < 0 {
+                failed = Some(std::io::Error::from_raw_os_error(-cqe.result()));
+                continue;
+            }
+            latencies.push(started[slot as usize].elapsed());
+            free.push(slot);
+            completed += 1;
+        }
+        if let Some(e) = failed {
+            // Wait out the rest so the buffer outlives every read.
+            while in_flight > 0 && ring.submit_and_wait(1).is_ok() {
+                in_flight -= ring.completion().count() as u32;
+            }
+            return Err(Error::io(file, "O_DIRECT read", e));
+        }
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let (p50_us, p99_us) = percentiles_us(&latencies);
+    Ok(RawReads {
+        reads,
+        seconds,
+        iops: reads as f64 / seconds,
+        p50_us,
+        p99_us,
+    })
+}

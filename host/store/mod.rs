@@ -1,0 +1,717 @@
+//! The NVMe row store for Engram tables: rows of FP8-E4M3 weights and E8M0 scales read from
+//! safetensors shards, every read of a batch in flight at once, hot rows held in DRAM.
+//!
+//! - [`layout`]: finding and checking each layer's tensors in the shards.
+//! - [`ReadPath`]: io_uring O_DIRECT batches, a preadv thread pool, mmap + WILLNEED, buffered.
+//! - [`tune`]: `Auto`'s measured choice of path by batch size.
+//! - [`make`]: writing generated tables; [`measure`]: timing lookups and raw reads.
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::ops::Range;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use memmap2::{Advice, Mmap, UncheckedAdvice};
+
+use crate::error::RowIds;
+use crate::{Error, Result};
+
+mod advise;
+mod aligned;
+mod cache;
+mod fault;
+pub mod layout;
+pub mod make;
+pub mod measure;
+mod mmap;
+mod plan;
+mod preadv;
+pub mod tune;
+mod uring;
+
+use aligned::AlignedBuf;
+use cache::RowCache;
+use fault::FaultState;
+#[doc(hidden)]
+pub use fault::ReadFault;
+use layout::{MX_BLOCK, TableLayout};
+use plan::{Kind, MAX_EXTENT, OutRows, Plan};
+pub use tune::Tuning;
+pub use uring::QUEUE_DEPTH;
+
+/// How a lookup reads the rows that miss the DRAM cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReadPath {
+    /// Chosen by batch size from `fetchahead tune`'s figures (io_uring when never tuned).
+    Auto,
+    /// io_uring batches of O_DIRECT reads, up to [`QUEUE_DEPTH`] in flight.
+    Uring,
+    /// A pool of threads each issuing blocking `preadv` (O_DIRECT when available).
+    Preadv,
+    /// mmap (MADV_RANDOM), `posix_fadvise(WILLNEED)` for the whole batch, then one copy.
+    Mmap,
+    /// One buffered `pread` after another.
+    Buffered,
+}
+
+impl ReadPath {
+    /// Every concrete path.
+    pub const ALL: [ReadPath; 4] = [
+        ReadPath::Uring,
+        ReadPath::Preadv,
+        ReadPath::Mmap,
+        ReadPath::Buffered,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadPath::Auto => "auto",
+            ReadPath::Uring => "uring",
+            ReadPath::Preadv => "preadv",
+            ReadPath::Mmap => "mmap",
+            ReadPath::Buffered => "buffered",
+        }
+    }
+}
+
+impl fmt::Display for ReadPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ReadPath {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        [
+            ReadPath::Auto,
+            ReadPath::Uring,
+            ReadPath::Preadv,
+            ReadPath::Mmap,
+            ReadPath::Buffered,
+        ]
+        .into_iter()
+        .find(|p| p.name() == s)
+        .ok_or_else(|| {
+            Error::invalid(
+                "read path",
+                format!("`{s}`; want auto, uring, preadv, mmap or buffered"),
+            )
+        })
+    }
+}
+
+/// How to open a store.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// First row this rank owns.
+    pub row_start: u64,
+    /// Rows this rank owns; `None`: to the end of the table.
+    pub num_rows: Option<u64>,
+    pub read_path: ReadPath,
+    /// DRAM row cache budget; 0 turns the cache off.
+    pub cache_bytes: u64,
+    /// Hold the owned rows' scales in DRAM, so that a cold row costs one read.
+    pub resident_scales: bool,
+    /// Threads of the preadv pool (its queue depth).
+    pub preadv_threads: usize,
+    /// Use O_DIRECT where the filesystem allows it.
+    pub direct_io: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            row_start: 0,
+            num_rows: None,
+            read_path: ReadPath::Auto,
+            cache_bytes: 0,
+            resident_scales: true,
+            preadv_threads: 64,
+            direct_io: true,
+        }
+    }
+}
+
+/// Counters since the store opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Rows served from the DRAM cache.
+    pub hits: u64,
+    /// Rows that were not in the cache (duplicates within a batch count each time).
+    pub misses: u64,
+    /// Reads issued (one per extent of adjacent rows' pages).
+    pub reads: u64,
+    /// Bytes those reads asked for.
+    pub bytes: u64,
+    /// `advise` batches dropped because the warming queue was full.
+    pub advise_dropped: u64,
+    /// `advise` batches whose warming failed.
+    pub advise_failed: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    reads: AtomicU64,
+    bytes: AtomicU64,
+    advise_dropped: AtomicU64,
+    advise_failed: AtomicU64,
+}
+
+/// One extent that could not be read.
+pub(crate) struct Failure {
+    extent: u32,
+    error: io::Error,
+}
+
+impl Failure {
+    fn internal(extent: u32) -> Self {
+        Failure {
+            extent,
+            error: io::Error::other("a read returned fewer bytes than its plan (a bug)"),
+        }
+    }
+}
+
+struct ShardIo {
+    buffered: File,
+    direct: Option<File>,
+    map: Mmap,
+}
+
+/// Per-lookup working memory, reused so that a warm lookup allocates nothing.
+#[derive(Default)]
+struct Scratch {
+    plan: Plan,
+    uring: Option<uring::UringReader>,
+    slot: Option<AlignedBuf>,
+    failures: Vec<Failure>,
+}
+
+pub(crate) struct Inner {
+    layout: TableLayout,
+    layer_ids: Vec<u32>,
+    rows: Range<u64>,
+    shards: Vec<ShardIo>,
+    /// Why O_DIRECT is off, when it is.
+    direct_off: Option<String>,
+    /// Why io_uring is unavailable, when it is.
+    uring_off: Option<String>,
+    /// Resident scales per layer (index as in `layout.layers`), rows of `rows` only.
+    scales: Vec<Option<Vec<u8>>>,
+    cache: Option<RowCache>,
+    read_path: ReadPath,
+    tuning: Tuning,
+    preadv_threads: usize,
+    pool: OnceLock<std::result::Result<rayon::ThreadPool, String>>,
+    scratch: Mutex<Vec<Box<Scratch>>>,
+    counters: Counters,
+    fault: OnceLock<FaultState>,
+}
+
+/// Engram rows of one tensor-parallel rank, read from NVMe. `Send + Sync`: lookups from many
+/// threads proceed at once, each with its own ring and buffers.
+pub struct RowStore {
+    inner: Arc<Inner>,
+    advisor: advise::Advisor,
+}
+
+impl RowStore {
+    /// Opens and validates a table (a model directory or one `.safetensors` file).
+    pub fn open(path: &Path, options: StoreOptions) -> Result<Self> {
+        let layout = TableLayout::open(path)?;
+        let total = layout.rows();
+        let end = match options.num_rows {
+            Some(n) => options.row_start.checked_add(n),
+            None => Some(total),
+        };
+        let rows = match end {
+            Some(end) if options.row_start <= end && end <= total => options.row_start..end,
+            _ => {
+                return Err(Error::invalid(
+                    "row range",
+                    format!(
+                        "rows {}..{} of a table with {total} rows",
+                        options.row_start,
+                        end.map_or("overflow".to_string(), |e| e.to_string())
+                    ),
+                ));
+            }
+        };
+        let mut shards = Vec::with_capacity(layout.files.len());
+        let mut direct_off = (!options.direct_io).then(|| "turned off by the caller".to_string());
+        for shard in &layout.files {
+            let p = &shard.path;
+            let buffered = File::open(p).map_err(|e| Error::io(p, "open", e))?;
+            // SAFETY: the mapping is read-only; a file shrinking under it is guarded by the mmap
+            // path's length check before each batch.
+            let map = unsafe { Mmap::map(&buffered) }.map_err(|e| Error::io(p, "mmap", e))?;
+            map.advise(Advice::Random)
+                .map_err(|e| Error::io(p, "madvise(MADV_RANDOM)", e))?;
+            let direct = match direct_off {
+                Some(_) => None,
+                None => match open_direct(p) {
+                    Ok(f) => Some(f),
+                    Err(why) => {
+                        direct_off = Some(why);
+                        None
+                    }
+                },
+            };
+            shards.push(ShardIo {
+                buffered,
+                direct,
+                map,
+            });
+        }
+        if direct_off.is_some() {
+            for s in &mut shards {
+                s.direct = None;
+            }
+        }
+        let uring_off = io_uring::IoUring::new(4)
+            .err()
+            .map(|e| format!("io_uring_setup: {e}"));
+        let sdim = layout.dim / MX_BLOCK;
+        let mut scales = Vec::with_capacity(layout.layers.len());
+        for l in &layout.layers {
+            if !options.resident_scales {
+                scales.push(None);
+                continue;
+            }
+            let mut bytes = vec![0u8; (rows.end - rows.start) as usize * sdim];
+            let file = &shards[l.scale.file].buffered;
+            file.read_exact_at(&mut bytes, l.scale.row_offset(rows.start))
+                .map_err(|e| Error::io(layout.path(l.scale.file), "read scales", e))?;
+            scales.push(Some(bytes));
+        }
+        let tuning = Tuning::load(&tune::tune_file(path))?.unwrap_or_default();
+        let cache = (options.cache_bytes > 0)
+            .then(|| RowCache::new(options.cache_bytes, layout.dim + sdim));
+        let inner = Arc::new(Inner {
+            layer_ids: layout.layers.iter().map(|l| l.layer).collect(),
+            layout,
+            rows,
+            shards,
+            direct_off,
+            uring_off,
+            scales,
+            cache,
+            read_path: options.read_path,
+            tuning,
+            preadv_threads: options.preadv_threads.max(1),
+            pool: OnceLock::new(),
+            scratch: Mutex::new(Vec::new()),
+            counters: Counters::default(),
+            fault: OnceLock::new(),
+        });
+        let advisor = advise::Advisor::start(inner.clone())
+            .map_err(|e| Error::io(path, "spawn the advise thread", e))?;
+        Ok(RowStore { inner, advisor })
+    }
+
+    /// Fills `weights_out` (`ids.len() * dim` bytes) and `scales_out` (`ids.len() * dim / 32`)
+    /// with the rows of `ids`, in order, through the store's read path. Ids are absolute row ids
+    /// within [`row_range`](Self::row_range); one outside it fails the call before any read.
+    pub fn lookup(
+        &self,
+        layer: u32,
+        ids: &[i64],
+        weights_out: &mut [u8],
+        scales_out: &mut [u8],
+    ) -> Result<()> {
+        self.inner
+            .lookup(self.inner.read_path, layer, ids, weights_out, scales_out)
+    }
+
+    /// [`lookup`](Self::lookup) through a given path.
+    pub fn lookup_with(
+        &self,
+        path: ReadPath,
+        layer: u32,
+        ids: &[i64],
+        weights_out: &mut [u8],
+        scales_out: &mut [u8],
+    ) -> Result<()> {
+        self.inner.lookup(path, layer, ids, weights_out, scales_out)
+    }
+
+    /// Starts warming the rows of a coming batch and returns at once: into the row cache when
+    /// there is one, else into the page cache. Bad ids fail here; read errors are only counted.
+    pub fn advise(&self, layer: u32, ids: &[i64]) -> Result<()> {
+        self.inner.layer_index(layer)?;
+        self.inner.check_range(ids)?;
+        if !self.advisor.send(layer, ids) {
+            self.inner
+                .counters
+                .advise_dropped
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Bytes of one row's weights (FP8 elements); its scales are `dim() / 32` bytes.
+    pub fn dim(&self) -> usize {
+        self.inner.layout.dim
+    }
+
+    pub fn layers(&self) -> &[u32] {
+        &self.inner.layer_ids
+    }
+
+    /// The rows this rank owns.
+    pub fn row_range(&self) -> Range<u64> {
+        self.inner.rows.clone()
+    }
+
+    pub fn stats(&self) -> Stats {
+        let c = &self.inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            reads: get(&c.reads),
+            bytes: get(&c.bytes),
+            advise_dropped: get(&c.advise_dropped),
+            advise_failed: get(&c.advise_failed),
+        }
+    }
+
+    /// Rows and bytes held in the DRAM cache.
+    pub fn cached(&self) -> (usize, u64) {
+        self.inner
+            .cache
+            .as_ref()
+            .map_or((0, 0), |c| (c.len(), c.weight()))
+    }
+
+    pub fn layout(&self) -> &TableLayout {
+        &self.inner.layout
+    }
+
+    pub fn read_path(&self) -> ReadPath {
+        self.inner.read_path
+    }
+
+    pub fn tuning(&self) -> &Tuning {
+        &self.inner.tuning
+    }
+
+    /// The path `Auto` takes for a batch of `n` rows.
+    pub fn auto_path(&self, n: usize) -> ReadPath {
+        self.inner.tuning.choose(n, self.inner.uring_off.is_none())
+    }
+
+    /// Ok when reads bypass the page cache (O_DIRECT), else why not.
+    pub fn direct_io(&self) -> std::result::Result<(), &str> {
+        self.inner.direct_off.as_deref().map_or(Ok(()), Err)
+    }
+
+    /// Ok when the kernel offers io_uring, else why not.
+    pub fn uring(&self) -> std::result::Result<(), &str> {
+        self.inner.uring_off.as_deref().map_or(Ok(()), Err)
+    }
+
+    /// Drops the table's pages from the page cache (and this process's mappings of them), so
+    /// that the next reads come from the disk.
+    pub fn evict_page_cache(&self) -> Result<()> {
+        for (i, shard) in self.inner.shards.iter().enumerate() {
+            // SAFETY: the mapping is private to this store and read-only; MADV_DONTNEED only
+            // drops its page-table entries, and later reads fault the file's bytes back in.
+            unsafe { shard.map.unchecked_advise(UncheckedAdvice::DontNeed) }
+                .map_err(|e| Error::io(self.inner.layout.path(i), "madvise(MADV_DONTNEED)", e))?;
+            // SAFETY: plain syscall on an open descriptor.
+            let rc = unsafe {
+                libc::posix_fadvise(shard.buffered.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+            };
+            if rc != 0 {
+                let e = io::Error::from_raw_os_error(rc);
+                return Err(Error::io(
+                    self.inner.layout.path(i),
+                    "posix_fadvise(DONTNEED)",
+                    e,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes reads misbehave from now on, for tests of the error path. False when a fault was
+    /// already set (one per store).
+    #[doc(hidden)]
+    pub fn inject_read_fault(&self, fault: ReadFault) -> bool {
+        self.inner.fault.set(FaultState::new(fault)).is_ok()
+    }
+}
+
+/// Opens `path` with O_DIRECT and proves it with one aligned read; Err says why not.
+fn open_direct(path: &Path) -> std::result::Result<File, String> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .map_err(|e| format!("open(O_DIRECT) of {}: {e}", path.display()))?;
+    let mut probe = AlignedBuf::new(layout::PAGE as usize);
+    file.read_at(probe.as_mut_slice(), 0)
+        .map_err(|e| format!("an O_DIRECT read of {}: {e}", path.display()))?;
+    Ok(file)
+}
+
+impl Inner {
+    fn layer_index(&self, layer: u32) -> Result<usize> {
+        self.layer_ids
+            .iter()
+            .position(|&l| l == layer)
+            .ok_or_else(|| Error::NoSuchLayer {
+                layer,
+                have: self.layer_ids.clone(),
+            })
+    }
+
+    fn check_range(&self, ids: &[i64]) -> Result<()> {
+        let (start, end) = (self.rows.start, self.rows.end);
+        let mut count = 0u64;
+        let mut first = None;
+        for (i, &id) in ids.iter().enumerate() {
+            if id < 0 || (id as u64) < start || (id as u64) >= end {
+                count += 1;
+                first.get_or_insert((i, id));
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some((first_index, first_id)) => Err(Error::RowsOutOfRange {
+                count,
+                n: ids.len() as u64,
+                start,
+                end,
+                first_index: first_index as u64,
+                first_id,
+            }),
+        }
+    }
+
+    /// The descriptor reads of `file` use, and whether it is O_DIRECT.
+    fn read_fd(&self, file: usize) -> (RawFd, bool) {
+        match self.shards.get(file) {
+            Some(ShardIo {
+                direct: Some(d), ..
+            }) => (d.as_raw_fd(), true),
+            Some(s) => (s.buffered.as_raw_fd(), false),
+            None => (-1, false),
+        }
+    }
+
+    fn buffered_fd(&self, file: usize) -> RawFd {
+        self.shards.get(file).map_or(-1, |s| s.buffered.as_raw_fd())
+    }
+
+    fn current_len(&self, file: usize) -> io::Result<u64> {
+        match self.shards.get(file) {
+            Some(s) => Ok(s.buffered.metadata()?.len()),
+            None => Err(io::Error::other("no such shard")),
+        }
+    }
+
+    /// `len` bytes of the mapping of `file` from `offset`.
+    fn mapped(&self, file: usize, offset: u64, len: u64) -> Option<&[u8]> {
+        let map = &self.shards.get(file)?.map;
+        map.get(offset as usize..offset.checked_add(len)? as usize)
+    }
+
+    fn fault(&self) -> Option<&FaultState> {
+        self.fault.get()
+    }
+
+    fn pool(&self) -> Result<&rayon::ThreadPool> {
+        let pool = self.pool.get_or_init(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(self.preadv_threads)
+                .thread_name(|i| format!("fetchahead-preadv-{i}"))
+                .build()
+                .map_err(|e| e.to_string())
+        });
+        pool.as_ref().map_err(|why| Error::ReadPathUnavailable {
+            path: "preadv",
+            why: why.clone(),
+        })
+    }
+
+    fn resolve(&self, path: ReadPath, n: usize) -> Result<ReadPath> {
+        let path = match path {
+            ReadPath::Auto => self.tuning.choose(n, self.uring_off.is_none()),
+            p => p,
+        };
+        match (&self.uring_off, path) {
+            (Some(why), ReadPath::Uring) => Err(Error::ReadPathUnavailable {
+                path: "uring",
+                why: why.clone(),
+            }),
+            _ => Ok(path),
+        }
+    }
+
+    fn lookup(
+        &self,
+        path: ReadPath,
+        layer: u32,
+        ids: &[i64],
+        weights_out: &mut [u8],
+        scales_out: &mut [u8],
+    ) -> Result<()> {
+        let li = self.layer_index(layer)?;
+        let (dim, sdim) = (self.layout.dim, self.layout.dim / MX_BLOCK);
+        if weights_out.len() != ids.len() * dim || scales_out.len() != ids.len() * sdim {
+            return Err(Error::invalid(
+                "lookup outputs",
+                format!(
+                    "{} and {} bytes for {} ids; want {} and {}",
+                    weights_out.len(),
+                    scales_out.len(),
+                    ids.len(),
+                    ids.len() * dim,
+                    ids.len() * sdim
+                ),
+            ));
+        }
+        self.check_range(ids)?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let path = self.resolve(path, ids.len())?;
+        let mut scratch = self
+            .scratch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default();
+        let outcome = self.lookup_in(&mut scratch, path, li, ids, weights_out, scales_out);
+        self.scratch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(scratch);
+        outcome
+    }
+
+    fn lookup_in(
+        &self,
+        scratch: &mut Scratch,
+        path: ReadPath,
+        li: usize,
+        ids: &[i64],
+        weights_out: &mut [u8],
+        scales_out: &mut [u8],
+    ) -> Result<()> {
+        let layer = &self.layout.layers[li];
+        let (dim, sdim) = (self.layout.dim, self.layout.dim / MX_BLOCK);
+        let plan = &mut scratch.plan;
+        plan.clear();
+        let resident = self.scales.get(li).and_then(Option::as_ref);
+        if let Some(scales) = resident {
+            for (pos, &id) in ids.iter().enumerate() {
+                let at = (id as u64 - self.rows.start) as usize * sdim;
+                if let (Some(dst), Some(src)) = (
+                    scales_out.get_mut(pos * sdim..(pos + 1) * sdim),
+                    scales.get(at..at + sdim),
+                ) {
+                    dst.copy_from_slice(src);
+                }
+            }
+        }
+        let mut hits = 0u64;
+        for (pos, &id) in ids.iter().enumerate() {
+            if let Some(row) = self.cache.as_ref().and_then(|c| c.get(li, id as u64)) {
+                let (w, s) = row.split_at(dim.min(row.len()));
+                weights_out[pos * dim..(pos + 1) * dim].copy_from_slice(w);
+                scales_out[pos * sdim..(pos + 1) * sdim].copy_from_slice(s);
+                hits += 1;
+            } else {
+                plan.order.push((id as u64, pos as u32));
+            }
+        }
+        let c = &self.counters;
+        c.hits.fetch_add(hits, Ordering::Relaxed);
+        c.misses
+            .fetch_add(plan.order.len() as u64, Ordering::Relaxed);
+        if plan.order.is_empty() {
+            return Ok(());
+        }
+        plan.group();
+        plan.add_extents(Kind::Weight, &layer.weight);
+        if resident.is_none() {
+            plan.add_extents(Kind::Scale, &layer.scale);
+        }
+        let out = OutRows::new(weights_out, scales_out);
+        let failures = &mut scratch.failures;
+        failures.clear();
+        match path {
+            ReadPath::Uring => {
+                if scratch.uring.is_none() {
+                    let reader =
+                        uring::UringReader::new().map_err(|e| Error::ReadPathUnavailable {
+                            path: "uring",
+                            why: e.to_string(),
+                        })?;
+                    scratch.uring = Some(reader);
+                }
+                if let Some(reader) = scratch.uring.as_mut() {
+                    reader
+                        .read(self, layer, plan, &out, failures)
+                        .map_err(|e| {
+                            Error::io(self.layout.path(layer.weight.file), "io_uring_enter", e)
+                        })?;
+                }
+            }
+            ReadPath::Preadv => {
+                preadv::read_pooled(self, self.pool()?, layer, plan, &out, failures)
+            }
+            ReadPath::Mmap => mmap::read_mapped(self, layer, plan, &out, failures),
+            ReadPath::Buffered | ReadPath::Auto => {
+                let slot = scratch
+                    .slot
+                    .get_or_insert_with(|| AlignedBuf::new(MAX_EXTENT as usize));
+                preadv::read_buffered(self, layer, plan, &out, slot, failures)
+            }
+        }
+        c.reads
+            .fetch_add(plan.extents.len() as u64, Ordering::Relaxed);
+        let bytes: u64 = plan.extents.iter().map(|e| u64::from(e.len)).sum();
+        c.bytes.fetch_add(bytes, Ordering::Relaxed);
+        let rows = (!failures.is_empty())
+            .then(|| plan.rows_of(failures.iter().map(|f| f.extent as usize)));
+        if let (Some(first), Some(rows)) = (failures.first_mut(), rows) {
+            let ext = plan.extents.get(first.extent as usize).copied();
+            let source = std::mem::replace(&mut first.error, io::Error::other(""));
+            return Err(Error::RowRead {
+                layer: layer.layer,
+                rows: RowIds(rows),
+                file: ext.map_or_else(PathBuf::new, |e| {
+                    self.layout.path(e.file as usize).to_path_buf()
+                }),
+                offset: ext.map_or(0, |e| e.offset),
+                source,
+            });
+        }
+        if let Some(cache) = &self.cache {
+            for u in &plan.uniques {
+                if let Some(&(_, pos)) = plan.order.get(u.first as usize) {
+                    let pos = pos as usize;
+                    cache.insert(
+                        li,
+                        u.row,
+                        &weights_out[pos * dim..(pos + 1) * dim],
+                        &scales_out[pos * sdim..(pos + 1) * sdim],
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,236 @@
+//! The reads one lookup needs: unique rows in file order, grouped into page-aligned extents so
+//! that rows sharing a 4 KiB page share one read, and the copy of each read row to its outputs.
+use std::io;
+
+use super::layout::{LayerLayout, PAGE, TensorSpan};
+
+/// The longest single read: a row of up to `MAX_DIM` bytes plus its page padding, or several
+/// rows chained through shared pages.
+pub(crate) const MAX_EXTENT: u64 = 4 * PAGE;
+/// Consecutive EINTR/EAGAIN answers tolerated for one read before it counts as failed.
+const MAX_RETRIES: u32 = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Weight,
+    Scale,
+}
+
+/// One row id and the output positions that want it (`order[first..first + count]`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Unique {
+    pub row: u64,
+    pub first: u32,
+    pub count: u32,
+}
+
+/// One aligned read covering the rows `uniques[first..first + count]` of one tensor.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Extent {
+    pub kind: Kind,
+    pub file: u32,
+    /// Page-aligned file offset.
+    pub offset: u64,
+    /// Whole pages.
+    pub len: u32,
+    /// Bytes from `offset` to the last covered row's end: a read may stop at end of file after it.
+    pub need: u32,
+    pub first: u32,
+    pub count: u32,
+}
+
+/// Reused between lookups so that planning allocates nothing once warm.
+#[derive(Default)]
+pub(crate) struct Plan {
+    /// (row, output position) of every id that missed the cache, sorted.
+    pub order: Vec<(u64, u32)>,
+    pub uniques: Vec<Unique>,
+    pub extents: Vec<Extent>,
+}
+
+impl Plan {
+    pub fn clear(&mut self) {
+        self.order.clear();
+        self.uniques.clear();
+        self.extents.clear();
+    }
+
+    /// Sorts `order` and groups it into unique rows.
+    pub fn group(&mut self) {
+        self.order.sort_unstable();
+        let mut i = 0;
+        while i < self.order.len() {
+            let row = self.order[i].0;
+            let mut j = i + 1;
+            while j < self.order.len() && self.order[j].0 == row {
+                j += 1;
+            }
+            self.uniques.push(Unique {
+                row,
+                first: i as u32,
+                count: (j - i) as u32,
+            });
+            i = j;
+        }
+    }
+
+    /// Adds the extents reading every unique row of `span`.
+    pub fn add_extents(&mut self, kind: Kind, span: &TensorSpan) {
+        let rb = span.row_bytes;
+        let mut current: Option<Extent> = None;
+        for (u, unique) in self.uniques.iter().enumerate() {
+            let start = span.row_offset(unique.row);
+            let lo = start - start % PAGE;
+            let hi = (start + rb).next_multiple_of(PAGE);
+            if let Some(ext) = current.as_mut() {
+                let end = ext.offset + u64::from(ext.len);
+                // Rows in a page already being read join that read, up to MAX_EXTENT.
+                if lo < end && hi - ext.offset <= MAX_EXTENT {
+                    ext.len = (hi - ext.offset) as u32;
+                    ext.need = (start + rb - ext.offset) as u32;
+                    ext.count += 1;
+                    continue;
+                }
+                self.extents.push(*ext);
+            }
+            current = Some(Extent {
+                kind,
+                file: span.file as u32,
+                offset: lo,
+                len: (hi - lo) as u32,
+                need: (start + rb - lo) as u32,
+                first: u as u32,
+                count: 1,
+            });
+        }
+        if let Some(ext) = current {
+            self.extents.push(ext);
+        }
+    }
+
+    pub fn extent_uniques(&self, ext: &Extent) -> &[Unique] {
+        let first = ext.first as usize;
+        self.uniques
+            .get(first..first + ext.count as usize)
+            .unwrap_or(&[])
+    }
+
+    pub fn covers(&self, ext: &Extent, row: u64) -> bool {
+        self.extent_uniques(ext).iter().any(|u| u.row == row)
+    }
+
+    /// Row ids read by the extents at `indices`, sorted and unique.
+    pub fn rows_of(&self, indices: impl Iterator<Item = usize>) -> Vec<u64> {
+        let mut rows: Vec<u64> = indices
+            .filter_map(|i| self.extents.get(i))
+            .flat_map(|e| self.extent_uniques(e).iter().map(|u| u.row))
+            .collect();
+        rows.sort_unstable();
+        rows.dedup();
+        rows
+    }
+
+    /// Copies each row `data` (the bytes read at `ext.offset`) holds to its output positions.
+    /// False when `data` is shorter than the plan says, which the readers rule out.
+    pub fn deliver(&self, layer: &LayerLayout, ext: &Extent, data: &[u8], out: &OutRows) -> bool {
+        let span = match ext.kind {
+            Kind::Weight => &layer.weight,
+            Kind::Scale => &layer.scale,
+        };
+        let rb = span.row_bytes as usize;
+        for unique in self.extent_uniques(ext) {
+            let start = (span.row_offset(unique.row) - ext.offset) as usize;
+            let Some(src) = data.get(start..start + rb) else {
+                return false;
+            };
+            let first = unique.first as usize;
+            let wanting = self
+                .order
+                .get(first..first + unique.count as usize)
+                .unwrap_or(&[]);
+            for &(_, pos) in wanting {
+                out.write(ext.kind, pos as usize, src);
+            }
+        }
+        true
+    }
+}
+
+/// The caller's output slices, written from several threads at disjoint positions.
+pub(crate) struct OutRows {
+    weights: *mut u8,
+    weights_len: usize,
+    scales: *mut u8,
+    scales_len: usize,
+}
+
+// SAFETY: OutRows is a pair of borrowed slices; every position is written by exactly one reader
+// (each output position belongs to one unique row, each unique row to one extent per kind), and
+// the lookup that made it waits for all readers before its borrows end.
+unsafe impl Send for OutRows {}
+// SAFETY: as for Send.
+unsafe impl Sync for OutRows {}
+
+impl OutRows {
+    pub fn new(weights: &mut [u8], scales: &mut [u8]) -> Self {
+        OutRows {
+            weights: weights.as_mut_ptr(),
+            weights_len: weights.len(),
+            scales: scales.as_mut_ptr(),
+            scales_len: scales.len(),
+        }
+    }
+
+    fn write(&self, kind: Kind, pos: usize, src: &[u8]) {
+        let (base, len) = match kind {
+            Kind::Weight => (self.weights, self.weights_len),
+            Kind::Scale => (self.scales, self.scales_len),
+        };
+        let at = pos * src.len();
+        if at + src.len() <= len {
+            // SAFETY: in bounds (checked above) of a live slice; no other writer touches
+            // `at..at + src.len()` (see the Send impl); src is a different allocation.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(at), src.len()) }
+        }
+    }
+}
+
+/// What to do after one read of an extent returned `res` (bytes, or a negative errno).
+pub(crate) enum Step {
+    Done,
+    /// Read again from `done` bytes into the extent.
+    Again {
+        done: u32,
+    },
+    Failed(io::Error),
+}
+
+/// Retries what can be retried: EINTR, EAGAIN, and short reads that made progress. `direct`
+/// reads restart at a 512-byte boundary.
+pub(crate) fn step(ext: &Extent, direct: bool, done: u32, res: i64, attempts: &mut u32) -> Step {
+    if res < 0 {
+        let errno = (-res) as i32;
+        if (errno == libc::EINTR || errno == libc::EAGAIN) && *attempts < MAX_RETRIES {
+            *attempts += 1;
+            return Step::Again { done };
+        }
+        return Step::Failed(io::Error::from_raw_os_error(errno));
+    }
+    *attempts = 0;
+    let total = u64::from(done) + res as u64;
+    if total >= u64::from(ext.need) {
+        return Step::Done;
+    }
+    let next = if direct { total & !511 } else { total };
+    if res == 0 || next <= u64::from(done) {
+        return Step::Failed(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!(
+                "short read: the file ended at byte {} before byte {} that the rows need",
+                ext.offset + total,
+                ext.offset + u64::from(ext.need)
+            ),
+        ));
+    }
+    Step::Again { done: next as u32 }
+}

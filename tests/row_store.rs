@@ -1,0 +1,474 @@
+//! The row store against an independent read of the same files: every read path, rank ranges,
+//! the cache, advise, injected failures, files that shrink, and many threads at once.
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{DIM, Reference, make, open, outputs, paths, random_ids};
+use fetchahead::Error;
+use fetchahead::store::layout::PAGE;
+use fetchahead::store::{ReadFault, ReadPath, RowStore, StoreOptions};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, serialize_to_file};
+
+fn assert_send_sync<T: Send + Sync>() {}
+
+#[test]
+fn store_is_send_and_sync() {
+    assert_send_sync::<RowStore>();
+}
+
+#[test]
+fn every_path_returns_the_files_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 5000, &[1, 14], 3, 11);
+    let reference = Reference::load(dir.path());
+    for resident_scales in [true, false] {
+        let store = open(
+            dir.path(),
+            StoreOptions {
+                resident_scales,
+                ..Default::default()
+            },
+        );
+        assert_eq!(store.layers(), &[1, 14]);
+        assert_eq!(store.dim(), DIM);
+        for path in paths(&store) {
+            for &layer in &[1u32, 14] {
+                for (n, seed) in [(1usize, 1u64), (72, 2), (3000, 3)] {
+                    let ids = random_ids(0..5000, n, seed + u64::from(layer));
+                    let (mut w, mut s) = outputs(&store, ids.len());
+                    store
+                        .lookup_with(path, layer, &ids, &mut w, &mut s)
+                        .unwrap();
+                    let (ew, es) = reference.expect(layer, &ids);
+                    assert!(
+                        w == ew,
+                        "{path} layer {layer} n {n} resident {resident_scales}: weights differ"
+                    );
+                    assert!(
+                        s == es,
+                        "{path} layer {layer} n {n} resident {resident_scales}: scales differ"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A file whose rows do not sit on page boundaries: an odd tensor first, and 96-byte rows.
+fn unaligned_file(path: &std::path::Path, rows: usize, dim: usize) {
+    let pad = vec![7u8; 100];
+    let weights: Vec<u8> = (0..rows * dim)
+        .map(|i| (i * 31 % 251) as u8 & 0x7e)
+        .collect();
+    let scales: Vec<u8> = (0..rows * dim / 32).map(|i| 120 + (i % 7) as u8).collect();
+    let tensors = vec![
+        (
+            "aaa.pad",
+            TensorView::new(Dtype::U8, vec![100], &pad).unwrap(),
+        ),
+        (
+            "layers.3.engram.embed.weight",
+            TensorView::new(Dtype::F8_E4M3, vec![rows, dim], &weights).unwrap(),
+        ),
+        (
+            "layers.3.engram.embed.scale",
+            TensorView::new(Dtype::U8, vec![rows, dim / 32], &scales).unwrap(),
+        ),
+    ];
+    serialize_to_file(tensors, None, path).unwrap();
+}
+
+#[test]
+fn rows_straddling_pages_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("odd.safetensors");
+    unaligned_file(&file, 3000, 96);
+    let store = open(&file, StoreOptions::default());
+    let span = &store.layout().layer(3).unwrap().weight;
+    assert_ne!(span.offset % PAGE, 0);
+    assert!(span.straddling_rows_per_period().0 > 0);
+    let reference = Reference::load(&file);
+    // Every row, so that every straddling row and the file's last bytes are read.
+    let ids: Vec<i64> = (0..3000).rev().collect();
+    for path in paths(&store) {
+        let (mut w, mut s) = outputs(&store, ids.len());
+        store.lookup_with(path, 3, &ids, &mut w, &mut s).unwrap();
+        let (ew, es) = reference.expect(3, &ids);
+        assert!(w == ew && s == es, "{path}: bytes differ");
+    }
+}
+
+#[test]
+fn a_rank_serves_only_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 4000, &[2], 1, 5);
+    let reference = Reference::load(dir.path());
+    let options = StoreOptions {
+        row_start: 1000,
+        num_rows: Some(1500),
+        ..Default::default()
+    };
+    let store = open(dir.path(), options.clone());
+    assert_eq!(store.row_range(), 1000..2500);
+    let ids = random_ids(1000..2500, 500, 9);
+    for path in paths(&store) {
+        let (mut w, mut s) = outputs(&store, ids.len());
+        store.lookup_with(path, 2, &ids, &mut w, &mut s).unwrap();
+        assert!((w, s) == reference.expect(2, &ids), "{path}");
+    }
+    let reads = store.stats().reads;
+    for bad in [999i64, 2500, -1, i64::MAX] {
+        let ids = [1200, bad, 1300];
+        let (mut w, mut s) = outputs(&store, 3);
+        match store.lookup(2, &ids, &mut w, &mut s) {
+            Err(Error::RowsOutOfRange {
+                count: 1,
+                first_index: 1,
+                first_id,
+                ..
+            }) => assert_eq!(first_id, bad),
+            other => panic!("id {bad}: {other:?}"),
+        }
+        assert!(matches!(
+            store.advise(2, &ids),
+            Err(Error::RowsOutOfRange { .. })
+        ));
+    }
+    assert_eq!(store.stats().reads, reads, "a rejected batch must not read");
+    let (mut w, mut s) = outputs(&store, 2);
+    assert!(matches!(
+        store.lookup(7, &[1200, 1201], &mut w, &mut s),
+        Err(Error::NoSuchLayer { layer: 7, .. })
+    ));
+    assert!(matches!(
+        store.lookup(2, &[1200], &mut w, &mut s),
+        Err(Error::Invalid { .. })
+    ));
+    let too_far = StoreOptions {
+        row_start: 3000,
+        num_rows: Some(1001),
+        ..Default::default()
+    };
+    assert!(matches!(
+        RowStore::open(dir.path(), too_far),
+        Err(Error::Invalid { .. })
+    ));
+}
+
+#[test]
+fn duplicates_and_rows_sharing_a_page_share_one_read() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 4096, &[1], 1, 5);
+    let reference = Reference::load(dir.path());
+    let store = open(dir.path(), StoreOptions::default());
+    // Rows 32..48 fill one page; each asked for twice.
+    let ids: Vec<i64> = (32..48).chain((32..48).rev()).collect();
+    for path in paths(&store) {
+        let before = store.stats();
+        let (mut w, mut s) = outputs(&store, ids.len());
+        store.lookup_with(path, 1, &ids, &mut w, &mut s).unwrap();
+        assert!((w, s) == reference.expect(1, &ids), "{path}");
+        let after = store.stats();
+        assert_eq!(after.reads - before.reads, 1, "{path}: one page, one read");
+        assert_eq!(after.bytes - before.bytes, PAGE, "{path}");
+    }
+}
+
+#[test]
+fn cache_serves_hot_rows_and_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 3000, &[1, 14], 1, 8);
+    let reference = Reference::load(dir.path());
+    let store = open(
+        dir.path(),
+        StoreOptions {
+            cache_bytes: 1 << 20,
+            ..Default::default()
+        },
+    );
+    let ids = random_ids(0..3000, 72, 4);
+    let unique = {
+        let mut u = ids.clone();
+        u.sort_unstable();
+        u.dedup();
+        u.len() as u64
+    };
+    for round in 0..3 {
+        let (mut w, mut s) = outputs(&store, ids.len());
+        store.lookup(14, &ids, &mut w, &mut s).unwrap();
+        assert!((w, s) == reference.expect(14, &ids), "round {round}");
+    }
+    let stats = store.stats();
+    assert_eq!(stats.misses, ids.len() as u64);
+    assert_eq!(stats.hits, 2 * ids.len() as u64);
+    assert_eq!(store.cached().0 as u64, unique);
+    // Same rows of the other layer are other rows.
+    let (mut w, mut s) = outputs(&store, ids.len());
+    store.lookup(1, &ids, &mut w, &mut s).unwrap();
+    assert!((w, s) == reference.expect(1, &ids));
+    assert_eq!(store.stats().hits, stats.hits);
+}
+
+#[test]
+fn cache_stays_within_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 20000, &[1], 1, 8);
+    let budget = 64 << 10;
+    let store = open(
+        dir.path(),
+        StoreOptions {
+            cache_bytes: budget,
+            ..Default::default()
+        },
+    );
+    let ids: Vec<i64> = (0..20000).collect();
+    let (mut w, mut s) = outputs(&store, ids.len());
+    store.lookup(1, &ids, &mut w, &mut s).unwrap();
+    let (rows, bytes) = store.cached();
+    assert!(
+        bytes <= budget,
+        "{bytes} bytes cached over a {budget} budget"
+    );
+    assert!(rows > 0 && rows < 20000);
+}
+
+#[test]
+fn advise_warms_the_cache_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 3000, &[1], 1, 8);
+    let reference = Reference::load(dir.path());
+    let store = open(
+        dir.path(),
+        StoreOptions {
+            cache_bytes: 4 << 20,
+            ..Default::default()
+        },
+    );
+    let ids: Vec<i64> = (0..500).map(|i| i * 5).collect();
+    store.advise(1, &ids).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while store.cached().0 < ids.len() {
+        assert!(
+            Instant::now() < deadline,
+            "advise never warmed the cache: {:?}",
+            store.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let hits = store.stats().hits;
+    let (mut w, mut s) = outputs(&store, ids.len());
+    store.lookup(1, &ids, &mut w, &mut s).unwrap();
+    assert!((w, s) == reference.expect(1, &ids));
+    assert_eq!(store.stats().hits - hits, ids.len() as u64);
+}
+
+#[test]
+fn advise_without_a_cache_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 3000, &[1], 1, 8);
+    let store = open(dir.path(), StoreOptions::default());
+    store.advise(1, &[1, 2, 3, 2999]).unwrap();
+    assert!(matches!(
+        store.advise(2, &[1]),
+        Err(Error::NoSuchLayer { .. })
+    ));
+}
+
+/// The error of a lookup under `fault`, with the rows it names.
+fn faulted(
+    dir: &std::path::Path,
+    path: ReadPath,
+    fault: ReadFault,
+    ids: &[i64],
+) -> Result<(Vec<u8>, Vec<u8>), Error> {
+    let store = open(dir, StoreOptions::default());
+    assert!(store.inject_read_fault(fault));
+    let (mut w, mut s) = outputs(&store, ids.len());
+    store
+        .lookup_with(path, 1, ids, &mut w, &mut s)
+        .map(|()| (w, s))
+}
+
+#[test]
+fn failed_reads_name_their_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 4096, &[1], 1, 6);
+    let store = open(dir.path(), StoreOptions::default());
+    // Row 1000 shares its page with 1001; 3000 is elsewhere.
+    let ids = [3000i64, 1000, 1001, 5];
+    for path in paths(&store) {
+        match faulted(
+            dir.path(),
+            path,
+            ReadFault::Fail {
+                row: 1000,
+                errno: libc::EIO,
+            },
+            &ids,
+        ) {
+            Err(Error::RowRead {
+                layer: 1,
+                rows,
+                source,
+                ..
+            }) => {
+                assert_eq!(rows.0, vec![1000, 1001], "{path}");
+                assert_eq!(source.raw_os_error(), Some(libc::EIO), "{path}");
+            }
+            other => panic!("{path}: {other:?}"),
+        }
+        match faulted(dir.path(), path, ReadFault::Eof { row: 3000 }, &ids) {
+            Err(Error::RowRead { rows, source, .. }) => {
+                assert_eq!(rows.0, vec![3000], "{path}");
+                assert_eq!(source.kind(), std::io::ErrorKind::UnexpectedEof, "{path}");
+            }
+            other => panic!("{path}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn interrupted_and_short_reads_are_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 4096, &[1], 1, 6);
+    let reference = Reference::load(dir.path());
+    let store = open(dir.path(), StoreOptions::default());
+    let ids = random_ids(0..4096, 200, 3);
+    for path in paths(&store) {
+        for fault in [
+            ReadFault::Interrupt { times: 5 },
+            ReadFault::Short {
+                row: ids[5] as u64,
+                times: 2,
+            },
+        ] {
+            let (w, s) = faulted(dir.path(), path, fault, &ids)
+                .unwrap_or_else(|e| panic!("{path} {fault:?}: {e}"));
+            assert!((w, s) == reference.expect(1, &ids), "{path} {fault:?}");
+        }
+        // More interruptions than a read tolerates reach the caller.
+        let err =
+            faulted(dir.path(), path, ReadFault::Interrupt { times: 1000 }, &[7]).unwrap_err();
+        assert!(
+            matches!(&err, Error::RowRead { rows, .. } if rows.0 == vec![7]),
+            "{path}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_file_that_shrinks_after_open_fails_with_the_lost_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = make(dir.path(), 4096, &[1], 1, 6);
+    for path in [
+        ReadPath::Uring,
+        ReadPath::Preadv,
+        ReadPath::Mmap,
+        ReadPath::Buffered,
+    ] {
+        make(dir.path(), 4096, &[1], 1, 6);
+        let store = open(dir.path(), StoreOptions::default());
+        if path == ReadPath::Uring && store.uring().is_err() {
+            continue;
+        }
+        let span = store.layout().layer(1).unwrap().weight.clone();
+        // Cut the file in the middle of row 4000's page.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&files[0])
+            .unwrap();
+        f.set_len(span.row_offset(4000) + 128).unwrap();
+        store.evict_page_cache().unwrap();
+        let ids = [10i64, 4000, 4095, 20];
+        let (mut w, mut s) = outputs(&store, ids.len());
+        match store.lookup_with(path, 1, &ids, &mut w, &mut s) {
+            Err(Error::RowRead { rows, .. }) => assert_eq!(rows.0, vec![4000, 4095], "{path}"),
+            other => panic!("{path}: {other:?}"),
+        }
+        // Rows before the cut still read.
+        let (mut w, mut s) = outputs(&store, 2);
+        store
+            .lookup_with(path, 1, &[10, 3999], &mut w, &mut s)
+            .unwrap();
+    }
+}
+
+#[test]
+fn concurrent_lookups_match_one_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 20000, &[1, 14], 2, 21);
+    let reference = Arc::new(Reference::load(dir.path()));
+    for cache_bytes in [0, 2 << 20] {
+        let store = Arc::new(open(
+            dir.path(),
+            StoreOptions {
+                cache_bytes,
+                ..Default::default()
+            },
+        ));
+        let all = paths(&store);
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let (store, reference, all) = (store.clone(), reference.clone(), all.clone());
+                std::thread::spawn(move || {
+                    for i in 0..30u64 {
+                        let path = all[((t + i) % all.len() as u64) as usize];
+                        let layer = if (t + i) % 2 == 0 { 1 } else { 14 };
+                        let ids = random_ids(
+                            0..20000,
+                            1 + ((t * 37 + i * 101) % 700) as usize,
+                            t * 1000 + i,
+                        );
+                        let (mut w, mut s) = outputs(&store, ids.len());
+                        store
+                            .lookup_with(path, layer, &ids, &mut w, &mut s)
+                            .unwrap();
+                        assert!(
+                            (w, s) == reference.expect(layer, &ids),
+                            "thread {t} batch {i} {path}"
+                        );
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+}
+
+#[test]
+fn make_table_is_deterministic_for_a_seed() {
+    let (a, b, c) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let fa = make(a.path(), 3000, &[1, 14], 2, 77);
+    let fb = make(b.path(), 3000, &[1, 14], 2, 77);
+    let fc = make(c.path(), 3000, &[1, 14], 2, 78);
+    for ((x, y), z) in fa.iter().zip(&fb).zip(&fc) {
+        let (x, y, z) = (
+            std::fs::read(x).unwrap(),
+            std::fs::read(y).unwrap(),
+            std::fs::read(z).unwrap(),
+        );
+        assert_eq!(x, y);
+        if x.len() > 8192 {
+            assert_ne!(x, z, "another seed, other bytes");
+        }
+    }
+    // FP8 weights hold no NaN.
+    let reference = Reference::load(a.path());
+    for r in 0..3000 {
+        assert!(
+            reference
+                .row("layers.1.engram.embed.weight", r)
+                .iter()
+                .all(|b| b & 0x7f != 0x7f)
+        );
+    }
+}
