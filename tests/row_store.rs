@@ -472,3 +472,67 @@ fn make_table_is_deterministic_for_a_seed() {
         );
     }
 }
+
+#[test]
+fn tuning_is_kept_beside_the_table_and_picks_by_batch() {
+    use fetchahead::store::Tuning;
+    use fetchahead::store::tune::{TunedRange, tune_file};
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 3000, &[1], 1, 2);
+    let reference = Reference::load(dir.path());
+    let tuning = Tuning {
+        ranges: vec![
+            TunedRange {
+                max_batch: 500,
+                path: ReadPath::Mmap,
+                p50_us: 10.0,
+            },
+            TunedRange {
+                max_batch: u64::MAX,
+                path: ReadPath::Preadv,
+                p50_us: 20.0,
+            },
+        ],
+    };
+    tuning.save(&tune_file(dir.path())).unwrap();
+    let store = open(dir.path(), StoreOptions::default());
+    assert_eq!(store.tuning(), &tuning);
+    assert_eq!(store.auto_path(72), ReadPath::Mmap);
+    assert_eq!(store.auto_path(501), ReadPath::Preadv);
+    let ids = random_ids(0..3000, 600, 1);
+    let (mut w, mut s) = outputs(&store, ids.len());
+    let before = store.stats().reads;
+    store.lookup(1, &ids, &mut w, &mut s).unwrap();
+    assert!((w, s) == reference.expect(1, &ids));
+    assert!(store.stats().reads > before);
+    std::fs::write(
+        tune_file(dir.path()),
+        b"{\"ranges\": [{\"max_batch\": 1, \"path\": \"floppy\"}]}",
+    )
+    .unwrap();
+    assert!(matches!(
+        RowStore::open(dir.path(), StoreOptions::default()),
+        Err(Error::Invalid { .. })
+    ));
+}
+
+#[test]
+fn tune_measures_every_path() {
+    use fetchahead::store::tune::measure;
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 20000, &[1], 1, 2);
+    let store = open(dir.path(), StoreOptions::default());
+    let mut seen = Vec::new();
+    let tuning = measure(&store, 1, 3, |s| seen.push((s.batch, s.path))).unwrap();
+    for path in paths(&store).into_iter().filter(|&p| p != ReadPath::Auto) {
+        assert!(seen.contains(&(72, path)), "{path} not measured");
+    }
+    assert!(!tuning.ranges.is_empty());
+    assert_eq!(tuning.ranges.last().unwrap().max_batch, u64::MAX);
+    assert!(
+        tuning
+            .ranges
+            .windows(2)
+            .all(|w| w[0].max_batch < w[1].max_batch)
+    );
+}

@@ -37,7 +37,13 @@ pub fn paths(store: &RowStore) -> Vec<ReadPath> {
 }
 
 pub fn open(dir: &Path, options: StoreOptions) -> RowStore {
-    RowStore::open(dir, options).expect("open store")
+    let store = RowStore::open(dir, options).expect("open store");
+    if let Err(why) = store.direct_io() {
+        eprintln!(
+            "NOTE: O_DIRECT unsupported here ({why}); uring and preadv read through the page cache"
+        );
+    }
+    store
 }
 
 /// Every tensor of every `.safetensors` file in `dir` (or the file `dir`), parsed by the
