@@ -124,6 +124,9 @@ impl Kernels {
         if p.dim == 0 || p.dim % MX_BLOCK != 0 {
             return Err(Error::invalid("dim", format!("{} is not a positive multiple of 32", p.dim)));
         }
+        if p.n == 0 {
+            return Ok(()); // nothing to write: the addresses of empty buffers may be null
+        }
         check_aligned("weights", p.weights)?;
         check_aligned("out", p.out)?;
         check_aligned_to("scales", p.scales, 1)?;
@@ -217,6 +220,9 @@ fn gather_threads(variant: usize, p: &GatherParams) -> Result<u64> {
             "row width",
             format!("{} bytes is not a positive multiple of {CHUNK_BYTES}", p.row_bytes),
         ));
+    }
+    if p.n == 0 {
+        return Ok(0); // nothing to write: the addresses of empty buffers may be null
     }
     check_aligned("table", p.table)?;
     check_aligned("out", p.out)?;

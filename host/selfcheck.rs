@@ -2,7 +2,7 @@
 //! for a table in device memory and one in mapped pinned host memory, and times each launch.
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
 use fetchahead_gpu::{dequant, gather};
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 
@@ -113,8 +113,8 @@ fn time<T: cudarc::driver::DeviceRepr>(
     launch(out)?;
     poison(stream, out)?;
     let ctx = stream.context();
-    let start = ctx.new_event(None).call("cuEventCreate")?;
-    let end = ctx.new_event(None).call("cuEventCreate")?;
+    let start = ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).call("cuEventCreate")?;
+    let end = ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).call("cuEventCreate")?;
     start.record(stream).call("cuEventRecord")?;
     launch(out)?;
     end.record(stream).call("cuEventRecord")?;
