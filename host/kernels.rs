@@ -54,10 +54,19 @@ impl Kernels {
             })
         };
         Ok(Kernels {
-            gather: gather::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
+            gather: gather::VARIANTS
+                .iter()
+                .map(|v| load(v.name))
+                .collect::<Result<_>>()?,
             empty: load(gather::EMPTY_KERNEL)?,
-            dequant: dequant::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
-            prefetch: l2_prefetch::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
+            dequant: dequant::VARIANTS
+                .iter()
+                .map(|v| load(v.name))
+                .collect::<Result<_>>()?,
+            prefetch: l2_prefetch::VARIANTS
+                .iter()
+                .map(|v| load(v.name))
+                .collect::<Result<_>>()?,
             _module: module,
             ptx,
             gpu: gpu.clone(),
@@ -122,7 +131,10 @@ impl Kernels {
         p: DequantParams,
     ) -> Result<()> {
         if p.dim == 0 || p.dim % MX_BLOCK != 0 {
-            return Err(Error::invalid("dim", format!("{} is not a positive multiple of 32", p.dim)));
+            return Err(Error::invalid(
+                "dim",
+                format!("{} is not a positive multiple of 32", p.dim),
+            ));
         }
         if p.n == 0 {
             return Ok(()); // nothing to write: the addresses of empty buffers may be null
@@ -135,7 +147,14 @@ impl Kernels {
         let threads = p.n * (p.dim / dequant::ELEMS_PER_THREAD) as u64;
         check_chunk_count(threads)?;
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
-        unsafe { self.launch(pick(&self.dequant, variant, "gather_dequant")?, threads, stream, p) }
+        unsafe {
+            self.launch(
+                pick(&self.dequant, variant, "gather_dequant")?,
+                threads,
+                stream,
+                p,
+            )
+        }
     }
 
     /// Launches L2 prefetch `variant` (an index into `l2_prefetch::VARIANTS`) over `p.n`
@@ -153,10 +172,16 @@ impl Kernels {
         threads: u32,
     ) -> Result<()> {
         if p.chunk == 0 || p.chunk % 16 != 0 {
-            return Err(Error::invalid("prefetch chunk", format!("{} is not a positive multiple of 16", p.chunk)));
+            return Err(Error::invalid(
+                "prefetch chunk",
+                format!("{} is not a positive multiple of 16", p.chunk),
+            ));
         }
         if blocks == 0 || threads == 0 || threads > 1024 {
-            return Err(Error::invalid("prefetch launch", format!("{blocks} blocks x {threads} threads")));
+            return Err(Error::invalid(
+                "prefetch launch",
+                format!("{blocks} blocks x {threads} threads"),
+            ));
         }
         if p.n == 0 {
             return Ok(());
@@ -218,7 +243,10 @@ fn gather_threads(variant: usize, p: &GatherParams) -> Result<u64> {
     if p.row_bytes == 0 || p.row_bytes % CHUNK_BYTES != 0 {
         return Err(Error::invalid(
             "row width",
-            format!("{} bytes is not a positive multiple of {CHUNK_BYTES}", p.row_bytes),
+            format!(
+                "{} bytes is not a positive multiple of {CHUNK_BYTES}",
+                p.row_bytes
+            ),
         ));
     }
     if p.n == 0 {
@@ -237,6 +265,7 @@ fn gather_threads(variant: usize, p: &GatherParams) -> Result<u64> {
     Ok(match shape {
         gather::Shape::ChunkPerThread { unroll } => (p.n * chunks).div_ceil(unroll as u64),
         gather::Shape::WarpPerRow => p.n * 32,
+        gather::Shape::WarpPerRows => p.n.div_ceil(32) * 32,
     })
 }
 

@@ -61,12 +61,15 @@ fn address<T>(stream: &Arc<CudaStream>, slice: &CudaSlice<T>) -> u64 {
 
 #[test]
 fn every_gather_variant_matches_the_reference() {
-    let Some(mut s) = setup("gather variants") else { return };
+    let Some(mut s) = setup("gather variants") else {
+        return;
+    };
     let rows = 1u64 << 16;
     let table_bytes = random_bytes(&mut s.rng, rows as usize * DIM);
     let mut check = IdCheck::new(&s.stream).unwrap();
     for placement in PLACEMENTS {
-        let mut table = RowTable::from_bytes(&s.stream, &table_bytes, DIM as u32, placement).unwrap();
+        let mut table =
+            RowTable::from_bytes(&s.stream, &table_bytes, DIM as u32, placement).unwrap();
         for n in SIZES {
             let ids = random_ids(&mut s.rng, n, rows);
             let want = reference::gather(&table_bytes, DIM, &ids);
@@ -74,11 +77,20 @@ fn every_gather_variant_matches_the_reference() {
             let mut out = s.stream.alloc_zeros::<u8>((n * DIM).max(1)).unwrap();
             for (variant, v) in gather::VARIANTS.iter().enumerate() {
                 poison(&s.stream, &mut out).unwrap();
-                table.gather(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check).unwrap();
-                check.take(&s.stream, address(&s.stream, &ids_dev), n as u64, rows).unwrap();
+                table
+                    .gather(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
+                    .unwrap();
+                check
+                    .take(&s.stream, address(&s.stream, &ids_dev), n as u64, rows)
+                    .unwrap();
                 let got = s.stream.clone_dtoh(&out).unwrap();
                 if let Some(i) = got[..n * DIM].iter().zip(&want).position(|(a, b)| a != b) {
-                    panic!("{} {placement:?} n={n}: output row {} (id {}) differs", v.name, i / DIM, ids[i / DIM]);
+                    panic!(
+                        "{} {placement:?} n={n}: output row {} (id {}) differs",
+                        v.name,
+                        i / DIM,
+                        ids[i / DIM]
+                    );
                 }
             }
         }
@@ -118,8 +130,12 @@ fn check_dequant(s: &mut Setup, weights: &[u8], scales: &[u8], sizes: &[usize], 
             let mut outputs = Vec::new();
             for (variant, v) in dequant::VARIANTS.iter().enumerate() {
                 poison(&s.stream, &mut out).unwrap();
-                table.gather_dequant(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check).unwrap();
-                check.take(&s.stream, address(&s.stream, &ids_dev), n as u64, rows).unwrap();
+                table
+                    .gather_dequant(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
+                    .unwrap();
+                check
+                    .take(&s.stream, address(&s.stream, &ids_dev), n as u64, rows)
+                    .unwrap();
                 let got = s.stream.clone_dtoh(&out).unwrap();
                 let got = got[..n * DIM].to_vec();
                 if let Some(i) = reference::first_bf16_mismatch(&got, &want) {
@@ -127,27 +143,38 @@ fn check_dequant(s: &mut Setup, weights: &[u8], scales: &[u8], sizes: &[usize], 
                     let id = ids[row] as usize;
                     panic!(
                         "{what}: {} {placement:?} n={n}: element {col} of row {row} (id {id}): e4m3 {:#04x} scale {} -> {:#06x}, want {:#06x}",
-                        v.name, weights[id * DIM + col], scales[id * DIM / 32 + col / 32], got[i], want[i]
+                        v.name,
+                        weights[id * DIM + col],
+                        scales[id * DIM / 32 + col / 32],
+                        got[i],
+                        want[i]
                     );
                 }
                 outputs.push(got);
             }
             // Both variants write the same bits, NaN payloads included.
-            assert!(outputs.windows(2).all(|w| w[0] == w[1]), "{what}: variants differ bitwise");
+            assert!(
+                outputs.windows(2).all(|w| w[0] == w[1]),
+                "{what}: variants differ bitwise"
+            );
         }
     }
 }
 
 #[test]
 fn gather_dequant_is_exact_for_every_e4m3_byte_at_the_edge_scales() {
-    let Some(mut s) = setup("gather_dequant edges") else { return };
+    let Some(mut s) = setup("gather_dequant edges") else {
+        return;
+    };
     let (weights, scales) = edge_table(&mut s.rng);
     check_dequant(&mut s, &weights, &scales, &[1, 31, 1000], "edge scales");
 }
 
 #[test]
 fn gather_dequant_matches_the_reference_on_random_rows() {
-    let Some(mut s) = setup("gather_dequant random") else { return };
+    let Some(mut s) = setup("gather_dequant random") else {
+        return;
+    };
     let rows = 1usize << 15;
     let weights = random_bytes(&mut s.rng, rows * DIM);
     let scales = random_bytes(&mut s.rng, rows * DIM / 32);
@@ -156,12 +183,19 @@ fn gather_dequant_matches_the_reference_on_random_rows() {
 
 #[test]
 fn ids_outside_the_table_write_zero_rows_and_are_reported() {
-    let Some(mut s) = setup("bad ids") else { return };
+    let Some(mut s) = setup("bad ids") else {
+        return;
+    };
     let rows = 1000u64;
     let weights = random_bytes(&mut s.rng, rows as usize * DIM);
     let scales = vec![127u8; rows as usize * DIM / 32];
     let mut ids = random_ids(&mut s.rng, 5000, rows);
-    let bad = [(17usize, -1i64), (18, rows as i64), (4000, i64::MAX), (4999, i64::MIN)];
+    let bad = [
+        (17usize, -1i64),
+        (18, rows as i64),
+        (4000, i64::MAX),
+        (4999, i64::MIN),
+    ];
     for &(i, id) in &bad {
         ids[i] = id;
     }
@@ -169,58 +203,124 @@ fn ids_outside_the_table_write_zero_rows_and_are_reported() {
     let ids_address = address(&s.stream, &ids_dev);
     let mut check = IdCheck::new(&s.stream).unwrap();
     let expect_error = |result: Result<(), Error>, what: &str| match result {
-        Err(Error::IdsOutOfRange { count, first_index, first_id, n, .. }) => {
-            assert_eq!((count, first_index, first_id, n), (4, 17, -1, 5000), "{what}");
+        Err(Error::IdsOutOfRange {
+            count,
+            first_index,
+            first_id,
+            n,
+            ..
+        }) => {
+            assert_eq!(
+                (count, first_index, first_id, n),
+                (4, 17, -1, 5000),
+                "{what}"
+            );
         }
         other => panic!("{what}: expected IdsOutOfRange, got {other:?}"),
     };
 
-    let mut table = RowTable::from_bytes(&s.stream, &weights, DIM as u32, Placement::Device).unwrap();
+    let mut table =
+        RowTable::from_bytes(&s.stream, &weights, DIM as u32, Placement::Device).unwrap();
     let mut out = s.stream.alloc_zeros::<u8>(ids.len() * DIM).unwrap();
     for (variant, v) in gather::VARIANTS.iter().enumerate() {
         poison(&s.stream, &mut out).unwrap();
-        table.gather(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check).unwrap();
-        expect_error(check.take(&s.stream, ids_address, ids.len() as u64, rows), v.name);
+        table
+            .gather(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
+            .unwrap();
+        expect_error(
+            check.take(&s.stream, ids_address, ids.len() as u64, rows),
+            v.name,
+        );
         let got = s.stream.clone_dtoh(&out).unwrap();
         assert_eq!(got, reference::gather(&weights, DIM, &ids), "{}", v.name);
         // The record was reset: a clean launch reports nothing.
-        check.take(&s.stream, ids_address, ids.len() as u64, rows).unwrap();
+        check
+            .take(&s.stream, ids_address, ids.len() as u64, rows)
+            .unwrap();
     }
 
-    let mut mx = Mxfp8Table::from_bytes(&s.stream, &weights, &scales, DIM as u32, Placement::Device).unwrap();
+    let mut mx =
+        Mxfp8Table::from_bytes(&s.stream, &weights, &scales, DIM as u32, Placement::Device)
+            .unwrap();
     let mut out = s.stream.alloc_zeros::<u16>(ids.len() * DIM).unwrap();
     for (variant, v) in dequant::VARIANTS.iter().enumerate() {
         poison(&s.stream, &mut out).unwrap();
-        mx.gather_dequant(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check).unwrap();
-        expect_error(check.take(&s.stream, ids_address, ids.len() as u64, rows), v.name);
+        mx.gather_dequant(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
+            .unwrap();
+        expect_error(
+            check.take(&s.stream, ids_address, ids.len() as u64, rows),
+            v.name,
+        );
         let got = s.stream.clone_dtoh(&out).unwrap();
         let want = reference::gather_dequant(&weights, &scales, DIM, &ids);
-        assert_eq!(reference::first_bf16_mismatch(&got, &want), None, "{}", v.name);
+        assert_eq!(
+            reference::first_bf16_mismatch(&got, &want),
+            None,
+            "{}",
+            v.name
+        );
         for &(i, _) in &bad {
-            assert!(got[i * DIM..(i + 1) * DIM].iter().all(|&x| x == 0), "{}: row {i} not zero", v.name);
+            assert!(
+                got[i * DIM..(i + 1) * DIM].iter().all(|&x| x == 0),
+                "{}: row {i} not zero",
+                v.name
+            );
         }
     }
 }
 
 #[test]
 fn launches_refuse_bad_shapes_with_an_error() {
-    let Some(s) = setup("launch validation") else { return };
+    let Some(s) = setup("launch validation") else {
+        return;
+    };
     let stream = s.stream.cu_stream();
     let ok = fetchahead::device_abi::params::GatherParams {
-        table: 0x1000, ids: 0x2000, out: 0x3000, status: 0x4000, n: 10, rows: 10, row_bytes: 256, _pad: 0,
+        table: 0x1000,
+        ids: 0x2000,
+        out: 0x3000,
+        status: 0x4000,
+        n: 10,
+        rows: 10,
+        row_bytes: 256,
+        _pad: 0,
     };
     let cases = [
-        ("row width 24", fetchahead::device_abi::params::GatherParams { row_bytes: 24, ..ok }),
-        ("unaligned table", fetchahead::device_abi::params::GatherParams { table: 0x1008, ..ok }),
-        ("null out", fetchahead::device_abi::params::GatherParams { out: 0, ..ok }),
-        ("2^32 chunks", fetchahead::device_abi::params::GatherParams { n: 1 << 28, ..ok }),
+        (
+            "row width 24",
+            fetchahead::device_abi::params::GatherParams {
+                row_bytes: 24,
+                ..ok
+            },
+        ),
+        (
+            "unaligned table",
+            fetchahead::device_abi::params::GatherParams {
+                table: 0x1008,
+                ..ok
+            },
+        ),
+        (
+            "null out",
+            fetchahead::device_abi::params::GatherParams { out: 0, ..ok },
+        ),
+        (
+            "2^32 chunks",
+            fetchahead::device_abi::params::GatherParams { n: 1 << 28, ..ok },
+        ),
     ];
     for (what, p) in cases {
         // SAFETY: every case is refused before launch, so no address is touched.
         let result = unsafe { s.kernels.launch_gather(stream, 0, p) };
-        assert!(matches!(result, Err(Error::Invalid { .. })), "{what}: {result:?}");
+        assert!(
+            matches!(result, Err(Error::Invalid { .. })),
+            "{what}: {result:?}"
+        );
     }
     // SAFETY: refused before launch.
     let result = unsafe { s.kernels.launch_gather(stream, gather::VARIANTS.len(), ok) };
-    assert!(matches!(result, Err(Error::Invalid { .. })), "missing variant: {result:?}");
+    assert!(
+        matches!(result, Err(Error::Invalid { .. })),
+        "missing variant: {result:?}"
+    );
 }

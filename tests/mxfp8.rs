@@ -14,7 +14,12 @@ fn integer_decoding_matches_the_reference_for_every_byte_and_scale() {
                 assert_eq!(got, BF16_NAN, "x={x:#04x} scale={scale}");
                 nans += 1;
             } else {
-                assert_eq!(got, want.to_bits(), "x={x:#04x} scale={scale}: got {got:#06x}, want {:#06x} ({want})", want.to_bits());
+                assert_eq!(
+                    got,
+                    want.to_bits(),
+                    "x={x:#04x} scale={scale}: got {got:#06x}, want {:#06x} ({want})",
+                    want.to_bits()
+                );
             }
         }
     }

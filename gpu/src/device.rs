@@ -79,6 +79,22 @@ pub unsafe fn store_16(addr: u64, v: [u32; 4]) {
     }
 }
 
+/// 16 bytes written with a streaming (evict-first) store: output the next kernel reads once.
+///
+/// # Safety
+/// As [`store_16`].
+#[inline(always)]
+pub unsafe fn store_16_streaming(addr: u64, v: [u32; 4]) {
+    // SAFETY: the caller guarantees a writable, aligned address owned by this thread.
+    unsafe {
+        asm!(
+            "st.global.cs.v4.u32 [{0}], {{{1}, {2}, {3}, {4}}};",
+            in(reg64) addr, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
 /// One read-only 8-byte load (ids), through the non-coherent path.
 ///
 /// # Safety
@@ -92,6 +108,40 @@ pub unsafe fn load_i64(addr: u64) -> i64 {
              options(pure, readonly, nostack, preserves_flags));
     }
     v
+}
+
+/// As [`load_i64`], but kept where it is written: the compiler may not sink it to its first
+/// use, so a load meant to overlap other work is issued early.
+///
+/// # Safety
+/// As [`load_i64`].
+#[inline(always)]
+pub unsafe fn load_i64_early(addr: u64) -> i64 {
+    let v: i64;
+    // SAFETY: the caller guarantees a readable, aligned, read-only address.
+    unsafe {
+        asm!("ld.global.nc.s64 {0}, [{1}];", out(reg64) v, in(reg64) addr,
+             options(readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+/// `v` of lane `src` of this warp; every lane of the warp must execute it together.
+#[inline(always)]
+pub fn shuffle_i64(v: i64, src: u32) -> i64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: a register exchange among the warp's lanes, all of which execute it (the callers
+    // call it unconditionally in warp-uniform control flow).
+    unsafe {
+        asm!(
+            "shfl.sync.idx.b32 {0}, {2}, {4}, 31, -1;",
+            "shfl.sync.idx.b32 {1}, {3}, {4}, 31, -1;",
+            out(reg32) lo, out(reg32) hi,
+            in(reg32) v as u32, in(reg32) (v >> 32) as u32, in(reg32) src,
+            options(nomem, nostack, preserves_flags),
+        );
+    }
+    (lo as u64 | (hi as u64) << 32) as i64
 }
 
 /// One read-only byte (an E8M0 scale), through the non-coherent path.
@@ -184,6 +234,30 @@ pub fn f16_to_f32(h: u16) -> f32 {
     // SAFETY: a pure register conversion.
     unsafe {
         asm!("cvt.f32.f16 {0}, {1};", out(reg32) r, in(reg16) h,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    r
+}
+
+/// Byte permute: bytes of `a` (0..4) and `b` (4..8) picked by the nibbles of `selector`.
+#[inline(always)]
+pub fn permute_bytes(a: u32, b: u32, selector: u32) -> u32 {
+    let r: u32;
+    // SAFETY: a pure register operation.
+    unsafe {
+        asm!("prmt.b32 {0}, {1}, {2}, {3};", out(reg32) r, in(reg32) a, in(reg32) b, in(reg32) selector,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    r
+}
+
+/// Packed bf16 multiply, one rounding to nearest even, subnormals kept (sm_90 and later).
+#[inline(always)]
+pub fn mul_bf16x2(a: u32, b: u32) -> u32 {
+    let r: u32;
+    // SAFETY: a pure register operation.
+    unsafe {
+        asm!("mul.rn.bf16x2 {0}, {1}, {2};", out(reg32) r, in(reg32) a, in(reg32) b,
              options(pure, nomem, nostack, preserves_flags));
     }
     r

@@ -41,6 +41,14 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
         .iter()
         .map(move |v| entry(v.name, gather))
         .chain([entry(gather::EMPTY_KERNEL, gather)])
-        .chain(dequant::VARIANTS.iter().map(move |v| entry(v.name, dequant)))
-        .chain(l2_prefetch::VARIANTS.iter().map(move |v| entry(v.name, prefetch)))
+        .chain(
+            dequant::VARIANTS
+                .iter()
+                .map(move |v| entry(v.name, dequant)),
+        )
+        .chain(
+            l2_prefetch::VARIANTS
+                .iter()
+                .map(move |v| entry(v.name, prefetch)),
+        )
 }

@@ -12,7 +12,10 @@ pub fn list() -> fetchahead::Result<ExitCode> {
         gathers
             .chain(dequants)
             .chain(prefetches)
-            .chain([(gather::EMPTY_KERNEL, "does nothing: the launch-cost floor for benches")])
+            .chain([(
+                gather::EMPTY_KERNEL,
+                "does nothing: the launch-cost floor for benches",
+            )])
             .find(|(n, _)| *n == name)
             .map_or("", |(_, a)| a)
     };
