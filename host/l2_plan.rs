@@ -40,6 +40,10 @@ impl Signature {
     }
 }
 
+/// The largest segment a window holds: a tensor is cut into pieces of this size so that one
+/// large weight still spreads its prefetch over several blocks (blocks stride over segments).
+pub const SEGMENT_PIECE: u64 = 512 << 10;
+
 /// The default budget per window: a tenth of L2 (6 MiB of the H200's 60 MiB, 2.4 MiB of the
 /// DGX Spark's 24 MiB), leaving the rest to the collective's and the reader's own traffic.
 pub fn default_budget(l2_bytes: u64) -> u64 {
@@ -157,24 +161,25 @@ impl Windows {
         });
     }
 
-    /// Appends `s` to the last window, trimmed to what is left of `budget`; a repeat of a segment
-    /// already in the window is skipped.
+    /// Appends `s` to the last window, trimmed to what is left of `budget` and cut into pieces
+    /// of at most [`SEGMENT_PIECE`] bytes; a weight whose start the window already covers (the
+    /// same tensor consumed twice) is skipped.
     fn push_within(&mut self, s: Segment, budget: u64) {
         let Some(span) = self.spans.last_mut() else { return };
         let window = self.segments.get(span.start..).unwrap_or(&[]);
-        if window.iter().any(|w| w.address == s.address && w.bytes >= s.bytes) {
+        if window.iter().any(|w| w.address <= s.address && s.address - w.address < w.bytes) {
             return;
         }
-        let bytes = s.bytes.min(budget.saturating_sub(span.bytes));
-        if bytes == 0 {
-            return;
+        let mut left = s.bytes.min(budget.saturating_sub(span.bytes));
+        let mut address = s.address;
+        while left > 0 {
+            let bytes = left.min(SEGMENT_PIECE);
+            self.segments.push(Segment { address, bytes });
+            span.len += 1;
+            span.bytes += bytes;
+            address += bytes;
+            left -= bytes;
         }
-        self.segments.push(Segment {
-            address: s.address,
-            bytes,
-        });
-        span.len += 1;
-        span.bytes += bytes;
     }
 }
 

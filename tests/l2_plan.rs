@@ -77,6 +77,24 @@ fn trims_each_window_to_the_budget() {
 }
 
 #[test]
+fn cuts_large_weights_into_pieces() {
+    let mut p = Planner::new(4 * MIB).unwrap();
+    let piece = fetchahead::l2_plan::SEGMENT_PIECE;
+    forward(&mut p, SIG, false, &[&[(0x1000_0000, piece * 2 + 4096), (0x2000_0000, 3 * MIB), (0x1000_0000, 64)]]);
+    let plan = p.plan(SIG).unwrap();
+    let mut want = vec![seg(0x1000_0000, piece), seg(0x1000_0000 + piece, piece), seg(0x1000_0000 + 2 * piece, 4096)];
+    let mut left = 4 * MIB - 2 * piece - 4096;
+    let mut address = 0x2000_0000;
+    while left > 0 {
+        want.push(seg(address, left.min(piece)));
+        address += left.min(piece);
+        left -= left.min(piece);
+    }
+    assert_eq!(plan.window(0), &want[..]);
+    assert_eq!(plan.window_bytes(0), 4 * MIB);
+}
+
+#[test]
 fn keeps_only_the_aligned_part_and_refuses_null() {
     let mut p = Planner::new(MIB).unwrap();
     p.begin(SIG, false).unwrap();
