@@ -56,7 +56,7 @@ pub fn default_budget(l2_bytes: u64) -> u64 {
 pub enum Replay {
     /// `l2_prefetch::VARIANTS[variant]` on a side stream (0: plain, 1: evict_last).
     Prefetch { variant: usize },
-    /// The main stream's access-policy window set over the window's first segment (persisting
+    /// The main stream's access-policy window set over the window's first weight (persisting
     /// lines in the L2 set-aside). Eager forwards only: a captured forward gets no window.
     AccessPolicy,
 }
@@ -513,8 +513,21 @@ impl L2Plan {
         let Some(span) = self.planner.plan(signature).and_then(|w| w.spans.get(k)).copied() else {
             return Ok(());
         };
-        let first = self.planner.plan(signature).and_then(|w| w.window(k).first().copied());
-        let (Some(first), Some(table)) = (first, self.tables.get(&signature)) else {
+        // The window's leading contiguous run (a tensor's pieces): what an access-policy
+        // window, one address range, can cover.
+        let lead = self.planner.plan(signature).and_then(|w| {
+            let window = w.window(k);
+            let first = window.first()?;
+            let bytes = window
+                .windows(2)
+                .take_while(|p| p[0].address + p[0].bytes == p[1].address)
+                .fold(first.bytes, |sum, p| sum + p[1].bytes);
+            Some(Segment {
+                address: first.address,
+                bytes,
+            })
+        });
+        let (Some(lead), Some(table)) = (lead, self.tables.get(&signature)) else {
             return Ok(());
         };
         match self.config.replay {
@@ -542,7 +555,7 @@ impl L2Plan {
                     return Ok(());
                 }
                 if let Some(persisting) = &self.persisting {
-                    let window = persisting.window(first.address, first.bytes);
+                    let window = persisting.window(lead.address, lead.bytes);
                     persisting.set_stream_window(&self.main, Some(window))?;
                     self.policy_window_set = true;
                     self.planner.count_prefetch(window.bytes);

@@ -1,7 +1,7 @@
 //! The L2 plan: its logic on the CPU, and on a GPU (skipped without one) the GEMV against the
 //! CPU reference, forwards bit-identical with and without prefetch (eager and in a CUDA graph),
 //! and the prefetch kernel over awkward segments (run this under compute-sanitizer too).
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaStream, sys};
 use fetchahead::device_abi::l2_prefetch;
@@ -262,16 +262,22 @@ fn bits(outputs: &[Vec<f32>]) -> Vec<Vec<u32>> {
     outputs.iter().map(|o| o.iter().map(|v| v.to_bits()).collect()).collect()
 }
 
-fn open(what: &str) -> Result<Option<(Arc<Kernels>, Arc<CudaStream>)>> {
+/// GPU tests run one at a time: one sets the context's persisting-L2 limit, others capture.
+static GPU_LOCK: Mutex<()> = Mutex::new(());
+
+type Device = (Arc<Kernels>, Arc<CudaStream>, MutexGuard<'static, ()>);
+
+fn open(what: &str) -> Result<Option<Device>> {
+    let lock = GPU_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let Some(gpu) = Gpu::for_test(what)? else { return Ok(None) };
     let kernels = Arc::new(Kernels::load(&gpu)?);
     let stream = gpu.ctx.new_stream().map_err(|source| Error::Cuda { call: "cuStreamCreate", source })?;
-    Ok(Some((kernels, stream)))
+    Ok(Some((kernels, stream, lock)))
 }
 
 #[test]
 fn gemv_matches_the_cpu_reference() -> Result<()> {
-    let Some((kernels, stream)) = open("gemv_matches_the_cpu_reference")? else { return Ok(()) };
+    let Some((kernels, stream, _lock)) = open("gemv_matches_the_cpu_reference")? else { return Ok(()) };
     let mut rng = SmallRng::seed_from_u64(rand::rng().random());
     // (m, n, k): one split and several, both variants, a tail shorter than the unroll.
     for (m, n, k) in [(1, 64, 4096), (5, 48, 1056), (8, 4096, 4096), (9, 32, 512), (16, 1024, 2048), (16, 16, 32)] {
@@ -300,7 +306,7 @@ fn gemv_matches_the_cpu_reference() -> Result<()> {
 
 #[test]
 fn gemv_refuses_bad_shapes() -> Result<()> {
-    let Some((kernels, stream)) = open("gemv_refuses_bad_shapes")? else { return Ok(()) };
+    let Some((kernels, stream, _lock)) = open("gemv_refuses_bad_shapes")? else { return Ok(()) };
     let mut rng = SmallRng::seed_from_u64(1);
     let x = random_bf16(&mut rng, 17 * 64);
     let w = random_bf16(&mut rng, 16 * 64);
@@ -317,7 +323,7 @@ fn gemv_refuses_bad_shapes() -> Result<()> {
 /// access-policy mode, all bit-identical, with the counters the replays imply.
 #[test]
 fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
-    let Some((kernels, stream)) = open("forward_is_bit_identical_with_prefetch_eager")? else { return Ok(()) };
+    let Some((kernels, stream, _lock)) = open("forward_is_bit_identical_with_prefetch_eager")? else { return Ok(()) };
     let l2 = kernels.gpu().l2_bytes;
     let mut layers = Layers::new(&kernels, &stream, 3, 16, 2048, rand::rng().random())?;
     layers.run(&kernels, &stream, None, SIG)?;
@@ -359,7 +365,7 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
 /// becomes a graph branch) both replay bit-identical to the eager forward.
 #[test]
 fn forward_is_bit_identical_with_prefetch_in_a_graph() -> Result<()> {
-    let Some((kernels, stream)) = open("forward_is_bit_identical_with_prefetch_in_a_graph")? else { return Ok(()) };
+    let Some((kernels, stream, _lock)) = open("forward_is_bit_identical_with_prefetch_in_a_graph")? else { return Ok(()) };
     let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
     let mut layers = Layers::new(&kernels, &stream, 4, 1, 4096, rand::rng().random())?;
     layers.run(&kernels, &stream, None, SIG)?;
@@ -414,7 +420,7 @@ fn forward_is_bit_identical_with_prefetch_in_a_graph() -> Result<()> {
 /// `compute-sanitizer --tool memcheck` as well (see README).
 #[test]
 fn prefetch_kernel_runs_clean() -> Result<()> {
-    let Some((kernels, stream)) = open("prefetch_kernel_runs_clean")? else { return Ok(()) };
+    let Some((kernels, stream, _lock)) = open("prefetch_kernel_runs_clean")? else { return Ok(()) };
     let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
     let bytes = 8 * MIB as usize;
     let buffer = stream.alloc_zeros::<u8>(bytes).map_err(cuda("cuMemAlloc"))?;
