@@ -44,7 +44,13 @@ enum Mode {
 }
 
 impl Mode {
-    const ALL: [Mode; 5] = [Mode::None, Mode::Prefetch, Mode::PrefetchDefaultBudget, Mode::EvictLast, Mode::AccessPolicy];
+    const ALL: [Mode; 5] = [
+        Mode::None,
+        Mode::Prefetch,
+        Mode::PrefetchDefaultBudget,
+        Mode::EvictLast,
+        Mode::AccessPolicy,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -81,9 +87,15 @@ impl Bench {
         let kernels = Arc::new(Kernels::load(gpu)?);
         let stream = gpu.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
         let flush_bytes = (2 * gpu.l2_bytes).clamp(64 * MIB, 512 * MIB) as usize;
-        let flush = stream.alloc_zeros::<u8>(flush_bytes).map_err(cuda("cuMemAlloc"))?;
+        let flush = stream
+            .alloc_zeros::<u8>(flush_bytes)
+            .map_err(cuda("cuMemAlloc"))?;
         let flush_address = flush.device_ptr(&stream).0;
-        let event = || gpu.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda("cuEventCreate"));
+        let event = || {
+            gpu.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(cuda("cuEventCreate"))
+        };
         Ok(Bench {
             events: [event()?, event()?, event()?],
             kernels,
@@ -96,33 +108,59 @@ impl Bench {
     /// Writes twice the L2 size, evicting (normal-priority) weights from L2.
     fn flush_l2(&self) -> Result<()> {
         // SAFETY: the flush buffer is this struct's own allocation of `len` bytes.
-        unsafe { sys::cuMemsetD8Async(self.flush_address, 0x5A, self.flush.len(), self.stream.cu_stream()) }
-            .result()
-            .map_err(cuda("cuMemsetD8Async"))
+        unsafe {
+            sys::cuMemsetD8Async(
+                self.flush_address,
+                0x5A,
+                self.flush.len(),
+                self.stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(cuda("cuMemsetD8Async"))
     }
 
     /// Records event `i` on the stream; inside a capture it becomes an (external) event record
     /// node, which the flag allows only while capturing.
     fn mark(&self, i: usize) -> Result<()> {
-        let capturing = self.stream.capture_status().map_err(cuda("cuStreamIsCapturing"))?
+        let capturing = self
+            .stream
+            .capture_status()
+            .map_err(cuda("cuStreamIsCapturing"))?
             == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
-        let flags = if capturing { sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32 } else { 0 };
+        let flags = if capturing {
+            sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32
+        } else {
+            0
+        };
         // SAFETY: a live event and stream of one context.
-        unsafe { sys::cuEventRecordWithFlags(self.events[i].cu_event(), self.stream.cu_stream(), flags) }
-            .result()
-            .map_err(cuda("cuEventRecordWithFlags"))
+        unsafe {
+            sys::cuEventRecordWithFlags(self.events[i].cu_event(), self.stream.cu_stream(), flags)
+        }
+        .result()
+        .map_err(cuda("cuEventRecordWithFlags"))
     }
 
     /// (GEMV us, window + GEMV us) of the last forward; waits for it.
     fn read(&self) -> Result<(f64, f64)> {
-        let gemv = self.events[1].elapsed_ms(&self.events[2]).map_err(cuda("cuEventElapsedTime"))?;
-        let total = self.events[0].elapsed_ms(&self.events[2]).map_err(cuda("cuEventElapsedTime"))?;
+        let gemv = self.events[1]
+            .elapsed_ms(&self.events[2])
+            .map_err(cuda("cuEventElapsedTime"))?;
+        let total = self.events[0]
+            .elapsed_ms(&self.events[2])
+            .map_err(cuda("cuEventElapsedTime"))?;
         Ok((gemv as f64 * 1e3, total as f64 * 1e3))
     }
 
     /// One forward: mark 0, collective (the plan forks its prefetch first), mark 1, GEMV,
     /// mark 2, join. Eager, or captured when the stream is capturing.
-    fn forward(&self, gemv: &Gemv, ns: u64, plan: Option<&mut L2Plan>, policy: Option<AccessWindow>) -> Result<()> {
+    fn forward(
+        &self,
+        gemv: &Gemv,
+        ns: u64,
+        plan: Option<&mut L2Plan>,
+        policy: Option<AccessWindow>,
+    ) -> Result<()> {
         self.mark(0)?;
         let mut plan = plan;
         if let Some(plan) = plan.as_deref_mut() {
@@ -130,7 +168,10 @@ impl Bench {
             plan.collective()?;
         }
         // SAFETY: no flag is polled.
-        unsafe { self.kernels.launch_collective(self.stream.cu_stream(), COLLECTIVE_BLOCKS, ns, 0) }?;
+        unsafe {
+            self.kernels
+                .launch_collective(self.stream.cu_stream(), COLLECTIVE_BLOCKS, ns, 0)
+        }?;
         self.mark(1)?;
         if let Some(plan) = plan.as_deref_mut() {
             let (address, bytes) = gemv.weights();
@@ -168,7 +209,9 @@ fn setup(bench: &Bench, gemv: &Gemv, mode: Mode, ns: u64, graph: bool) -> Result
             ..config
         }),
     };
-    let mut plan = plan.map(|c| L2Plan::new(bench.kernels.clone(), bench.stream.clone(), c)).transpose()?;
+    let mut plan = plan
+        .map(|c| L2Plan::new(bench.kernels.clone(), bench.stream.clone(), c))
+        .transpose()?;
     let (persisting, policy) = if mode == Mode::AccessPolicy {
         let persisting = PersistingL2::reserve(gpu, w_bytes)?;
         persisting.reset_lines()?;
@@ -180,14 +223,26 @@ fn setup(bench: &Bench, gemv: &Gemv, mode: Mode, ns: u64, graph: bool) -> Result
     // The plan learns from one eager forward; every timed forward replays it.
     bench.flush_l2()?;
     bench.forward(gemv, ns, plan.as_mut(), policy)?;
-    bench.stream.synchronize().map_err(cuda("cuStreamSynchronize"))?;
+    bench
+        .stream
+        .synchronize()
+        .map_err(cuda("cuStreamSynchronize"))?;
     let graph = if graph {
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        bench.stream.begin_capture(mode).map_err(cuda("cuStreamBeginCapture"))?;
+        bench
+            .stream
+            .begin_capture(mode)
+            .map_err(cuda("cuStreamBeginCapture"))?;
         let captured = bench.forward(gemv, ns, plan.as_mut(), policy);
-        let graph = bench.stream.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(cuda("cuStreamEndCapture"))?;
+        let graph = bench
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(cuda("cuStreamEndCapture"))?;
         captured?;
-        let graph = graph.ok_or_else(|| Error::Invalid { what: "capture", why: "empty graph".into() })?;
+        let graph = graph.ok_or_else(|| Error::Invalid {
+            what: "capture",
+            why: "empty graph".into(),
+        })?;
         graph.upload().map_err(cuda("cuGraphUpload"))?;
         Some(graph)
     } else {
@@ -212,7 +267,9 @@ fn iteration(bench: &Bench, gemv: &Gemv, ns: u64, s: &mut Setup) -> Result<(f64,
 }
 
 fn random_bf16(rng: &mut SmallRng, n: usize) -> Vec<bf16> {
-    (0..n).map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0))).collect()
+    (0..n)
+        .map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0)))
+        .collect()
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -235,7 +292,9 @@ fn bench_l2_prefetch(c: &mut Criterion) {
 }
 
 fn run(c: &mut Criterion) -> Result<()> {
-    let Some(gpu) = Gpu::for_test("the l2_prefetch bench")? else { return Ok(()) };
+    let Some(gpu) = Gpu::for_test("the l2_prefetch bench")? else {
+        return Ok(());
+    };
     let bench = Bench::new(&gpu)?;
     println!(
         "{} (sm_{}{}, {} SMs, L2 {:.1} MiB), PTX {}",
@@ -280,7 +339,9 @@ fn run(c: &mut Criterion) -> Result<()> {
                                 continue;
                             }
                             Err(e) if graph => {
-                                println!("graph replay unavailable, graph configurations skipped: {e}");
+                                println!(
+                                    "graph replay unavailable, graph configurations skipped: {e}"
+                                );
                                 graphs_work = false;
                                 break;
                             }
@@ -336,7 +397,9 @@ fn run(c: &mut Criterion) -> Result<()> {
 
 /// The table: per configuration the medians of GEMV and window + GEMV, ratios to no prefetch.
 fn summary(samples: &mut BTreeMap<Key, Samples>) {
-    println!("\n== L2 prefetch: medians in us; speedup = none / mode; p10-p90 of none's window+GEMV is the spread");
+    println!(
+        "\n== L2 prefetch: medians in us; speedup = none / mode; p10-p90 of none's window+GEMV is the spread"
+    );
     println!(
         "{:<6} {:>3} {:>4} {:>4} {:<24} {:>9} {:>10} {:>8} {:>9} {:>12}",
         "exec", "M", "WMiB", "Tus", "mode", "gemv", "win+gemv", "gemv x", "total x", "none spread"
@@ -354,7 +417,9 @@ fn summary(samples: &mut BTreeMap<Key, Samples>) {
             (median(&mut g), median(&mut tt), spread)
         };
         let (g, total, _) = stats(&samples[&key]);
-        let (g0, t0, spread0) = samples.get(&none_key).map_or((f64::NAN, f64::NAN, f64::NAN), stats);
+        let (g0, t0, spread0) = samples
+            .get(&none_key)
+            .map_or((f64::NAN, f64::NAN, f64::NAN), stats);
         println!(
             "{:<6} {:>3} {:>4} {:>4} {:<24} {:>9.2} {:>10.2} {:>8.2} {:>9.3} {:>12.2}",
             if graph { "graph" } else { "eager" },
@@ -381,9 +446,15 @@ fn summary(samples: &mut BTreeMap<Key, Samples>) {
         goal_gemv.len()
     );
     for ((m, w, t, graph, _), r) in goal_gemv.iter().filter(|(_, r)| *r < 1.3) {
-        println!("  missed: M{m} W{w}MiB T{t}us {}: {r:.2}x", if *graph { "graph" } else { "eager" });
+        println!(
+            "  missed: M{m} W{w}MiB T{t}us {}: {r:.2}x",
+            if *graph { "graph" } else { "eager" }
+        );
     }
-    println!("configurations whose window + GEMV is slower than none by more than none's spread: {}", slower.len());
+    println!(
+        "configurations whose window + GEMV is slower than none by more than none's spread: {}",
+        slower.len()
+    );
     for ((m, w, t, graph, mode), d, s) in &slower {
         println!(
             "  {} M{m} W{w}MiB T{t}us {}: +{d:.2} us (spread {s:.2} us)",
@@ -396,9 +467,15 @@ fn summary(samples: &mut BTreeMap<Key, Samples>) {
 /// The prefetch kernel alone on an idle GPU: its duration is the time to issue the prefetches.
 fn issue_time(bench: &Bench) -> Result<()> {
     println!("\n== prefetch issue time (kernel duration, median of 20, after an L2 flush)");
-    println!("{:<24} {:>5} {:>7} {:>8} {:>9} {:>9}", "variant", "WMiB", "blocks", "threads", "us", "us/MiB");
+    println!(
+        "{:<24} {:>5} {:>7} {:>8} {:>9} {:>9}",
+        "variant", "WMiB", "blocks", "threads", "us", "us/MiB"
+    );
     let bytes = 32 * MIB as usize;
-    let buffer = bench.stream.alloc_zeros::<u8>(bytes).map_err(cuda("cuMemAlloc"))?;
+    let buffer = bench
+        .stream
+        .alloc_zeros::<u8>(bytes)
+        .map_err(cuda("cuMemAlloc"))?;
     let base = buffer.device_ptr(&bench.stream).0;
     for w_mib in WEIGHTS_MIB {
         // The plan's layout: 512 KiB pieces, one block per piece up to `blocks`.
@@ -422,13 +499,31 @@ fn issue_time(bench: &Bench) -> Result<()> {
                         _pad: 0,
                     };
                     // SAFETY: checked segments inside `buffer`, alive past the reads below.
-                    unsafe { bench.kernels.launch_l2_prefetch(bench.stream.cu_stream(), variant, p, blocks, threads) }?;
+                    unsafe {
+                        bench.kernels.launch_l2_prefetch(
+                            bench.stream.cu_stream(),
+                            variant,
+                            p,
+                            blocks,
+                            threads,
+                        )
+                    }?;
                     bench.mark(2)?;
-                    let ms = bench.events[1].elapsed_ms(&bench.events[2]).map_err(cuda("cuEventElapsedTime"))?;
+                    let ms = bench.events[1]
+                        .elapsed_ms(&bench.events[2])
+                        .map_err(cuda("cuEventElapsedTime"))?;
                     us.push(ms as f64 * 1e3);
                 }
                 let t = median(&mut us);
-                println!("{:<24} {:>5} {:>7} {:>8} {:>9.2} {:>9.2}", v.name, w_mib, blocks, threads, t, t / w_mib as f64);
+                println!(
+                    "{:<24} {:>5} {:>7} {:>8} {:>9.2} {:>9.2}",
+                    v.name,
+                    w_mib,
+                    blocks,
+                    threads,
+                    t,
+                    t / w_mib as f64
+                );
             }
         }
     }
@@ -438,7 +533,9 @@ fn issue_time(bench: &Bench) -> Result<()> {
 /// GEMV time after the prefetch finished issuing, with S us of idle slack in between.
 fn slack(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
     let w_mib = 32u64;
-    println!("\n== slack: {w_mib} MiB prefetched (plain, 8 x 64), S us of idle collective, then the GEMV (M = 1); median of 20");
+    println!(
+        "\n== slack: {w_mib} MiB prefetched (plain, 8 x 64), S us of idle collective, then the GEMV (M = 1); median of 20"
+    );
     println!("{:>6} {:>10} {:>14}", "S us", "cold us", "prefetched us");
     let rows = (w_mib * MIB / (2 * K as u64)) as usize;
     let x = random_bf16(rng, K as usize);
@@ -466,16 +563,26 @@ fn slack(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
                         _pad: 0,
                     };
                     // SAFETY: checked segments inside the GEMV's weights, alive past the reads.
-                    unsafe { bench.kernels.launch_l2_prefetch(bench.stream.cu_stream(), 0, p, 8, 64) }?;
+                    unsafe {
+                        bench
+                            .kernels
+                            .launch_l2_prefetch(bench.stream.cu_stream(), 0, p, 8, 64)
+                    }?;
                 }
                 if s_us > 0 {
                     // SAFETY: no flag is polled.
-                    unsafe { bench.kernels.launch_collective(bench.stream.cu_stream(), 1, s_us * 1000, 0) }?;
+                    unsafe {
+                        bench
+                            .kernels
+                            .launch_collective(bench.stream.cu_stream(), 1, s_us * 1000, 0)
+                    }?;
                 }
                 bench.mark(1)?;
                 gemv.launch(&bench.kernels, &bench.stream, None)?;
                 bench.mark(2)?;
-                let ms = bench.events[1].elapsed_ms(&bench.events[2]).map_err(cuda("cuEventElapsedTime"))?;
+                let ms = bench.events[1]
+                    .elapsed_ms(&bench.events[2])
+                    .map_err(cuda("cuEventElapsedTime"))?;
                 us.push(ms as f64 * 1e3);
             }
             row[i] = median(&mut us);
@@ -490,8 +597,15 @@ fn spark(bench: &Bench) {
     let spark_l2 = 24 * MIB;
     let budget = default_budget(spark_l2);
     let here = bench.kernels.gpu().l2_bytes;
-    println!("\n== DGX Spark, reasoned (not measured): L2 24 MiB -> default budget {:.2} MiB per window", budget as f64 / MIB as f64);
-    println!("   (this device: L2 {:.1} MiB -> default budget {:.2} MiB)", here as f64 / MIB as f64, default_budget(here) as f64 / MIB as f64);
+    println!(
+        "\n== DGX Spark, reasoned (not measured): L2 24 MiB -> default budget {:.2} MiB per window",
+        budget as f64 / MIB as f64
+    );
+    println!(
+        "   (this device: L2 {:.1} MiB -> default budget {:.2} MiB)",
+        here as f64 / MIB as f64,
+        default_budget(here) as f64 / MIB as f64
+    );
     for w_mib in WEIGHTS_MIB {
         let covered = (budget as f64 / (w_mib * MIB) as f64).min(1.0);
         println!(
@@ -499,7 +613,9 @@ fn spark(bench: &Bench) {
             covered * 100.0
         );
     }
-    println!("   The issue time per MiB and the slack above bound how much of a window's budget is warm in time.");
+    println!(
+        "   The issue time per MiB and the slack above bound how much of a window's budget is warm in time."
+    );
 }
 
 criterion_group!(benches, bench_l2_prefetch);

@@ -69,7 +69,9 @@ impl PersistingL2 {
             ));
         }
         let limit = sys::CUlimit::CU_LIMIT_PERSISTING_L2_CACHE_SIZE;
-        gpu.ctx.set_limit(limit, bytes.min(max_set_aside) as usize).call("cuCtxSetLimit")?;
+        gpu.ctx
+            .set_limit(limit, bytes.min(max_set_aside) as usize)
+            .call("cuCtxSetLimit")?;
         let set_aside = gpu.ctx.get_limit(limit).call("cuCtxGetLimit")? as u64;
         Ok(PersistingL2 {
             ctx: gpu.ctx.clone(),
@@ -87,7 +89,11 @@ impl PersistingL2 {
     /// ratio that fits it into the set-aside.
     pub fn window(&self, base: u64, bytes: u64) -> AccessWindow {
         let bytes = bytes.min(self.max_window);
-        let hit_ratio = if bytes == 0 { 0.0 } else { (self.set_aside as f64 / bytes as f64).min(1.0) as f32 };
+        let hit_ratio = if bytes == 0 {
+            0.0
+        } else {
+            (self.set_aside as f64 / bytes as f64).min(1.0) as f32
+        };
         AccessWindow {
             base,
             bytes,
@@ -96,7 +102,11 @@ impl PersistingL2 {
     }
 
     /// Sets (or with `None` clears) the window of the kernels launched on `stream` from now on.
-    pub fn set_stream_window(&self, stream: &CudaStream, window: Option<AccessWindow>) -> Result<()> {
+    pub fn set_stream_window(
+        &self,
+        stream: &CudaStream,
+        window: Option<AccessWindow>,
+    ) -> Result<()> {
         let value = window
             .unwrap_or(AccessWindow {
                 base: 0,

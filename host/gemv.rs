@@ -33,10 +33,14 @@ impl Gemv {
         k: u32,
     ) -> Result<Gemv> {
         let (mu, ku) = (m as usize, k as usize);
-        if ku == 0 || x.len() != mu * ku || w.len() % ku != 0 {
+        if ku == 0 || x.len() != mu * ku || !w.len().is_multiple_of(ku) {
             return Err(Error::invalid(
                 "gemv",
-                format!("x of {} and w of {} elements for m = {m}, k = {k}", x.len(), w.len()),
+                format!(
+                    "x of {} and w of {} elements for m = {m}, k = {k}",
+                    x.len(),
+                    w.len()
+                ),
             ));
         }
         let n = u32::try_from(w.len() / ku)
@@ -45,9 +49,15 @@ impl Gemv {
         let bits = |v: &[bf16]| v.iter().map(|b| b.to_bits()).collect::<Vec<u16>>();
         let x = stream.clone_htod(&bits(x)).call("cuMemcpyHtoD")?;
         let w = stream.clone_htod(&bits(w)).call("cuMemcpyHtoD")?;
-        let partial_len = if splits > 1 { splits as usize * mu * n as usize } else { 1 };
+        let partial_len = if splits > 1 {
+            splits as usize * mu * n as usize
+        } else {
+            1
+        };
         let partial = stream.alloc_zeros::<f32>(partial_len).call("cuMemAlloc")?;
-        let y = stream.alloc_zeros::<f32>((mu * n as usize).max(1)).call("cuMemAlloc")?;
+        let y = stream
+            .alloc_zeros::<f32>((mu * n as usize).max(1))
+            .call("cuMemAlloc")?;
         let params = GemvParams {
             x: x.device_ptr(stream).0,
             w: w.device_ptr(stream).0,
@@ -77,7 +87,12 @@ impl Gemv {
     }
 
     /// Launches the GEMV on `stream` (raw addresses, nothing allocated or recorded: capturable).
-    pub fn launch(&self, kernels: &Kernels, stream: &CudaStream, policy: Option<AccessWindow>) -> Result<()> {
+    pub fn launch(
+        &self,
+        kernels: &Kernels,
+        stream: &CudaStream,
+        policy: Option<AccessWindow>,
+    ) -> Result<()> {
         // SAFETY: the buffers are this struct's own allocations of the sizes the params name,
         // alive while it is; y and partial are written only by this GEMV's launches.
         unsafe { kernels.launch_gemv(stream.cu_stream(), self.params, policy) }

@@ -61,11 +61,23 @@ impl Kernels {
             })
         };
         Ok(Kernels {
-            gather: gather::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
+            gather: gather::VARIANTS
+                .iter()
+                .map(|v| load(v.name))
+                .collect::<Result<_>>()?,
             empty: load(gather::EMPTY_KERNEL)?,
-            dequant: dequant::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
-            prefetch: l2_prefetch::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
-            gemv: gemv::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
+            dequant: dequant::VARIANTS
+                .iter()
+                .map(|v| load(v.name))
+                .collect::<Result<_>>()?,
+            prefetch: l2_prefetch::VARIANTS
+                .iter()
+                .map(|v| load(v.name))
+                .collect::<Result<_>>()?,
+            gemv: gemv::VARIANTS
+                .iter()
+                .map(|v| load(v.name))
+                .collect::<Result<_>>()?,
             gemv_reduce: load(gemv::REDUCE_KERNEL)?,
             collective: load(collective::KERNEL)?,
             _module: module,
@@ -97,7 +109,15 @@ impl Kernels {
     ) -> Result<()> {
         let threads = gather_threads(variant, &p)?;
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
-        unsafe { self.launch(pick(&self.gather, variant, "gather")?, threads, stream, p, gather::BLOCK_THREADS) }
+        unsafe {
+            self.launch(
+                pick(&self.gather, variant, "gather")?,
+                threads,
+                stream,
+                p,
+                gather::BLOCK_THREADS,
+            )
+        }
     }
 
     /// Launches the empty kernel with exactly the grid gather `variant` would get for `p`.
@@ -131,8 +151,11 @@ impl Kernels {
         variant: usize,
         p: DequantParams,
     ) -> Result<()> {
-        if p.dim == 0 || p.dim % MX_BLOCK != 0 {
-            return Err(Error::invalid("dim", format!("{} is not a positive multiple of 32", p.dim)));
+        if p.dim == 0 || !p.dim.is_multiple_of(MX_BLOCK) {
+            return Err(Error::invalid(
+                "dim",
+                format!("{} is not a positive multiple of 32", p.dim),
+            ));
         }
         check_aligned("weights", p.weights)?;
         check_aligned("out", p.out)?;
@@ -142,7 +165,15 @@ impl Kernels {
         let threads = p.n * (p.dim / dequant::ELEMS_PER_THREAD) as u64;
         check_chunk_count(threads)?;
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
-        unsafe { self.launch(pick(&self.dequant, variant, "gather_dequant")?, threads, stream, p, gather::BLOCK_THREADS) }
+        unsafe {
+            self.launch(
+                pick(&self.dequant, variant, "gather_dequant")?,
+                threads,
+                stream,
+                p,
+                gather::BLOCK_THREADS,
+            )
+        }
     }
 
     /// Launches L2 prefetch `variant` (an index into `l2_prefetch::VARIANTS`) over `p.n`
@@ -159,11 +190,17 @@ impl Kernels {
         blocks: u32,
         threads: u32,
     ) -> Result<()> {
-        if p.chunk == 0 || p.chunk % 16 != 0 {
-            return Err(Error::invalid("prefetch chunk", format!("{} is not a positive multiple of 16", p.chunk)));
+        if p.chunk == 0 || !p.chunk.is_multiple_of(16) {
+            return Err(Error::invalid(
+                "prefetch chunk",
+                format!("{} is not a positive multiple of 16", p.chunk),
+            ));
         }
         if blocks == 0 || threads == 0 || threads > 1024 {
-            return Err(Error::invalid("prefetch launch", format!("{blocks} blocks x {threads} threads")));
+            return Err(Error::invalid(
+                "prefetch launch",
+                format!("{blocks} blocks x {threads} threads"),
+            ));
         }
         if p.n == 0 {
             return Ok(());
@@ -193,7 +230,10 @@ impl Kernels {
         let groups = (n / GEMV_ROWS_PER_WARP).max(1);
         let want = (8 * self.gpu.multiprocessors).div_ceil(groups).clamp(1, 16);
         let steps = k / GEMV_K_STEP;
-        (1..=want).rev().find(|s| steps % s == 0).unwrap_or(1)
+        (1..=want)
+            .rev()
+            .find(|s| steps.is_multiple_of(*s))
+            .unwrap_or(1)
     }
 
     /// Launches the bf16 GEMV `y = x w^T` on `stream` (the variant for `p.m` rows), and the
@@ -228,7 +268,9 @@ impl Kernels {
             blockDimZ: 1,
             sharedMemBytes: 0,
             hStream: stream,
-            attrs: attrs.as_mut().map_or(std::ptr::null_mut(), |a| a.as_mut_ptr()),
+            attrs: attrs
+                .as_mut()
+                .map_or(std::ptr::null_mut(), |a| a.as_mut_ptr()),
             numAttrs: attrs.as_ref().map_or(0, |a| a.len() as u32),
         };
         self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
@@ -265,10 +307,16 @@ impl Kernels {
         flag: u64,
     ) -> Result<()> {
         if blocks == 0 || blocks > collective::MAX_BLOCKS {
-            return Err(Error::invalid("collective", format!("{blocks} blocks, want 1..=8")));
+            return Err(Error::invalid(
+                "collective",
+                format!("{blocks} blocks, want 1..=8"),
+            ));
         }
-        if flag % 4 != 0 {
-            return Err(Error::invalid("collective flag", format!("{flag:#x} is not 4-byte aligned")));
+        if !flag.is_multiple_of(4) {
+            return Err(Error::invalid(
+                "collective flag",
+                format!("{flag:#x} is not 4-byte aligned"),
+            ));
         }
         let mut params = CollectiveParams { ns, flag };
         let mut args = [&mut params as *mut CollectiveParams as *mut c_void];
@@ -326,14 +374,20 @@ fn check_gemv(p: &GemvParams) -> Result<()> {
     if p.m == 0 || p.m > 16 {
         return Err(Error::invalid("gemv", format!("m = {}, want 1..=16", p.m)));
     }
-    if p.n == 0 || p.n % GEMV_ROWS_PER_WARP != 0 {
-        return Err(Error::invalid("gemv", format!("n = {} is not a positive multiple of 16", p.n)));
-    }
-    let splits = p.splits.max(1);
-    if p.splits == 0 || p.k == 0 || p.k % (GEMV_K_STEP * splits) != 0 {
+    if p.n == 0 || !p.n.is_multiple_of(GEMV_ROWS_PER_WARP) {
         return Err(Error::invalid(
             "gemv",
-            format!("k = {} is not a positive multiple of 32 x {} splits", p.k, p.splits),
+            format!("n = {} is not a positive multiple of 16", p.n),
+        ));
+    }
+    let splits = p.splits.max(1);
+    if p.splits == 0 || p.k == 0 || !p.k.is_multiple_of(GEMV_K_STEP * splits) {
+        return Err(Error::invalid(
+            "gemv",
+            format!(
+                "k = {} is not a positive multiple of 32 x {} splits",
+                p.k, p.splits
+            ),
         ));
     }
     check_aligned("gemv x", p.x)?;
@@ -347,10 +401,13 @@ fn check_gemv(p: &GemvParams) -> Result<()> {
 
 /// Checks a gather's shape and returns the threads gather `variant` needs for it.
 fn gather_threads(variant: usize, p: &GatherParams) -> Result<u64> {
-    if p.row_bytes == 0 || p.row_bytes % CHUNK_BYTES != 0 {
+    if p.row_bytes == 0 || !p.row_bytes.is_multiple_of(CHUNK_BYTES) {
         return Err(Error::invalid(
             "row width",
-            format!("{} bytes is not a positive multiple of {CHUNK_BYTES}", p.row_bytes),
+            format!(
+                "{} bytes is not a positive multiple of {CHUNK_BYTES}",
+                p.row_bytes
+            ),
         ));
     }
     check_aligned("table", p.table)?;
@@ -385,7 +442,7 @@ fn check_aligned(what: &'static str, address: u64) -> Result<()> {
 }
 
 fn check_aligned_to(what: &'static str, address: u64, align: u64) -> Result<()> {
-    if address == 0 || address % align != 0 {
+    if address == 0 || !address.is_multiple_of(align) {
         return Err(Error::invalid(
             what,
             format!("address {address:#x} is null or not {align}-byte aligned"),

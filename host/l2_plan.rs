@@ -165,9 +165,14 @@ impl Windows {
     /// of at most [`SEGMENT_PIECE`] bytes; a weight whose start the window already covers (the
     /// same tensor consumed twice) is skipped.
     fn push_within(&mut self, s: Segment, budget: u64) {
-        let Some(span) = self.spans.last_mut() else { return };
+        let Some(span) = self.spans.last_mut() else {
+            return;
+        };
         let window = self.segments.get(span.start..).unwrap_or(&[]);
-        if window.iter().any(|w| w.address <= s.address && s.address - w.address < w.bytes) {
+        if window
+            .iter()
+            .any(|w| w.address <= s.address && s.address - w.address < w.bytes)
+        {
             return;
         }
         let mut left = s.bytes.min(budget.saturating_sub(span.bytes));
@@ -290,7 +295,10 @@ impl Planner {
         if let Some(open) = self.open {
             return Err(Error::invalid(
                 "L2 plan forward",
-                format!("{:?} began while {:?} is still open", signature, open.signature),
+                format!(
+                    "{:?} began while {:?} is still open",
+                    signature, open.signature
+                ),
             ));
         }
         self.observed.clear();
@@ -300,7 +308,10 @@ impl Planner {
             collectives: 0,
         });
         self.counters.forwards += 1;
-        let planned = self.plans.get(&signature).is_some_and(|p| !p.windows.segments.is_empty());
+        let planned = self
+            .plans
+            .get(&signature)
+            .is_some_and(|p| !p.windows.segments.is_empty());
         if !planned {
             self.counters.forwards_without_plan += 1;
         }
@@ -314,7 +325,10 @@ impl Planner {
         let k = open.collectives;
         open.collectives += 1;
         self.observed.open_window();
-        let window = self.plans.get(&open.signature).map_or(&[][..], |p| p.windows.window(k));
+        let window = self
+            .plans
+            .get(&open.signature)
+            .map_or(&[][..], |p| p.windows.window(k));
         Ok((k, window))
     }
 
@@ -407,7 +421,10 @@ impl Planner {
 }
 
 fn no_forward() -> Error {
-    Error::invalid("L2 plan forward", "no forward is open (call begin_forward first)")
+    Error::invalid(
+        "L2 plan forward",
+        "no forward is open (call begin_forward first)",
+    )
 }
 
 /// What a forward's end returns to the caller.
@@ -440,8 +457,11 @@ impl L2Plan {
     /// A plan replaying on `main` through a side stream it creates now (so before any capture).
     /// [`Replay::AccessPolicy`] also sets aside L2 for persisting lines (the budget's size).
     pub fn new(kernels: Arc<Kernels>, main: Arc<CudaStream>, config: PlanConfig) -> Result<L2Plan> {
-        if config.chunk == 0 || config.chunk % SEGMENT_ALIGN as u32 != 0 {
-            return Err(Error::invalid("L2 plan chunk", format!("{} is not a positive multiple of 16", config.chunk)));
+        if config.chunk == 0 || !config.chunk.is_multiple_of(SEGMENT_ALIGN as u32) {
+            return Err(Error::invalid(
+                "L2 plan chunk",
+                format!("{} is not a positive multiple of 16", config.chunk),
+            ));
         }
         if config.max_blocks == 0 || config.threads == 0 || config.threads > 1024 {
             return Err(Error::invalid(
@@ -451,10 +471,16 @@ impl L2Plan {
         }
         let persisting = match config.replay {
             Replay::Prefetch { variant } if variant >= l2_prefetch::VARIANTS.len() => {
-                return Err(Error::invalid("L2 plan replay", format!("no prefetch variant {variant}")));
+                return Err(Error::invalid(
+                    "L2 plan replay",
+                    format!("no prefetch variant {variant}"),
+                ));
             }
             Replay::Prefetch { .. } => None,
-            Replay::AccessPolicy => Some(PersistingL2::reserve(kernels.gpu(), config.budget_per_window)?),
+            Replay::AccessPolicy => Some(PersistingL2::reserve(
+                kernels.gpu(),
+                config.budget_per_window,
+            )?),
         };
         let ctx = main.context().clone();
         Ok(L2Plan {
@@ -510,7 +536,12 @@ impl L2Plan {
         let signature = self.planner.current().ok_or_else(no_forward)?;
         let captured = capturing(&self.main)?;
         let (k, _) = self.planner.collective()?;
-        let Some(span) = self.planner.plan(signature).and_then(|w| w.spans.get(k)).copied() else {
+        let Some(span) = self
+            .planner
+            .plan(signature)
+            .and_then(|w| w.spans.get(k))
+            .copied()
+        else {
             return Ok(());
         };
         // The window's leading contiguous run (a tensor's pieces): what an access-policy
@@ -544,7 +575,13 @@ impl L2Plan {
                 // SAFETY: the table holds the plan's segments (checked when uploaded), window k's
                 // at `span.start..span.start + span.len`, inside weights the caller reported as live device memory.
                 unsafe {
-                    self.kernels.launch_l2_prefetch(self.side.cu_stream(), variant, p, blocks, self.config.threads)
+                    self.kernels.launch_l2_prefetch(
+                        self.side.cu_stream(),
+                        variant,
+                        p,
+                        blocks,
+                        self.config.threads,
+                    )
                 }?;
                 self.join.record(&self.side).call("cuEventRecord")?;
                 self.branch_open = true;
@@ -586,7 +623,10 @@ impl L2Plan {
         }
         let summary = self.planner.end()?;
         if matches!(summary.learned, Learned::New | Learned::Replaced) {
-            let segments = self.planner.plan(summary.signature).map_or(&[][..], |w| w.segments());
+            let segments = self
+                .planner
+                .plan(summary.signature)
+                .map_or(&[][..], |w| w.segments());
             // The old table (if any) is freed in the main stream's order, after every prefetch
             // that read it: those were joined into the main stream.
             let table = Arc::new(SegmentTable::upload(&self.main, segments)?);
@@ -598,11 +638,19 @@ impl L2Plan {
                 "L2 plan: new signature {:?}: {} windows, {} bytes; counters {:?}",
                 summary.signature,
                 windows,
-                self.planner.plan(summary.signature).map_or(0, |w| w.segments().iter().map(|s| s.bytes).sum::<u64>()),
+                self.planner.plan(summary.signature).map_or(0, |w| w
+                    .segments()
+                    .iter()
+                    .map(|s| s.bytes)
+                    .sum::<u64>()),
                 self.planner.counters()
             );
         }
-        let tables = if summary.captured { self.tables.get(&summary.signature).cloned() } else { None };
+        let tables = if summary.captured {
+            self.tables.get(&summary.signature).cloned()
+        } else {
+            None
+        };
         Ok(ForwardOutcome { summary, tables })
     }
 
@@ -621,6 +669,9 @@ fn capturing(stream: &CudaStream) -> Result<bool> {
     match status {
         sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(false),
         sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(true),
-        _ => Err(Error::invalid("L2 plan forward", "the main stream's capture was invalidated")),
+        _ => Err(Error::invalid(
+            "L2 plan forward",
+            "the main stream's capture was invalidated",
+        )),
     }
 }

@@ -18,10 +18,16 @@ pub const SEGMENT_ALIGN: u64 = 16;
 /// left, an error for a null address or a span that wraps the address space.
 pub fn aligned_segment(address: u64, bytes: u64) -> Result<Option<Segment>> {
     if address == 0 {
-        return Err(Error::invalid("prefetch segment", format!("null address ({bytes} bytes)")));
+        return Err(Error::invalid(
+            "prefetch segment",
+            format!("null address ({bytes} bytes)"),
+        ));
     }
     let end = address.checked_add(bytes).ok_or_else(|| {
-        Error::invalid("prefetch segment", format!("{bytes} bytes at {address:#x} wrap around"))
+        Error::invalid(
+            "prefetch segment",
+            format!("{bytes} bytes at {address:#x} wrap around"),
+        )
     })?;
     let start = address.next_multiple_of(SEGMENT_ALIGN);
     let end = end - end % SEGMENT_ALIGN;
@@ -33,12 +39,15 @@ pub fn aligned_segment(address: u64, bytes: u64) -> Result<Option<Segment>> {
 
 /// Refuses a segment the kernel must not see: null, unaligned, empty or not a multiple of 16.
 pub fn check_segment(s: &Segment) -> Result<()> {
-    let aligned = s.address != 0 && s.address % SEGMENT_ALIGN == 0;
-    let sized = s.bytes != 0 && s.bytes % SEGMENT_ALIGN == 0;
+    let aligned = s.address != 0 && s.address.is_multiple_of(SEGMENT_ALIGN);
+    let sized = s.bytes != 0 && s.bytes.is_multiple_of(SEGMENT_ALIGN);
     if !aligned || !sized || s.address.checked_add(s.bytes).is_none() {
         return Err(Error::invalid(
             "prefetch segment",
-            format!("{} bytes at {:#x}: want a non-null, 16-byte aligned span of 16-byte multiples", s.bytes, s.address),
+            format!(
+                "{} bytes at {:#x}: want a non-null, 16-byte aligned span of 16-byte multiples",
+                s.bytes, s.address
+            ),
         ));
     }
     Ok(())

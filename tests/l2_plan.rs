@@ -9,7 +9,9 @@ use fetchahead::device_abi::params::Segment;
 use fetchahead::gemv::Gemv;
 use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
-use fetchahead::l2_plan::{L2Plan, Learned, PlanConfig, Planner, Replay, Signature, default_budget};
+use fetchahead::l2_plan::{
+    L2Plan, Learned, PlanConfig, Planner, Replay, Signature, default_budget,
+};
 use fetchahead::segments::{SegmentTable, aligned_segment, check_segment};
 use fetchahead::{Error, Result, reference};
 use half::bf16;
@@ -52,14 +54,20 @@ fn learns_windows_in_consumption_order() {
     assert_eq!(summary.collectives, 2);
     let plan = p.plan(SIG).unwrap();
     assert_eq!(plan.len(), 2);
-    assert_eq!(plan.window(0), &[seg(0x20_0000, 4096), seg(0x30_0000, 8192)]);
+    assert_eq!(
+        plan.window(0),
+        &[seg(0x20_0000, 4096), seg(0x30_0000, 8192)]
+    );
     assert_eq!(plan.window(1), &[seg(0x40_0000, 1024)]);
     assert_eq!(plan.window_bytes(0), 12288);
     assert!(plan.window(2).is_empty());
 
     // The next forward of the signature is handed the learned windows, in order.
     p.begin(SIG, false).unwrap();
-    assert_eq!(p.collective().unwrap().1, &[seg(0x20_0000, 4096), seg(0x30_0000, 8192)]);
+    assert_eq!(
+        p.collective().unwrap().1,
+        &[seg(0x20_0000, 4096), seg(0x30_0000, 8192)]
+    );
     assert_eq!(p.collective().unwrap().1, &[seg(0x40_0000, 1024)]);
     // More collectives than learned: nothing past the plan.
     assert!(p.collective().unwrap().1.is_empty());
@@ -70,7 +78,15 @@ fn learns_windows_in_consumption_order() {
 fn trims_each_window_to_the_budget() {
     let mut p = Planner::new(1000).unwrap();
     assert_eq!(p.budget(), 992, "rounded down to 16");
-    forward(&mut p, SIG, false, &[&[(0x1000, 600), (0x8000, 600), (0x9000, 600)], &[(0xA000, 2000)]]);
+    forward(
+        &mut p,
+        SIG,
+        false,
+        &[
+            &[(0x1000, 600), (0x8000, 600), (0x9000, 600)],
+            &[(0xA000, 2000)],
+        ],
+    );
     let plan = p.plan(SIG).unwrap();
     assert_eq!(plan.window(0), &[seg(0x1000, 592), seg(0x8000, 400)]);
     assert_eq!(plan.window(1), &[seg(0xA000, 992)]);
@@ -80,9 +96,22 @@ fn trims_each_window_to_the_budget() {
 fn cuts_large_weights_into_pieces() {
     let mut p = Planner::new(4 * MIB).unwrap();
     let piece = fetchahead::l2_plan::SEGMENT_PIECE;
-    forward(&mut p, SIG, false, &[&[(0x1000_0000, piece * 2 + 4096), (0x2000_0000, 3 * MIB), (0x1000_0000, 64)]]);
+    forward(
+        &mut p,
+        SIG,
+        false,
+        &[&[
+            (0x1000_0000, piece * 2 + 4096),
+            (0x2000_0000, 3 * MIB),
+            (0x1000_0000, 64),
+        ]],
+    );
     let plan = p.plan(SIG).unwrap();
-    let mut want = vec![seg(0x1000_0000, piece), seg(0x1000_0000 + piece, piece), seg(0x1000_0000 + 2 * piece, 4096)];
+    let mut want = vec![
+        seg(0x1000_0000, piece),
+        seg(0x1000_0000 + piece, piece),
+        seg(0x1000_0000 + 2 * piece, 4096),
+    ];
     let mut left = 4 * MIB - 2 * piece - 4096;
     let mut address = 0x2000_0000;
     while left > 0 {
@@ -104,14 +133,26 @@ fn keeps_only_the_aligned_part_and_refuses_null() {
     p.consume(0x3000, 64).unwrap();
     p.consume(0x3000, 64).unwrap(); // the same weight again in one window: once
     assert!(matches!(p.consume(0, 4096), Err(Error::Invalid { .. })));
-    assert!(matches!(p.consume(u64::MAX - 15, 4096), Err(Error::Invalid { .. })));
+    assert!(matches!(
+        p.consume(u64::MAX - 15, 4096),
+        Err(Error::Invalid { .. })
+    ));
     p.end().unwrap();
-    assert_eq!(p.plan(SIG).unwrap().window(0), &[seg(0x1010, 0x50), seg(0x3000, 64)]);
+    assert_eq!(
+        p.plan(SIG).unwrap().window(0),
+        &[seg(0x1010, 0x50), seg(0x3000, 64)]
+    );
 
     assert_eq!(aligned_segment(0x1000, 15).unwrap(), None);
     assert_eq!(aligned_segment(0x100f, 33).unwrap(), Some(seg(0x1010, 32)));
     assert!(check_segment(&seg(0x1000, 32)).is_ok());
-    for bad in [seg(0, 32), seg(0x1008, 32), seg(0x1000, 40), seg(0x1000, 0), seg(u64::MAX - 15, 32)] {
+    for bad in [
+        seg(0, 32),
+        seg(0x1008, 32),
+        seg(0x1000, 40),
+        seg(0x1000, 0),
+        seg(u64::MAX - 15, 32),
+    ] {
         assert!(check_segment(&bad).is_err(), "{bad:?} must be refused");
     }
 }
@@ -129,14 +170,20 @@ fn relearns_until_captured_then_freezes() {
     assert_eq!(p.plan(SIG).unwrap().len(), 2);
 
     assert!(!p.is_frozen(SIG));
-    assert_eq!(forward(&mut p, SIG, true, &[b, a]), Learned::Captured { mismatch: false });
+    assert_eq!(
+        forward(&mut p, SIG, true, &[b, a]),
+        Learned::Captured { mismatch: false }
+    );
     assert!(p.is_frozen(SIG));
     // Frozen: an eager forward that differs changes nothing.
     assert_eq!(forward(&mut p, SIG, false, &[a]), Learned::Frozen);
     assert_eq!(p.plan(SIG).unwrap().window(0), &[seg(0x2000, 512)]);
     assert_eq!(p.plan(SIG).unwrap().len(), 2);
     // Other signatures still learn.
-    assert_eq!(forward(&mut p, Signature::new(16, 1), false, &[a]), Learned::New);
+    assert_eq!(
+        forward(&mut p, Signature::new(16, 1), false, &[a]),
+        Learned::New
+    );
     assert_eq!(p.counters().mismatches_at_capture, 0);
     p.forget_unfrozen();
     assert!(p.plan(Signature::new(16, 1)).is_none());
@@ -162,13 +209,25 @@ fn counts_mismatches_at_capture_and_forwards_without_a_plan() {
     let b: &[(u64, u64)] = &[(0x2000, 256)];
     forward(&mut p, SIG, false, &[a, b]);
     // One collective fewer than learned, then other weights: both mismatches; still frozen.
-    assert_eq!(forward(&mut p, SIG, true, &[a]), Learned::Captured { mismatch: true });
-    assert_eq!(forward(&mut p, SIG, true, &[a, a]), Learned::Captured { mismatch: true });
-    assert_eq!(forward(&mut p, SIG, true, &[a, b]), Learned::Captured { mismatch: false });
+    assert_eq!(
+        forward(&mut p, SIG, true, &[a]),
+        Learned::Captured { mismatch: true }
+    );
+    assert_eq!(
+        forward(&mut p, SIG, true, &[a, a]),
+        Learned::Captured { mismatch: true }
+    );
+    assert_eq!(
+        forward(&mut p, SIG, true, &[a, b]),
+        Learned::Captured { mismatch: false }
+    );
     assert_eq!(p.plan(SIG).unwrap().window(1), &[seg(0x2000, 256)]);
     // Captured before any plan: nothing to prefetch, frozen empty, a mismatch if it saw weights.
     let fresh = Signature::new(1, 2);
-    assert_eq!(forward(&mut p, fresh, true, &[a]), Learned::Captured { mismatch: true });
+    assert_eq!(
+        forward(&mut p, fresh, true, &[a]),
+        Learned::Captured { mismatch: true }
+    );
     assert_eq!(forward(&mut p, fresh, false, &[a]), Learned::Frozen);
     let c = p.counters();
     assert_eq!(c.mismatches_at_capture, 3);
@@ -211,7 +270,14 @@ const K: u32 = 1024;
 
 impl Layers {
     /// `layers` GEMVs of `m x K` activations against `rows x K` weights, random bf16.
-    fn new(kernels: &Kernels, stream: &Arc<CudaStream>, layers: usize, m: u32, rows: u32, seed: u64) -> Result<Layers> {
+    fn new(
+        kernels: &Kernels,
+        stream: &Arc<CudaStream>,
+        layers: usize,
+        m: u32,
+        rows: u32,
+        seed: u64,
+    ) -> Result<Layers> {
         let mut rng = SmallRng::seed_from_u64(seed);
         let mut gemvs = Vec::new();
         for _ in 0..layers {
@@ -223,7 +289,13 @@ impl Layers {
     }
 
     /// One forward on `stream`: per layer a 2 us collective then the GEMV, announced to `plan`.
-    fn run(&self, kernels: &Kernels, stream: &CudaStream, mut plan: Option<&mut L2Plan>, sig: Signature) -> Result<()> {
+    fn run(
+        &self,
+        kernels: &Kernels,
+        stream: &CudaStream,
+        mut plan: Option<&mut L2Plan>,
+        sig: Signature,
+    ) -> Result<()> {
         if let Some(plan) = plan.as_deref_mut() {
             plan.begin_forward(sig)?;
         }
@@ -255,11 +327,16 @@ impl Layers {
 }
 
 fn random_bf16(rng: &mut SmallRng, n: usize) -> Vec<bf16> {
-    (0..n).map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0))).collect()
+    (0..n)
+        .map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0)))
+        .collect()
 }
 
 fn bits(outputs: &[Vec<f32>]) -> Vec<Vec<u32>> {
-    outputs.iter().map(|o| o.iter().map(|v| v.to_bits()).collect()).collect()
+    outputs
+        .iter()
+        .map(|o| o.iter().map(|v| v.to_bits()).collect())
+        .collect()
 }
 
 /// GPU tests run one at a time: one sets the context's persisting-L2 limit, others capture.
@@ -268,19 +345,35 @@ static GPU_LOCK: Mutex<()> = Mutex::new(());
 type Device = (Arc<Kernels>, Arc<CudaStream>, MutexGuard<'static, ()>);
 
 fn open(what: &str) -> Result<Option<Device>> {
-    let lock = GPU_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let Some(gpu) = Gpu::for_test(what)? else { return Ok(None) };
+    let lock = GPU_LOCK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some(gpu) = Gpu::for_test(what)? else {
+        return Ok(None);
+    };
     let kernels = Arc::new(Kernels::load(&gpu)?);
-    let stream = gpu.ctx.new_stream().map_err(|source| Error::Cuda { call: "cuStreamCreate", source })?;
+    let stream = gpu.ctx.new_stream().map_err(|source| Error::Cuda {
+        call: "cuStreamCreate",
+        source,
+    })?;
     Ok(Some((kernels, stream, lock)))
 }
 
 #[test]
 fn gemv_matches_the_cpu_reference() -> Result<()> {
-    let Some((kernels, stream, _lock)) = open("gemv_matches_the_cpu_reference")? else { return Ok(()) };
+    let Some((kernels, stream, _lock)) = open("gemv_matches_the_cpu_reference")? else {
+        return Ok(());
+    };
     let mut rng = SmallRng::seed_from_u64(rand::rng().random());
     // (m, n, k): one split and several, both variants, a tail shorter than the unroll.
-    for (m, n, k) in [(1, 64, 4096), (5, 48, 1056), (8, 4096, 4096), (9, 32, 512), (16, 1024, 2048), (16, 16, 32)] {
+    for (m, n, k) in [
+        (1, 64, 4096),
+        (5, 48, 1056),
+        (8, 4096, 4096),
+        (9, 32, 512),
+        (16, 1024, 2048),
+        (16, 16, 32),
+    ] {
         let x = random_bf16(&mut rng, (m * k) as usize);
         let w = random_bf16(&mut rng, (n * k) as usize);
         let mut gemv = Gemv::new(&kernels, &stream, &x, &w, m, k)?;
@@ -306,7 +399,9 @@ fn gemv_matches_the_cpu_reference() -> Result<()> {
 
 #[test]
 fn gemv_refuses_bad_shapes() -> Result<()> {
-    let Some((kernels, stream, _lock)) = open("gemv_refuses_bad_shapes")? else { return Ok(()) };
+    let Some((kernels, stream, _lock)) = open("gemv_refuses_bad_shapes")? else {
+        return Ok(());
+    };
     let mut rng = SmallRng::seed_from_u64(1);
     let x = random_bf16(&mut rng, 17 * 64);
     let w = random_bf16(&mut rng, 16 * 64);
@@ -323,13 +418,20 @@ fn gemv_refuses_bad_shapes() -> Result<()> {
 /// access-policy mode, all bit-identical, with the counters the replays imply.
 #[test]
 fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
-    let Some((kernels, stream, _lock)) = open("forward_is_bit_identical_with_prefetch_eager")? else { return Ok(()) };
+    let Some((kernels, stream, _lock)) = open("forward_is_bit_identical_with_prefetch_eager")?
+    else {
+        return Ok(());
+    };
     let l2 = kernels.gpu().l2_bytes;
     let mut layers = Layers::new(&kernels, &stream, 3, 16, 2048, rand::rng().random())?;
     layers.run(&kernels, &stream, None, SIG)?;
     let want = bits(&layers.outputs(&stream)?);
 
-    let replays = [Replay::Prefetch { variant: 0 }, Replay::Prefetch { variant: 1 }, Replay::AccessPolicy];
+    let replays = [
+        Replay::Prefetch { variant: 0 },
+        Replay::Prefetch { variant: 1 },
+        Replay::AccessPolicy,
+    ];
     for replay in replays {
         let mut config = PlanConfig::for_l2(l2);
         config.replay = replay;
@@ -344,7 +446,11 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
         for forward in 0..3 {
             layers.poison(&stream)?;
             layers.run(&kernels, &stream, Some(&mut plan), SIG)?;
-            assert_eq!(bits(&layers.outputs(&stream)?), want, "{replay:?}, forward {forward}");
+            assert_eq!(
+                bits(&layers.outputs(&stream)?),
+                want,
+                "{replay:?}, forward {forward}"
+            );
         }
         let c = plan.counters();
         let window = (2048 * K as u64 * 2).min(config.budget_per_window);
@@ -365,7 +471,10 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
 /// becomes a graph branch) both replay bit-identical to the eager forward.
 #[test]
 fn forward_is_bit_identical_with_prefetch_in_a_graph() -> Result<()> {
-    let Some((kernels, stream, _lock)) = open("forward_is_bit_identical_with_prefetch_in_a_graph")? else { return Ok(()) };
+    let Some((kernels, stream, _lock)) = open("forward_is_bit_identical_with_prefetch_in_a_graph")?
+    else {
+        return Ok(());
+    };
     let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
     let mut layers = Layers::new(&kernels, &stream, 4, 1, 4096, rand::rng().random())?;
     layers.run(&kernels, &stream, None, SIG)?;
@@ -383,26 +492,45 @@ fn forward_is_bit_identical_with_prefetch_in_a_graph() -> Result<()> {
 
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         let flags = sys::CUgraphInstantiate_flags(0);
-        stream.begin_capture(mode).map_err(cuda("cuStreamBeginCapture"))?;
+        stream
+            .begin_capture(mode)
+            .map_err(cuda("cuStreamBeginCapture"))?;
         layers.run(&kernels, &stream, None, SIG)?;
-        let plain = stream.end_capture(flags).map_err(cuda("cuStreamEndCapture"))?;
+        let plain = stream
+            .end_capture(flags)
+            .map_err(cuda("cuStreamEndCapture"))?;
 
         let before = plan.counters();
-        stream.begin_capture(mode).map_err(cuda("cuStreamBeginCapture"))?;
+        stream
+            .begin_capture(mode)
+            .map_err(cuda("cuStreamBeginCapture"))?;
         let run = layers.run(&kernels, &stream, Some(&mut plan), SIG);
-        let prefetched = stream.end_capture(flags).map_err(cuda("cuStreamEndCapture"))?;
+        let prefetched = stream
+            .end_capture(flags)
+            .map_err(cuda("cuStreamEndCapture"))?;
         run?;
         let after = plan.counters();
         assert!(plan.planner().is_frozen(SIG));
         assert_eq!(after.mismatches_at_capture, 0);
-        assert_eq!(after.windows_prefetched - before.windows_prefetched, 4, "one branch per collective");
+        assert_eq!(
+            after.windows_prefetched - before.windows_prefetched,
+            4,
+            "one branch per collective"
+        );
 
         for graph in [plain, prefetched] {
-            let graph = graph.ok_or_else(|| Error::Invalid { what: "capture", why: "empty graph".into() })?;
+            let graph = graph.ok_or_else(|| Error::Invalid {
+                what: "capture",
+                why: "empty graph".into(),
+            })?;
             for replay in 0..3 {
                 layers.poison(&stream)?;
                 graph.launch().map_err(cuda("cuGraphLaunch"))?;
-                assert_eq!(bits(&layers.outputs(&stream)?), want, "variant {variant}, replay {replay}");
+                assert_eq!(
+                    bits(&layers.outputs(&stream)?),
+                    want,
+                    "variant {variant}, replay {replay}"
+                );
             }
         }
         // Frozen: an eager forward after the capture changes nothing, and still matches.
@@ -420,10 +548,14 @@ fn forward_is_bit_identical_with_prefetch_in_a_graph() -> Result<()> {
 /// `compute-sanitizer --tool memcheck` as well (see README).
 #[test]
 fn prefetch_kernel_runs_clean() -> Result<()> {
-    let Some((kernels, stream, _lock)) = open("prefetch_kernel_runs_clean")? else { return Ok(()) };
+    let Some((kernels, stream, _lock)) = open("prefetch_kernel_runs_clean")? else {
+        return Ok(());
+    };
     let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
     let bytes = 8 * MIB as usize;
-    let buffer = stream.alloc_zeros::<u8>(bytes).map_err(cuda("cuMemAlloc"))?;
+    let buffer = stream
+        .alloc_zeros::<u8>(bytes)
+        .map_err(cuda("cuMemAlloc"))?;
     let base = {
         use cudarc::driver::DevicePtr;
         buffer.device_ptr(&stream).0
@@ -443,7 +575,12 @@ fn prefetch_kernel_runs_clean() -> Result<()> {
     let table = SegmentTable::upload(&stream, &segments)?;
     assert_eq!(table.len(), segments.len());
     for variant in 0..l2_prefetch::VARIANTS.len() {
-        for (blocks, threads, chunk) in [(8, 64, 16 << 10), (1, 1024, 16), (3, 32, 4096), (64, 64, 1 << 20)] {
+        for (blocks, threads, chunk) in [
+            (8, 64, 16 << 10),
+            (1, 1024, 16),
+            (3, 32, 4096),
+            (64, 64, 1 << 20),
+        ] {
             let p = fetchahead::device_abi::params::PrefetchParams {
                 segments: table.address(),
                 n: table.len() as u64,

@@ -84,9 +84,22 @@ mod kernels {
     fn convert<const HARDWARE: bool>(w: [u32; 4], s: u8) -> [u32; 8] {
         let scale = scale_f32(s);
         let word = |k: usize| {
-            if HARDWARE { word_hardware(w, k, scale) } else { word_bits(w, k, s) }
+            if HARDWARE {
+                word_hardware(w, k, scale)
+            } else {
+                word_bits(w, k, s)
+            }
         };
-        [word(0), word(1), word(2), word(3), word(4), word(5), word(6), word(7)]
+        [
+            word(0),
+            word(1),
+            word(2),
+            word(3),
+            word(4),
+            word(5),
+            word(6),
+            word(7),
+        ]
     }
 
     #[inline(always)]

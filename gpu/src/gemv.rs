@@ -44,8 +44,7 @@ pub const REDUCE_KERNEL: &str = "gemv_reduce";
 mod kernels {
     use super::{M_TILE, UNROLL};
     use crate::device::{
-        global_thread, grid_threads, load_16, load_f32, load_stream_16, mma_16x8x16_bf16,
-        store_f32,
+        global_thread, grid_threads, load_16, load_f32, load_stream_16, mma_16x8x16_bf16, store_f32,
     };
     use crate::params::{GEMV_K_STEP, GEMV_ROWS_PER_WARP, GemvParams};
 
@@ -81,7 +80,11 @@ mod kernels {
         let step_bytes = GEMV_K_STEP as u64 * 2;
         let mut step = 0u64;
         while step < steps {
-            let batch = if steps - step < UNROLL as u64 { 1 } else { UNROLL as usize };
+            let batch = if steps - step < UNROLL as u64 {
+                1
+            } else {
+                UNROLL as usize
+            };
             let mut lo = [[0u32; 4]; UNROLL as usize];
             let mut hi = [[0u32; 4]; UNROLL as usize];
             let mut xs = [[[0u32; 4]; TILES]; UNROLL as usize];
@@ -114,7 +117,11 @@ mod kernels {
             step += batch as u64;
         }
         // Lane (g, t) holds rows g and g + 8, activation rows 8q + 2t and 8q + 2t + 1.
-        let out = if splits > 1 { p.partial + split * p.m as u64 * p.n as u64 * 4 } else { p.y };
+        let out = if splits > 1 {
+            p.partial + split * p.m as u64 * p.n as u64 * 4
+        } else {
+            p.y
+        };
         for q in 0..TILES {
             for (i, v) in acc[q].iter().enumerate() {
                 let m = q as u64 * M_TILE as u64 + 2 * t + (i % 2) as u64;

@@ -45,8 +45,16 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
         .iter()
         .map(move |v| entry(v.name, gather))
         .chain([entry(gather::EMPTY_KERNEL, gather)])
-        .chain(dequant::VARIANTS.iter().map(move |v| entry(v.name, dequant)))
-        .chain(l2_prefetch::VARIANTS.iter().map(move |v| entry(v.name, prefetch)))
+        .chain(
+            dequant::VARIANTS
+                .iter()
+                .map(move |v| entry(v.name, dequant)),
+        )
+        .chain(
+            l2_prefetch::VARIANTS
+                .iter()
+                .map(move |v| entry(v.name, prefetch)),
+        )
         .chain(gemv::VARIANTS.iter().map(move |v| entry(v.name, gemv)))
         .chain([entry(gemv::REDUCE_KERNEL, gemv)])
         .chain([entry(collective::KERNEL, collective)])

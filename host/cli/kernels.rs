@@ -14,9 +14,18 @@ pub fn list() -> fetchahead::Result<ExitCode> {
             .chain(dequants)
             .chain(prefetches)
             .chain(gemvs)
-            .chain([(gemv::REDUCE_KERNEL, "sums a split-K GEMV's partials in split order")])
-            .chain([(collective::KERNEL, "simulated collective: 1-8 CTAs poll a flag for T ns")])
-            .chain([(gather::EMPTY_KERNEL, "does nothing: the launch-cost floor for benches")])
+            .chain([(
+                gemv::REDUCE_KERNEL,
+                "sums a split-K GEMV's partials in split order",
+            )])
+            .chain([(
+                collective::KERNEL,
+                "simulated collective: 1-8 CTAs poll a flag for T ns",
+            )])
+            .chain([(
+                gather::EMPTY_KERNEL,
+                "does nothing: the launch-cost floor for benches",
+            )])
             .find(|(n, _)| *n == name)
             .map_or("", |(_, a)| a)
     };
