@@ -316,8 +316,8 @@ fn run(c: &mut Criterion) -> Result<()> {
     let mut group = c.benchmark_group("l2_prefetch");
     group
         .sample_size(10)
-        .warm_up_time(std::time::Duration::from_millis(30))
-        .measurement_time(std::time::Duration::from_millis(120))
+        .warm_up_time(std::time::Duration::from_millis(20))
+        .measurement_time(std::time::Duration::from_millis(80))
         .nresamples(1000);
     for m in MS {
         for w_mib in WEIGHTS_MIB {

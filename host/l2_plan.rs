@@ -663,6 +663,17 @@ impl L2Plan {
     }
 }
 
+impl Drop for L2Plan {
+    /// A forward left open may still have a prefetch on the side stream: the main stream waits
+    /// for it before the tables are freed in its order.
+    fn drop(&mut self) {
+        if self.branch_open {
+            let ctx = self.main.context();
+            ctx.record_err(self.main.wait(&self.join));
+        }
+    }
+}
+
 /// Whether `stream` is capturing into a graph.
 fn capturing(stream: &CudaStream) -> Result<bool> {
     let status = stream.capture_status().call("cuStreamIsCapturing")?;

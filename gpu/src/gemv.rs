@@ -138,12 +138,14 @@ mod kernels {
     /// Per lane: two 16-byte weight loads and one 16-byte activation load per 32 K, one tile.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gemv_bf16_m8(p: GemvParams) {
+        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
         unsafe { gemv::<1>(&p) }
     }
 
     /// Per lane: two 16-byte weight loads and two 16-byte activation loads per 32 K, two tiles.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gemv_bf16_m16(p: GemvParams) {
+        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
         unsafe { gemv::<2>(&p) }
     }
 
