@@ -573,7 +573,8 @@ impl L2Plan {
                 };
                 let blocks = (span.len as u32).min(self.config.max_blocks);
                 // SAFETY: the table holds the plan's segments (checked when uploaded), window k's
-                // at `span.start..span.start + span.len`, inside weights the caller reported as live device memory.
+                // at `span.start..span.start + span.len`, inside weights the caller reported as
+                // live device memory.
                 unsafe {
                     self.kernels.launch_l2_prefetch(
                         self.side.cu_stream(),
