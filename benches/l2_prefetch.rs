@@ -389,6 +389,7 @@ fn run(c: &mut Criterion) -> Result<()> {
     }
     group.finish();
     summary(&mut samples);
+    copy_peer(&bench, &samples)?;
     issue_time(&bench)?;
     slack(&bench, &mut rng)?;
     spark(&bench);
@@ -462,6 +463,59 @@ fn summary(samples: &mut BTreeMap<Key, Samples>) {
             if *graph { "graph" } else { "eager" }
         );
     }
+}
+
+/// The peer: device-to-device copy bandwidth (bytes read + written per second) of 32 MiB, cold,
+/// against the GEMV's cold weight bandwidth from the same run.
+fn copy_peer(bench: &Bench, samples: &BTreeMap<Key, Samples>) -> Result<()> {
+    let bytes = 32 * MIB as usize;
+    let src = bench
+        .stream
+        .alloc_zeros::<u8>(bytes)
+        .map_err(cuda("cuMemAlloc"))?;
+    let dst = bench
+        .stream
+        .alloc_zeros::<u8>(bytes)
+        .map_err(cuda("cuMemAlloc"))?;
+    let (src_address, dst_address) = (
+        src.device_ptr(&bench.stream).0,
+        dst.device_ptr(&bench.stream).0,
+    );
+    let mut us = Vec::new();
+    for _ in 0..20 {
+        bench.flush_l2()?;
+        bench.mark(1)?;
+        // SAFETY: two live allocations of `bytes` bytes each, not overlapping.
+        unsafe {
+            sys::cuMemcpyDtoDAsync_v2(dst_address, src_address, bytes, bench.stream.cu_stream())
+        }
+        .result()
+        .map_err(cuda("cuMemcpyDtoDAsync"))?;
+        bench.mark(2)?;
+        let ms = bench.events[1]
+            .elapsed_ms(&bench.events[2])
+            .map_err(cuda("cuEventElapsedTime"))?;
+        us.push(ms as f64 * 1e3);
+    }
+    let copy = 2.0 * bytes as f64 / (median(&mut us) * 1e-6) / 1e9;
+    println!("\n== peer: device-to-device copy of 32 MiB, cold: {copy:.0} GB/s (read + write)");
+    println!(
+        "{:<6} {:>3} {:>5} {:>12} {:>9}",
+        "exec", "M", "WMiB", "GEMV GB/s", "of copy"
+    );
+    for (&(m, w, t, graph, mode), s) in samples {
+        if mode != Mode::None || t != WINDOWS_US[WINDOWS_US.len() - 1] {
+            continue;
+        }
+        let mut g: Vec<f64> = s.iter().map(|x| x.0).collect();
+        let gbs = (w * MIB) as f64 / (median(&mut g) * 1e-6) / 1e9;
+        let exec = if graph { "graph" } else { "eager" };
+        println!(
+            "{exec:<6} {m:>3} {w:>5} {gbs:>12.0} {:>8.0}%",
+            100.0 * gbs / copy
+        );
+    }
+    Ok(())
 }
 
 /// The prefetch kernel alone on an idle GPU: its duration is the time to issue the prefetches.

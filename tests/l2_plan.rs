@@ -467,6 +467,32 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
     Ok(())
 }
 
+/// A stale plan (learned on other weights) only wastes bandwidth: the outputs stay exact, and
+/// the next eager forward relearns.
+#[test]
+fn a_stale_plan_keeps_outputs_exact() -> Result<()> {
+    let Some((kernels, stream, _lock)) = open("a_stale_plan_keeps_outputs_exact")? else {
+        return Ok(());
+    };
+    let old = Layers::new(&kernels, &stream, 2, 1, 1024, rand::rng().random())?;
+    let mut new = Layers::new(&kernels, &stream, 3, 4, 512, rand::rng().random())?;
+    new.run(&kernels, &stream, None, SIG)?;
+    let want = bits(&new.outputs(&stream)?);
+    let config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
+    let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
+    old.run(&kernels, &stream, Some(&mut plan), SIG)?;
+    for forward in 0..2 {
+        new.poison(&stream)?;
+        new.run(&kernels, &stream, Some(&mut plan), SIG)?;
+        assert_eq!(bits(&new.outputs(&stream)?), want, "forward {forward}");
+    }
+    // The stale plan's two windows were warmed in the first forward (nothing past them for
+    // the third collective), the relearned plan's three in the second.
+    assert_eq!(plan.counters().windows_prefetched, 2 + 3);
+    assert_eq!(plan.planner().plan(SIG).map(|w| w.len()), Some(3));
+    Ok(())
+}
+
 /// Graphs: a forward captured without a plan and one captured with a learned plan (the prefetch
 /// becomes a graph branch) both replay bit-identical to the eager forward.
 #[test]
