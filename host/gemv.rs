@@ -17,6 +17,8 @@ pub struct Gemv {
     x: CudaSlice<u16>,
     w: CudaSlice<u16>,
     partial: CudaSlice<f32>,
+    /// One arrival counter per 16 weight rows for the split-K epilogue (zero between launches).
+    _counters: CudaSlice<u32>,
     y: CudaSlice<f32>,
     params: GemvParams,
 }
@@ -55,6 +57,9 @@ impl Gemv {
             1
         };
         let partial = stream.alloc_zeros::<f32>(partial_len).call("cuMemAlloc")?;
+        let counters = stream
+            .alloc_zeros::<u32>((n as usize / 16).max(1))
+            .call("cuMemAlloc")?;
         let y = stream
             .alloc_zeros::<f32>((mu * n as usize).max(1))
             .call("cuMemAlloc")?;
@@ -63,6 +68,7 @@ impl Gemv {
             w: w.device_ptr(stream).0,
             partial: partial.device_ptr(stream).0,
             y: y.device_ptr(stream).0,
+            counters: counters.device_ptr(stream).0,
             m,
             n,
             k,
@@ -72,6 +78,7 @@ impl Gemv {
             x,
             w,
             partial,
+            _counters: counters,
             y,
             params,
         })

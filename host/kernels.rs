@@ -36,7 +36,6 @@ pub struct Kernels {
     dequant: Vec<Loaded>,
     prefetch: Vec<Loaded>,
     gemv: Vec<Loaded>,
-    gemv_reduce: Loaded,
     collective: Loaded,
 }
 
@@ -78,7 +77,6 @@ impl Kernels {
                 .iter()
                 .map(|v| load(v.name))
                 .collect::<Result<_>>()?,
-            gemv_reduce: load(gemv::REDUCE_KERNEL)?,
             collective: load(collective::KERNEL)?,
             _module: module,
             ptx,
@@ -236,13 +234,14 @@ impl Kernels {
             .unwrap_or(1)
     }
 
-    /// Launches the bf16 GEMV `y = x w^T` on `stream` (the variant for `p.m` rows), and the
-    /// reduction of its K splits when `p.splits > 1`. With `policy`, the GEMV launch carries an
+    /// Launches the bf16 GEMV `y = x w^T` on `stream` (the variant for `p.m` rows); with
+    /// `p.splits > 1` the same launch sums the K splits. With `policy`, the GEMV launch carries an
     /// access-policy window (a launch attribute, so a captured graph keeps it on the node).
     ///
     /// # Safety
     /// `x` holds `m x k` bf16, `w` holds `n x k` bf16, `y` holds `m x n` f32 and, with splits,
-    /// `partial` holds `splits x m x n` f32; `y` and `partial` are written by nothing else.
+    /// `partial` holds `splits x m x n` f32 and `counters` `n / 16` u32 left zero by the last
+    /// launch (zero when new); `y`, `partial` and `counters` are used by nothing else meanwhile.
     pub unsafe fn launch_gemv(
         &self,
         stream: sys::CUstream,
@@ -285,13 +284,7 @@ impl Kernels {
             )
         }
         .result()
-        .call("cuLaunchKernelEx")?;
-        if p.splits > 1 {
-            let threads = p.m as u64 * p.n as u64;
-            // SAFETY: the reduction reads the partials the GEMV wrote and writes y (as above).
-            unsafe { self.launch(&self.gemv_reduce, threads, stream, p, gemv::BLOCK_THREADS) }?;
-        }
-        Ok(())
+        .call("cuLaunchKernelEx")
     }
 
     /// Launches the simulated collective: `blocks` (1..=8) CTAs polling `flag` (0: none) for
@@ -395,6 +388,7 @@ fn check_gemv(p: &GemvParams) -> Result<()> {
     check_aligned_to("gemv y", p.y, 4)?;
     if p.splits > 1 {
         check_aligned_to("gemv partial", p.partial, 4)?;
+        check_aligned_to("gemv counters", p.counters, 4)?;
     }
     Ok(())
 }

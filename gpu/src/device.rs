@@ -221,21 +221,6 @@ pub unsafe fn load_16(addr: u64) -> [u32; 4] {
     [a, b, c, d]
 }
 
-/// One read-only f32 through the non-coherent path.
-///
-/// # Safety
-/// `addr` is a readable, 4-byte aligned global address that nothing writes during the kernel.
-#[inline(always)]
-pub unsafe fn load_f32(addr: u64) -> f32 {
-    let v: f32;
-    // SAFETY: the caller guarantees a readable, aligned, read-only address.
-    unsafe {
-        asm!("ld.global.nc.f32 {0}, [{1}];", out(reg32) v, in(reg64) addr,
-             options(pure, readonly, nostack, preserves_flags));
-    }
-    v
-}
-
 /// One f32 written with an ordinary store.
 ///
 /// # Safety
@@ -293,4 +278,81 @@ pub unsafe fn load_volatile_u32(addr: u64) -> u32 {
              options(readonly, nostack, preserves_flags));
     }
     v
+}
+
+/// Orders this thread's earlier memory operations before its later ones for the whole GPU
+/// (release and acquire at once).
+#[inline(always)]
+pub fn fence_gpu() {
+    // SAFETY: a fence has no operands.
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack, preserves_flags)) }
+}
+
+/// Waits for every lane of the warp, ordering their memory operations (`bar.warp.sync`).
+/// Every lane of the warp must execute it.
+#[inline(always)]
+pub fn warp_sync() {
+    // SAFETY: a warp barrier over all 32 lanes; callers keep the warp converged.
+    unsafe {
+        asm!(
+            "bar.warp.sync 0xffffffff;",
+            options(nostack, preserves_flags)
+        )
+    }
+}
+
+/// Lane 0's `v`, in every lane. Every lane of the warp must execute it.
+#[inline(always)]
+pub fn warp_broadcast_lane0(v: u32) -> u32 {
+    let r: u32;
+    // SAFETY: a register-only warp shuffle over all 32 lanes; callers keep the warp converged.
+    unsafe {
+        asm!("shfl.sync.idx.b32 {0}, {1}, 0, 0x1f, 0xffffffff;", out(reg32) r, in(reg32) v,
+             options(nomem, nostack, preserves_flags));
+    }
+    r
+}
+
+/// `*addr += 1` at GPU scope with acquire-release order; returns the old value.
+///
+/// # Safety
+/// `addr` is a writable, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn atomic_inc_acq_rel(addr: u64) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees a writable, aligned address.
+    unsafe {
+        asm!("atom.acq_rel.gpu.global.add.u32 {0}, [{1}], 1;", out(reg32) old, in(reg64) addr,
+             options(nostack, preserves_flags));
+    }
+    old
+}
+
+/// A coherent f32 load at GPU scope (from L2, never a stale L1 line): for data other blocks
+/// wrote during this kernel.
+///
+/// # Safety
+/// `addr` is a readable, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn load_relaxed_f32(addr: u64) -> f32 {
+    let v: f32;
+    // SAFETY: the caller guarantees a readable, aligned address.
+    unsafe {
+        asm!("ld.relaxed.gpu.global.f32 {0}, [{1}];", out(reg32) v, in(reg64) addr,
+             options(readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+/// A u32 store at GPU scope.
+///
+/// # Safety
+/// `addr` is a writable, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn store_relaxed_u32(addr: u64, v: u32) {
+    // SAFETY: the caller guarantees a writable, aligned address.
+    unsafe {
+        asm!("st.relaxed.gpu.global.u32 [{0}], {1};", in(reg64) addr, in(reg32) v,
+             options(nostack, preserves_flags));
+    }
 }

@@ -6,14 +6,14 @@
 //! 16-byte loads: lane (g, t) loads weight rows g and g + 8 at elements 8t..8t+8 (streaming,
 //! no L1) and activation row g (or 8 + g) at the same elements (cached: every warp re-reads x).
 //! Four steps are loaded before any is multiplied, for eight 16-byte weight loads in flight per
-//! lane. Splits of K write f32 partials that `gemv_reduce` sums in split order, so the result
-//! is deterministic.
+//! lane. Splits of K write f32 partials; the last warp of a row group to finish sums them in
+//! split order (so the result is deterministic) in the same launch.
 
 /// Activation rows handled per 8-row MMA tile.
 pub const M_TILE: u32 = 8;
 /// Steps of [`GEMV_K_STEP`](crate::params::GEMV_K_STEP) loaded before any is multiplied.
 pub const UNROLL: u32 = 4;
-/// Threads per GEMV block (4 warps); `gemv_reduce` uses the same.
+/// Threads per GEMV block (4 warps).
 pub const BLOCK_THREADS: u32 = 128;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,14 +37,12 @@ pub const VARIANTS: &[Variant] = &[
     },
 ];
 
-/// Sums the K splits' partials in order: `y[i] = sum_s partial[s, i]`.
-pub const REDUCE_KERNEL: &str = "gemv_reduce";
-
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
     use super::{M_TILE, UNROLL};
     use crate::device::{
-        global_thread, grid_threads, load_16, load_f32, load_stream_16, mma_16x8x16_bf16, store_f32,
+        atomic_inc_acq_rel, fence_gpu, global_thread, load_16, load_relaxed_f32, load_stream_16,
+        mma_16x8x16_bf16, store_f32, store_relaxed_u32, warp_broadcast_lane0, warp_sync,
     };
     use crate::params::{GEMV_K_STEP, GEMV_ROWS_PER_WARP, GemvParams};
 
@@ -133,6 +131,52 @@ mod kernels {
                 }
             }
         }
+        if splits > 1 {
+            // SAFETY: the host passes n / 16 zeroed counters and the partials with splits > 1.
+            unsafe { reduce_if_last(p, group, splits, lane) };
+        }
+    }
+
+    /// The split-K epilogue of one warp: publishes its partials, and if it is the last split of
+    /// its row group to do so, sums all splits in order into `y` and resets the counter.
+    #[inline(always)]
+    unsafe fn reduce_if_last(p: &GemvParams, group: u64, splits: u64, lane: u32) {
+        let counter = p.counters + group * 4;
+        // Every lane's partial stores, then the warp, then one count: the release half.
+        fence_gpu();
+        warp_sync();
+        let mut arrived = 0;
+        if lane == 0 {
+            // SAFETY: counter `group` < n / 16 of the host's zeroed array.
+            arrived = unsafe { atomic_inc_acq_rel(counter) } + 1;
+        }
+        let arrived = warp_broadcast_lane0(arrived) as u64;
+        warp_sync();
+        if arrived != splits {
+            return;
+        }
+        // The acquire half: every other split's partials are visible from here on.
+        fence_gpu();
+        let (m_rows, n) = (p.m as u64, p.n as u64);
+        let mut e = lane as u64;
+        while e < GEMV_ROWS_PER_WARP as u64 * m_rows {
+            let (row, m) = (e % GEMV_ROWS_PER_WARP as u64, e / GEMV_ROWS_PER_WARP as u64);
+            let i = m * n + group * GEMV_ROWS_PER_WARP as u64 + row;
+            let mut sum = 0f32;
+            let mut s = 0u64;
+            while s < splits {
+                // SAFETY: s < splits, m < p.m and the row < p.n index the [splits, m, n] partials.
+                sum += unsafe { load_relaxed_f32(p.partial + (s * m_rows * n + i) * 4) };
+                s += 1;
+            }
+            // SAFETY: i indexes y[m, n]; only this warp writes row group `group` of y.
+            unsafe { store_f32(p.y + i * 4, sum) };
+            e += 32;
+        }
+        if lane == 0 {
+            // SAFETY: as above; the next launch, in stream order, finds the counter zero.
+            unsafe { store_relaxed_u32(counter, 0) };
+        }
     }
 
     /// Per lane: two 16-byte weight loads and one 16-byte activation load per 32 K, one tile.
@@ -147,24 +191,5 @@ mod kernels {
     pub unsafe extern "gpu-kernel" fn gemv_bf16_m16(p: GemvParams) {
         // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
         unsafe { gemv::<2>(&p) }
-    }
-
-    /// Per thread: one output element, its splits summed in order (one 4-byte load per split).
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gemv_reduce(p: GemvParams) {
-        let total = p.m as u64 * p.n as u64;
-        let mut i = global_thread();
-        while i < total {
-            let mut sum = 0f32;
-            let mut s = 0u64;
-            while s < p.splits as u64 {
-                // SAFETY: s < splits and i < m n index the [splits, m, n] partials.
-                sum += unsafe { load_f32(p.partial + (s * total + i) * 4) };
-                s += 1;
-            }
-            // SAFETY: i < m n indexes y; one thread owns each element.
-            unsafe { store_f32(p.y + i * 4, sum) };
-            i += grid_threads();
-        }
     }
 }

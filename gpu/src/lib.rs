@@ -56,6 +56,5 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
                 .map(move |v| entry(v.name, prefetch)),
         )
         .chain(gemv::VARIANTS.iter().map(move |v| entry(v.name, gemv)))
-        .chain([entry(gemv::REDUCE_KERNEL, gemv)])
         .chain([entry(collective::KERNEL, collective)])
 }

@@ -87,10 +87,12 @@ pub struct PrefetchParams {
     pub _pad: u32,
 }
 
-/// `y[m, n] = sum_k x[m, k] * w[n, k]` (bf16 in, f32 accumulate and out), for `m < 16`.
+/// `y[m, n] = sum_k x[m, k] * w[n, k]` (bf16 in, f32 accumulate and out), for `m <= 16`.
 ///
-/// With `splits > 1` each split of K writes `partial[s, m, n]` and `gemv_reduce` sums the splits
-/// in order into `y`; with one split the product goes straight to `y`.
+/// With `splits > 1` each split of K writes `partial[s, m, n]`; the last warp of a row group to
+/// finish (counted in `counters`) sums its splits in split order into `y` and resets its counter,
+/// so the result is deterministic and one launch does it all. With one split the product goes
+/// straight to `y`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct GemvParams {
@@ -102,6 +104,9 @@ pub struct GemvParams {
     pub partial: u64,
     /// `[m, n]` f32.
     pub y: u64,
+    /// `[n / 16]` u32, zero before the first launch; each launch leaves them zero again
+    /// (unused with one split).
+    pub counters: u64,
     /// Rows of `x`, 1..=16.
     pub m: u32,
     /// Rows of `w`, a multiple of [`GEMV_ROWS_PER_WARP`].

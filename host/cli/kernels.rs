@@ -15,10 +15,6 @@ pub fn list() -> fetchahead::Result<ExitCode> {
             .chain(prefetches)
             .chain(gemvs)
             .chain([(
-                gemv::REDUCE_KERNEL,
-                "sums a split-K GEMV's partials in split order",
-            )])
-            .chain([(
                 collective::KERNEL,
                 "simulated collective: 1-8 CTAs poll a flag for T ns",
             )])
