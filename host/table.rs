@@ -108,7 +108,7 @@ impl RowTable {
         row_bytes: u32,
         placement: Placement,
     ) -> Result<Self> {
-        if row_bytes == 0 || bytes.len() % row_bytes as usize != 0 {
+        if row_bytes == 0 || !bytes.len().is_multiple_of(row_bytes as usize) {
             return Err(Error::invalid(
                 "table",
                 format!(
@@ -183,7 +183,8 @@ impl Mxfp8Table {
         dim: u32,
         placement: Placement,
     ) -> Result<Self> {
-        if dim == 0 || dim % MX_BLOCK != 0 || weights.len() % dim as usize != 0 {
+        if dim == 0 || !dim.is_multiple_of(MX_BLOCK) || !weights.len().is_multiple_of(dim as usize)
+        {
             return Err(Error::invalid(
                 "table",
                 format!(
