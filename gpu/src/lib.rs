@@ -13,8 +13,10 @@
 // build.rs checks every entry's parameter size against the host's `size_of`.
 #![cfg_attr(target_arch = "nvptx64", allow(improper_gpu_kernel_arg))]
 
+pub mod collective;
 pub mod dequant;
 pub mod gather;
+pub mod gemv;
 pub mod l2_prefetch;
 pub mod mxfp8;
 pub mod params;
@@ -37,10 +39,22 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
     let gather = size_of::<params::GatherParams>();
     let dequant = size_of::<params::DequantParams>();
     let prefetch = size_of::<params::PrefetchParams>();
+    let gemv = size_of::<params::GemvParams>();
+    let collective = size_of::<params::CollectiveParams>();
     gather::VARIANTS
         .iter()
         .map(move |v| entry(v.name, gather))
         .chain([entry(gather::EMPTY_KERNEL, gather)])
-        .chain(dequant::VARIANTS.iter().map(move |v| entry(v.name, dequant)))
-        .chain(l2_prefetch::VARIANTS.iter().map(move |v| entry(v.name, prefetch)))
+        .chain(
+            dequant::VARIANTS
+                .iter()
+                .map(move |v| entry(v.name, dequant)),
+        )
+        .chain(
+            l2_prefetch::VARIANTS
+                .iter()
+                .map(move |v| entry(v.name, prefetch)),
+        )
+        .chain(gemv::VARIANTS.iter().map(move |v| entry(v.name, gemv)))
+        .chain([entry(collective::KERNEL, collective)])
 }
