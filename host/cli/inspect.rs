@@ -13,7 +13,7 @@ pub struct InspectArgs {
 
 fn describe(span: &TensorSpan) -> String {
     let (straddle, period) = span.straddling_rows_per_period();
-    let alignment = if span.offset % PAGE == 0 {
+    let alignment = if span.offset.is_multiple_of(PAGE) {
         "page-aligned".to_string()
     } else {
         format!("starts {} B into a page", span.offset % PAGE)

@@ -202,7 +202,7 @@ impl TableLayout {
                 ));
             }
             let d = weight.row_bytes as usize;
-            if d == 0 || d % MX_BLOCK != 0 || d > MAX_DIM {
+            if d == 0 || !d.is_multiple_of(MX_BLOCK) || d > MAX_DIM {
                 return Err(bad(
                     &wfile,
                     &weight.name,

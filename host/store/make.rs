@@ -55,7 +55,7 @@ impl TableSpec {
             Some("rows must be positive".to_string())
         } else if self.layers.is_empty() {
             Some("no layers".to_string())
-        } else if self.dim == 0 || self.dim % MX_BLOCK != 0 || self.dim > MAX_DIM {
+        } else if self.dim == 0 || !self.dim.is_multiple_of(MX_BLOCK) || self.dim > MAX_DIM {
             Some(format!(
                 "dim {} is not a multiple of {MX_BLOCK} up to {MAX_DIM}",
                 self.dim

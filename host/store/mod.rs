@@ -211,7 +211,7 @@ pub(crate) struct Inner {
     tuning: Tuning,
     preadv_threads: usize,
     pool: OnceLock<std::result::Result<rayon::ThreadPool, String>>,
-    scratch: Mutex<Vec<Box<Scratch>>>,
+    scratch: Mutex<Vec<Scratch>>,
     counters: Counters,
     fault: OnceLock<FaultState>,
 }
