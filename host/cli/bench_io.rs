@@ -27,6 +27,12 @@ pub struct BenchIoArgs {
     pub baseline_reads: u64,
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Reads in flight per io_uring lookup.
+    #[arg(long, default_value_t = fetchahead::store::QUEUE_DEPTH)]
+    pub uring_depth: u32,
+    /// Only these read paths (comma-separated); all when not given.
+    #[arg(long, value_delimiter = ',')]
+    pub paths: Vec<ReadPath>,
 }
 
 struct Row {
@@ -70,7 +76,11 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
             println!("{line}");
         }
     };
-    let store = RowStore::open(&args.dir, StoreOptions::default())?;
+    let options = StoreOptions {
+        uring_depth: args.uring_depth,
+        ..StoreOptions::default()
+    };
+    let store = RowStore::open(&args.dir, options.clone())?;
     let layer = store.layers()[0];
     let span = store.layout().layer(layer).map(|l| l.weight.clone());
     let Some(span) = span else {
@@ -108,6 +118,9 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
     let iters = |k: usize| args.iters.get(k).copied().unwrap_or(1).max(1);
     let mut rows = Vec::new();
     for path in ReadPath::ALL {
+        if !args.paths.is_empty() && !args.paths.contains(&path) {
+            continue;
+        }
         if path == ReadPath::Uring && store.uring().is_err() {
             eprintln!(
                 "WARNING: io_uring unavailable ({}); uring path skipped",
@@ -150,7 +163,7 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
         &args.dir,
         StoreOptions {
             cache_bytes,
-            ..StoreOptions::default()
+            ..options
         },
     )?;
     for (k, &batch) in sizes.iter().enumerate() {

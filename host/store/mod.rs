@@ -49,7 +49,7 @@ pub use uring::QUEUE_DEPTH;
 pub enum ReadPath {
     /// Chosen by batch size from `fetchahead tune`'s figures (io_uring when never tuned).
     Auto,
-    /// io_uring batches of O_DIRECT reads, up to [`QUEUE_DEPTH`] in flight.
+    /// io_uring batches of O_DIRECT reads, up to [`StoreOptions::uring_depth`] in flight.
     Uring,
     /// A pool of threads each issuing blocking `preadv` (O_DIRECT when available).
     Preadv,
@@ -120,6 +120,8 @@ pub struct StoreOptions {
     pub resident_scales: bool,
     /// Threads of the preadv pool (its queue depth).
     pub preadv_threads: usize,
+    /// Reads in flight per io_uring lookup (rounded up to a power of two).
+    pub uring_depth: u32,
     /// Use O_DIRECT where the filesystem allows it.
     pub direct_io: bool,
 }
@@ -133,6 +135,7 @@ impl Default for StoreOptions {
             cache_bytes: 0,
             resident_scales: true,
             preadv_threads: 64,
+            uring_depth: QUEUE_DEPTH,
             direct_io: true,
         }
     }
@@ -210,6 +213,7 @@ pub(crate) struct Inner {
     read_path: ReadPath,
     tuning: Tuning,
     preadv_threads: usize,
+    uring_depth: u32,
     pool: OnceLock<std::result::Result<rayon::ThreadPool, String>>,
     scratch: Mutex<Vec<Scratch>>,
     counters: Counters,
@@ -307,6 +311,7 @@ impl RowStore {
             read_path: options.read_path,
             tuning,
             preadv_threads: options.preadv_threads.max(1),
+            uring_depth: options.uring_depth,
             pool: OnceLock::new(),
             scratch: Mutex::new(Vec::new()),
             counters: Counters::default(),
@@ -581,6 +586,12 @@ impl Inner {
                 ),
             ));
         }
+        if ids.len() > u32::MAX as usize {
+            return Err(Error::invalid(
+                "lookup ids",
+                format!("{} ids in one batch; at most {}", ids.len(), u32::MAX),
+            ));
+        }
         self.check_range(ids)?;
         if ids.is_empty() {
             return Ok(());
@@ -654,11 +665,12 @@ impl Inner {
         match path {
             ReadPath::Uring => {
                 if scratch.uring.is_none() {
-                    let reader =
-                        uring::UringReader::new().map_err(|e| Error::ReadPathUnavailable {
+                    let reader = uring::UringReader::new(self.uring_depth).map_err(|e| {
+                        Error::ReadPathUnavailable {
                             path: "uring",
                             why: e.to_string(),
-                        })?;
+                        }
+                    })?;
                     scratch.uring = Some(reader);
                 }
                 if let Some(reader) = scratch.uring.as_mut() {

@@ -9,9 +9,9 @@ use super::plan::{Extent, MAX_EXTENT, OutRows, Plan, Step, step};
 use super::{Failure, Inner};
 use crate::store::layout::LayerLayout;
 
-/// Reads in flight per ring: deeper than fio's QD64 so that a batch never waits on a free slot
-/// while the device could take more.
-pub const QUEUE_DEPTH: u32 = 128;
+/// Reads in flight per ring by default: deeper than fio's QD64 so that a batch never waits on a
+/// free slot while the device could take more.
+pub const QUEUE_DEPTH: u32 = 256;
 
 #[derive(Clone, Copy, Default)]
 struct Slot {
@@ -22,6 +22,7 @@ struct Slot {
 
 /// A ring and its slots, owned by one lookup at a time.
 pub(crate) struct UringReader {
+    depth: u32,
     ring: IoUring,
     buf: AlignedBuf,
     slots: Vec<Slot>,
@@ -30,14 +31,17 @@ pub(crate) struct UringReader {
 }
 
 impl UringReader {
-    pub fn new() -> io::Result<Self> {
-        let ring = IoUring::new(QUEUE_DEPTH)?;
+    /// A ring with `depth` reads in flight at most (a power of two, 1..=4096).
+    pub fn new(depth: u32) -> io::Result<Self> {
+        let depth = depth.clamp(1, 4096).next_power_of_two();
+        let ring = IoUring::new(depth)?;
         Ok(UringReader {
+            depth,
             ring,
-            buf: AlignedBuf::new(QUEUE_DEPTH as usize * MAX_EXTENT as usize),
-            slots: vec![Slot::default(); QUEUE_DEPTH as usize],
-            free: Vec::with_capacity(QUEUE_DEPTH as usize),
-            again: Vec::with_capacity(QUEUE_DEPTH as usize),
+            buf: AlignedBuf::new(depth as usize * MAX_EXTENT as usize),
+            slots: vec![Slot::default(); depth as usize],
+            free: Vec::with_capacity(depth as usize),
+            again: Vec::with_capacity(depth as usize),
         })
     }
 
@@ -52,7 +56,7 @@ impl UringReader {
         failures: &mut Vec<Failure>,
     ) -> io::Result<()> {
         self.free.clear();
-        self.free.extend((0..QUEUE_DEPTH).rev());
+        self.free.extend((0..self.depth).rev());
         self.again.clear();
         let n = plan.extents.len();
         let mut next = 0usize;
@@ -80,7 +84,7 @@ impl UringReader {
                     let s = self.slots[slot as usize];
                     let ext = &plan.extents[s.extent as usize];
                     let (fd, _) = inner.read_fd(ext.file as usize);
-                    // SAFETY: slot * MAX_EXTENT + done + (len - done) <= QUEUE_DEPTH * MAX_EXTENT,
+                    // SAFETY: slot * MAX_EXTENT + done + (len - done) <= depth * MAX_EXTENT,
                     // the buffer's length; the slot is not the target of any other read in flight.
                     let dst =
                         unsafe { base.add(slot as usize * MAX_EXTENT as usize + s.done as usize) };
