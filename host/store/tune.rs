@@ -105,7 +105,8 @@ pub struct TuneSample {
     pub p50_us: f64,
 }
 
-/// Times every available path on cold batches of growing size and keeps the fastest for each;
+/// Times every available path on cold batches of growing size and keeps the fastest for each (a
+/// later path must beat an earlier one by 5%);
 /// each size's choice holds up to the geometric middle between it and the next size.
 pub fn measure(
     store: &RowStore,
@@ -135,7 +136,8 @@ pub fn measure(
                 p50_us: percentiles_us(&times).0,
             };
             report(&sample);
-            if winner.is_none_or(|w| sample.p50_us < w.p50_us) {
+            // Ties within noise go to the path measured first (ReadPath::ALL's order).
+            if winner.is_none_or(|w| sample.p50_us < w.p50_us * 0.95) {
                 winner = Some(sample);
             }
         }
