@@ -142,6 +142,8 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
                     )
                 })
                 .collect();
+            // A table smaller than the batch gives every row once.
+            let batch = batches.first().map_or(0, Vec::len);
             for cold in [true, false] {
                 if !cold {
                     // Each cold batch evicted the one before it: read them all once, untimed.
@@ -168,6 +170,7 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
     )?;
     for (k, &batch) in sizes.iter().enumerate() {
         let ids = unique_rows(range.clone(), batch, args.seed ^ 0xcace ^ k as u64);
+        let batch = ids.len();
         let n = if k == 0 { 1000 } else { iters(k).max(5) };
         let batches = vec![ids; n];
         time_lookups(&cached, ReadPath::Auto, layer, &batches[..1], false)?;
