@@ -24,14 +24,17 @@ fn every_path_returns_the_files_bytes() {
     let dir = tempfile::tempdir().unwrap();
     make(dir.path(), 5000, &[1, 14], 3, 11);
     let reference = Reference::load(dir.path());
-    for resident_scales in [true, false] {
-        let store = open(
-            dir.path(),
-            StoreOptions {
-                resident_scales,
-                ..Default::default()
-            },
-        );
+    // O_DIRECT off as well: the fallback when a filesystem refuses it.
+    for (resident_scales, direct_io) in [(true, true), (false, true), (true, false)] {
+        let options = StoreOptions {
+            resident_scales,
+            direct_io,
+            ..Default::default()
+        };
+        let store = open(dir.path(), options);
+        if !direct_io {
+            assert!(store.direct_io().is_err());
+        }
         assert_eq!(store.layers(), &[1, 14]);
         assert_eq!(store.dim(), DIM);
         for path in paths(&store) {
@@ -45,11 +48,11 @@ fn every_path_returns_the_files_bytes() {
                     let (ew, es) = reference.expect(layer, &ids);
                     assert!(
                         w == ew,
-                        "{path} layer {layer} n {n} resident {resident_scales}: weights differ"
+                        "{path} layer {layer} n {n} resident {resident_scales} direct {direct_io}: weights differ"
                     );
                     assert!(
                         s == es,
-                        "{path} layer {layer} n {n} resident {resident_scales}: scales differ"
+                        "{path} layer {layer} n {n} resident {resident_scales} direct {direct_io}: scales differ"
                     );
                 }
             }
@@ -535,4 +538,35 @@ fn tune_measures_every_path() {
             .windows(2)
             .all(|w| w[0].max_batch < w[1].max_batch)
     );
+}
+
+#[test]
+fn many_advised_batches_all_land_or_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 20000, &[1], 1, 8);
+    let store = open(
+        dir.path(),
+        StoreOptions {
+            cache_bytes: 16 << 20,
+            ..Default::default()
+        },
+    );
+    let batches = 200u64;
+    for b in 0..batches {
+        let ids: Vec<i64> = (0..100).map(|i| (b * 100 + i) as i64).collect();
+        store.advise(1, &ids).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = store.stats();
+        // Every batch was either warmed (its rows looked up) or dropped.
+        let warmed = (stats.hits + stats.misses) / 100;
+        if warmed + stats.advise_dropped == batches {
+            assert_eq!(stats.advise_failed, 0);
+            assert_eq!(store.cached().0 as u64, stats.misses);
+            break;
+        }
+        assert!(Instant::now() < deadline, "{stats:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }

@@ -1,7 +1,7 @@
 //! `advise`: a background thread warms the rows of a coming batch, so the caller never waits.
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use super::{Inner, ReadPath};
@@ -11,22 +11,33 @@ const PENDING: usize = 16;
 
 pub(crate) struct Advisor {
     batches: Option<SyncSender<(u32, Vec<i64>)>>,
+    /// Id buffers the warming thread has finished with, reused so that `advise` stops
+    /// allocating once it has seen its largest batch.
+    spare: Arc<Mutex<Vec<Vec<i64>>>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Advisor {
     pub fn start(inner: Arc<Inner>) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::sync_channel::<(u32, Vec<i64>)>(PENDING);
+        let spare: Arc<Mutex<Vec<Vec<i64>>>> =
+            Arc::new(Mutex::new(Vec::with_capacity(PENDING + 1)));
+        let returned = spare.clone();
         let thread = std::thread::Builder::new()
             .name("fetchahead-advise".into())
             .spawn(move || {
                 let (mut weights, mut scales) = (Vec::new(), Vec::new());
                 while let Ok((layer, ids)) = rx.recv() {
                     inner.warm(layer, &ids, &mut weights, &mut scales);
+                    let mut spare = returned.lock().unwrap_or_else(|e| e.into_inner());
+                    if spare.len() <= PENDING {
+                        spare.push(ids);
+                    }
                 }
             })?;
         Ok(Advisor {
             batches: Some(tx),
+            spare,
             thread: Some(thread),
         })
     }
@@ -36,10 +47,24 @@ impl Advisor {
         let Some(tx) = &self.batches else {
             return false;
         };
-        !matches!(
-            tx.try_send((layer, ids.to_vec())),
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_))
-        )
+        let mut batch = self
+            .spare
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default();
+        batch.clear();
+        batch.extend_from_slice(ids);
+        match tx.try_send((layer, batch)) {
+            Ok(()) => true,
+            Err(TrySendError::Full((_, batch)) | TrySendError::Disconnected((_, batch))) => {
+                self.spare
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(batch);
+                false
+            }
+        }
     }
 }
 
