@@ -673,12 +673,17 @@ impl Inner {
                     })?;
                     scratch.uring = Some(reader);
                 }
-                if let Some(reader) = scratch.uring.as_mut() {
-                    reader
-                        .read(self, layer, plan, &out, failures)
-                        .map_err(|e| {
-                            Error::io(self.layout.path(layer.weight.file), "io_uring_enter", e)
-                        })?;
+                if let Some(reader) = scratch.uring.as_mut()
+                    && let Err(e) = reader.read(self, layer, plan, &out, failures)
+                {
+                    // The ring failed as a whole: never reuse it (its queues may hold stale
+                    // entries); the next lookup on this scratch sets up a fresh one.
+                    scratch.uring = None;
+                    return Err(Error::io(
+                        self.layout.path(layer.weight.file),
+                        "io_uring_enter",
+                        e,
+                    ));
                 }
             }
             ReadPath::Preadv => {
