@@ -108,8 +108,8 @@ impl UringReader {
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
-                // Nothing we submitted can be in flight if submission itself failed fatally only
-                // when in_flight reads were never accepted; drain what completed and give up.
+                // Reads the kernel already took may still be writing into the slots: wait them
+                // out (or leak the slots if the ring is unusable) before giving up.
                 Err(e) => {
                     self.drain(in_flight);
                     return Err(e);
