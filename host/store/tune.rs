@@ -114,7 +114,7 @@ pub fn measure(
     seed: u64,
     mut report: impl FnMut(&TuneSample),
 ) -> Result<Tuning> {
-    const SIZES: [(usize, usize); 4] = [(8, 20), (72, 20), (4096, 3), (32768, 1)];
+    const SIZES: [(usize, usize); 4] = [(8, 50), (72, 50), (4096, 5), (32768, 2)];
     let range = store.row_range();
     let mut best: Vec<TuneSample> = Vec::new();
     for (k, &(batch, iters)) in SIZES.iter().enumerate() {
