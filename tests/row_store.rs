@@ -261,7 +261,9 @@ fn advise_warms_the_cache_without_blocking() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let hits = store.stats().hits;
+    let warmed = store.stats();
+    assert_eq!((warmed.advised, warmed.misses), (ids.len() as u64, 0));
+    let hits = warmed.hits;
     let (mut w, mut s) = outputs(&store, ids.len());
     store.lookup(1, &ids, &mut w, &mut s).unwrap();
     assert!((w, s) == reference.expect(1, &ids));
@@ -559,11 +561,15 @@ fn many_advised_batches_all_land_or_are_counted() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let stats = store.stats();
-        // Every batch was either warmed (its rows looked up) or dropped.
-        let warmed = (stats.hits + stats.misses) / 100;
-        if warmed + stats.advise_dropped == batches {
+        // Every batch was either warmed (its 100 distinct rows read) or dropped.
+        if stats.advised / 100 + stats.advise_dropped == batches {
             assert_eq!(stats.advise_failed, 0);
-            assert_eq!(store.cached().0 as u64, stats.misses);
+            assert_eq!(
+                (stats.hits, stats.misses),
+                (0, 0),
+                "advise is not the caller's traffic"
+            );
+            assert_eq!(store.cached().0 as u64, stats.advised);
             break;
         }
         assert!(Instant::now() < deadline, "{stats:?}");

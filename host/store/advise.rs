@@ -4,7 +4,7 @@ use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use super::{Inner, ReadPath};
+use super::{Caller, Inner, ReadPath};
 
 /// Batches waiting to be warmed; more are dropped (and counted) rather than block the caller.
 const PENDING: usize = 16;
@@ -86,7 +86,7 @@ impl Inner {
             weights.resize(ids.len() * self.layout.dim, 0);
             scales.resize(ids.len() * sdim, 0);
             if self
-                .lookup(ReadPath::Auto, layer, ids, weights, scales)
+                .lookup(Caller::Advise, ReadPath::Auto, layer, ids, weights, scales)
                 .is_err()
             {
                 self.counters.advise_failed.fetch_add(1, Ordering::Relaxed);

@@ -152,6 +152,8 @@ pub struct Stats {
     pub reads: u64,
     /// Bytes those reads asked for.
     pub bytes: u64,
+    /// Distinct rows `advise` read into the cache (not counted as hits or misses).
+    pub advised: u64,
     /// `advise` batches dropped because the warming queue was full.
     pub advise_dropped: u64,
     /// `advise` batches whose warming failed.
@@ -164,8 +166,16 @@ struct Counters {
     misses: AtomicU64,
     reads: AtomicU64,
     bytes: AtomicU64,
+    advised: AtomicU64,
     advise_dropped: AtomicU64,
     advise_failed: AtomicU64,
+}
+
+/// Who asked for a lookup: the caller's hit rate counts only its own lookups.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Caller {
+    User,
+    Advise,
 }
 
 /// One extent that could not be read.
@@ -332,8 +342,9 @@ impl RowStore {
         weights_out: &mut [u8],
         scales_out: &mut [u8],
     ) -> Result<()> {
+        let path = self.inner.read_path;
         self.inner
-            .lookup(self.inner.read_path, layer, ids, weights_out, scales_out)
+            .lookup(Caller::User, path, layer, ids, weights_out, scales_out)
     }
 
     /// [`lookup`](Self::lookup) through a given path.
@@ -345,7 +356,8 @@ impl RowStore {
         weights_out: &mut [u8],
         scales_out: &mut [u8],
     ) -> Result<()> {
-        self.inner.lookup(path, layer, ids, weights_out, scales_out)
+        self.inner
+            .lookup(Caller::User, path, layer, ids, weights_out, scales_out)
     }
 
     /// Starts warming the rows of a coming batch and returns at once: into the row cache when
@@ -384,6 +396,7 @@ impl RowStore {
             misses: get(&c.misses),
             reads: get(&c.reads),
             bytes: get(&c.bytes),
+            advised: get(&c.advised),
             advise_dropped: get(&c.advise_dropped),
             advise_failed: get(&c.advise_failed),
         }
@@ -565,6 +578,7 @@ impl Inner {
 
     fn lookup(
         &self,
+        caller: Caller,
         path: ReadPath,
         layer: u32,
         ids: &[i64],
@@ -603,7 +617,7 @@ impl Inner {
             .unwrap_or_else(|e| e.into_inner())
             .pop()
             .unwrap_or_default();
-        let outcome = self.lookup_in(&mut scratch, path, li, ids, weights_out, scales_out);
+        let outcome = self.lookup_in(&mut scratch, caller, path, li, ids, weights_out, scales_out);
         self.scratch
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -611,9 +625,11 @@ impl Inner {
         outcome
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn lookup_in(
         &self,
         scratch: &mut Scratch,
+        caller: Caller,
         path: ReadPath,
         li: usize,
         ids: &[i64],
@@ -648,9 +664,11 @@ impl Inner {
             }
         }
         let c = &self.counters;
-        c.hits.fetch_add(hits, Ordering::Relaxed);
-        c.misses
-            .fetch_add(plan.order.len() as u64, Ordering::Relaxed);
+        if caller == Caller::User {
+            c.hits.fetch_add(hits, Ordering::Relaxed);
+            c.misses
+                .fetch_add(plan.order.len() as u64, Ordering::Relaxed);
+        }
         if plan.order.is_empty() {
             return Ok(());
         }
@@ -728,6 +746,11 @@ impl Inner {
                     );
                 }
             }
+        }
+        if caller == Caller::Advise {
+            // Counted once the rows are in the cache.
+            c.advised
+                .fetch_add(plan.uniques.len() as u64, Ordering::Relaxed);
         }
         Ok(())
     }
