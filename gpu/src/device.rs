@@ -189,6 +189,18 @@ pub unsafe fn prefetch_l2(addr: u64, bytes: u32) {
     }
 }
 
+/// Asks L2 for the 128-byte line holding `addr` (no size or alignment rule).
+///
+/// # Safety
+/// `addr` lies in a valid global allocation.
+#[inline(always)]
+pub unsafe fn prefetch_line_l2(addr: u64) {
+    // SAFETY: the caller guarantees the address is valid; a prefetch never writes.
+    unsafe {
+        asm!("prefetch.global.L2 [{0}];", in(reg64) addr, options(nostack, preserves_flags));
+    }
+}
+
 /// The same prefetch, asking L2 to keep the lines with evict_last priority.
 ///
 /// # Safety
