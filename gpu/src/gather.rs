@@ -50,6 +50,11 @@ pub const VARIANTS: &[Variant] = &[
         about: "as _pipe, and the next row bulk-prefetched into L2 one step ahead",
     },
     Variant {
+        name: "gather_chunk16_nohint",
+        shape: Shape::ChunkPerThread { unroll: 1 },
+        about: "a thread per 16-byte chunk, loads without the L1 and L2 cache hints",
+    },
+    Variant {
         name: "gather_chunk16_cs",
         shape: Shape::ChunkPerThread { unroll: 1 },
         about: "a thread per 16-byte chunk, streaming (evict-first) stores",
@@ -78,8 +83,8 @@ pub const EMPTY_KERNEL: &str = "gather_empty";
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
     use crate::device::{
-        global_thread, grid_threads, load_i64, load_i64_early, load_stream_16, prefetch_l2,
-        record_bad_id, shuffle_i64, store_16, store_16_streaming,
+        global_thread, grid_threads, load_i64, load_i64_early, load_plain_16, load_stream_16,
+        prefetch_l2, record_bad_id, shuffle_i64, store_16, store_16_streaming,
     };
     use crate::params::{CHUNK_BYTES, GatherParams};
 
@@ -219,6 +224,30 @@ mod kernels {
             };
             id = next_id;
             t = next;
+        }
+    }
+
+    /// Per thread: one chunk, loaded with no cache hints (no L1 bypass, no 256-byte L2 fetch).
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_chunk16_nohint(p: GatherParams) {
+        let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
+        let total = p.n * chunks as u64;
+        let mut t = global_thread();
+        while t < total {
+            let (i, c) = split(t, chunks);
+            let data = match unsafe { source(&p, i, c) } {
+                // SAFETY: `source` returns only addresses inside the table.
+                Some(src) => unsafe { load_plain_16(src) },
+                None => [0; 4],
+            };
+            // SAFETY: chunk c of output row i < n, owned by this thread.
+            unsafe {
+                store_16(
+                    p.out + i * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64,
+                    data,
+                )
+            };
+            t += grid_threads();
         }
     }
 
