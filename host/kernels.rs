@@ -6,8 +6,11 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, result, sys};
-use fetchahead_gpu::params::{CHUNK_BYTES, DequantParams, GatherParams, MX_BLOCK, PrefetchParams};
-use fetchahead_gpu::{dequant, gather, l2_prefetch};
+use fetchahead_gpu::params::{
+    CHUNK_BYTES, CheckParams, DequantParams, GatherParams, HashParams, MAX_NGRAM, MX_BLOCK,
+    PrefetchParams, SpinParams,
+};
+use fetchahead_gpu::{check, dequant, gather, hash, l2_prefetch, spin};
 
 use crate::error::CudaCall;
 use crate::gpu::Gpu;
@@ -31,6 +34,9 @@ pub struct Kernels {
     empty: Loaded,
     dequant: Vec<Loaded>,
     prefetch: Vec<Loaded>,
+    check: Loaded,
+    hash: Loaded,
+    spin: Loaded,
 }
 
 impl Kernels {
@@ -58,6 +64,9 @@ impl Kernels {
             empty: load(gather::EMPTY_KERNEL)?,
             dequant: dequant::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
             prefetch: l2_prefetch::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
+            check: load(check::KERNEL)?,
+            hash: load(hash::KERNEL)?,
+            spin: load(spin::KERNEL)?,
             _module: module,
             ptx,
             gpu: gpu.clone(),
@@ -121,7 +130,7 @@ impl Kernels {
         variant: usize,
         p: DequantParams,
     ) -> Result<()> {
-        if p.dim == 0 || p.dim % MX_BLOCK != 0 {
+        if p.dim == 0 || !p.dim.is_multiple_of(MX_BLOCK) {
             return Err(Error::invalid("dim", format!("{} is not a positive multiple of 32", p.dim)));
         }
         check_aligned("weights", p.weights)?;
@@ -149,7 +158,7 @@ impl Kernels {
         blocks: u32,
         threads: u32,
     ) -> Result<()> {
-        if p.chunk == 0 || p.chunk % 16 != 0 {
+        if p.chunk == 0 || !p.chunk.is_multiple_of(16) {
             return Err(Error::invalid("prefetch chunk", format!("{} is not a positive multiple of 16", p.chunk)));
         }
         if blocks == 0 || threads == 0 || threads > 1024 {
@@ -175,6 +184,51 @@ impl Kernels {
             )
         }
         .call("cuLaunchKernel")
+    }
+
+    /// Compares `p.a` and `p.b` (`p.chunks` 16-byte chunks each) and adds one to the
+    /// `CheckCounter` at `p.counter` if they differ.
+    ///
+    /// # Safety
+    /// `a` and `b` hold `chunks * 16` bytes each, written by nothing during the launch, and
+    /// `counter` is a live `CheckCounter` used by no concurrent launch.
+    pub unsafe fn launch_check_equal(&self, stream: sys::CUstream, p: CheckParams) -> Result<()> {
+        check_aligned("check a", p.a)?;
+        check_aligned("check b", p.b)?;
+        check_aligned("check counter", p.counter)?;
+        // SAFETY: the caller guarantees the addresses; the kernel reads chunks 0..p.chunks.
+        unsafe { self.launch(&self.check, p.chunks, stream, p) }
+    }
+
+    /// Hashes `p.n_tokens` tokens into `p.n_tokens * p.heads` ids.
+    ///
+    /// # Safety
+    /// `tokens` holds `n_tokens` u32 and `ids` holds `n_tokens * heads` i64, written by nothing
+    /// else during the launch.
+    pub unsafe fn launch_hash(&self, stream: sys::CUstream, p: HashParams) -> Result<()> {
+        if p.heads == 0 || p.rows == 0 || p.ngram == 0 || p.ngram > MAX_NGRAM {
+            return Err(Error::invalid(
+                "hash",
+                format!(
+                    "{} heads, {} rows, n-gram {} (heads and rows positive, n-gram 1..={MAX_NGRAM})",
+                    p.heads, p.rows, p.ngram
+                ),
+            ));
+        }
+        check_aligned_to("tokens", p.tokens, 4)?;
+        check_aligned_to("hash ids", p.ids, 8)?;
+        // SAFETY: the caller guarantees the addresses; one thread per (token, head).
+        unsafe { self.launch(&self.hash, p.n_tokens * p.heads as u64, stream, p) }
+    }
+
+    /// Keeps every multiprocessor busy for `nanos` nanoseconds: a stand-in for a layer's compute.
+    ///
+    /// # Safety
+    /// `stream` is a valid stream of this device's context.
+    pub unsafe fn launch_spin(&self, stream: sys::CUstream, nanos: u64) -> Result<()> {
+        let threads = self.gpu.multiprocessors as u64 * gather::BLOCK_THREADS as u64;
+        // SAFETY: the spin kernel touches no memory.
+        unsafe { self.launch(&self.spin, threads, stream, SpinParams { nanos, _pad: 0 }) }
     }
 
     /// One launch of `threads` threads in blocks of `BLOCK_THREADS`, the grid capped at what fits
@@ -212,7 +266,7 @@ impl Kernels {
 
 /// Checks a gather's shape and returns the threads gather `variant` needs for it.
 fn gather_threads(variant: usize, p: &GatherParams) -> Result<u64> {
-    if p.row_bytes == 0 || p.row_bytes % CHUNK_BYTES != 0 {
+    if p.row_bytes == 0 || !p.row_bytes.is_multiple_of(CHUNK_BYTES) {
         return Err(Error::invalid(
             "row width",
             format!("{} bytes is not a positive multiple of {CHUNK_BYTES}", p.row_bytes),
@@ -250,7 +304,7 @@ fn check_aligned(what: &'static str, address: u64) -> Result<()> {
 }
 
 fn check_aligned_to(what: &'static str, address: u64, align: u64) -> Result<()> {
-    if address == 0 || address % align != 0 {
+    if address == 0 || !address.is_multiple_of(align) {
         return Err(Error::invalid(
             what,
             format!("address {address:#x} is null or not {align}-byte aligned"),

@@ -102,7 +102,7 @@ impl RowTable {
         row_bytes: u32,
         placement: Placement,
     ) -> Result<Self> {
-        if row_bytes == 0 || bytes.len() % row_bytes as usize != 0 {
+        if row_bytes == 0 || !bytes.len().is_multiple_of(row_bytes as usize) {
             return Err(Error::invalid(
                 "table",
                 format!("{} bytes is not a whole number of {row_bytes}-byte rows", bytes.len()),
@@ -170,7 +170,7 @@ impl Mxfp8Table {
         dim: u32,
         placement: Placement,
     ) -> Result<Self> {
-        if dim == 0 || dim % MX_BLOCK != 0 || weights.len() % dim as usize != 0 {
+        if dim == 0 || !dim.is_multiple_of(MX_BLOCK) || !weights.len().is_multiple_of(dim as usize) {
             return Err(Error::invalid(
                 "table",
                 format!("{} weight bytes with dim {dim} (a multiple of 32)", weights.len()),

@@ -13,11 +13,14 @@
 // build.rs checks every entry's parameter size against the host's `size_of`.
 #![cfg_attr(target_arch = "nvptx64", allow(improper_gpu_kernel_arg))]
 
+pub mod check;
 pub mod dequant;
 pub mod gather;
+pub mod hash;
 pub mod l2_prefetch;
 pub mod mxfp8;
 pub mod params;
+pub mod spin;
 
 #[cfg(target_arch = "nvptx64")]
 mod device;
@@ -43,4 +46,9 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
         .chain([entry(gather::EMPTY_KERNEL, gather)])
         .chain(dequant::VARIANTS.iter().map(move |v| entry(v.name, dequant)))
         .chain(l2_prefetch::VARIANTS.iter().map(move |v| entry(v.name, prefetch)))
+        .chain([
+            entry(check::KERNEL, size_of::<params::CheckParams>()),
+            entry(hash::KERNEL, size_of::<params::HashParams>()),
+            entry(spin::KERNEL, size_of::<params::SpinParams>()),
+        ])
 }
