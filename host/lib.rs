@@ -10,8 +10,10 @@
 //! - [`staging`]: pinned host buffers and device mirrors for staged rows.
 //! - [`host_fn`]: enqueuing Rust work on a stream (`cuLaunchHostFunc`).
 //! - [`prefetcher`]: the side-stream prefetcher of one Engram layer.
+//! - [`ffi`]: the C ABI for engines (`include/fetchahead.h`).
 
 pub mod error;
+pub mod ffi;
 pub mod gpu;
 pub mod host_fn;
 pub mod id_check;
