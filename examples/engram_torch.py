@@ -44,7 +44,7 @@ class Config(ctypes.Structure):
         ("variant", ctypes.c_uint32),
         ("check", ctypes.c_uint32),
         ("fallback_on_error", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
+        ("completion", ctypes.c_uint32),
     ]
 
 

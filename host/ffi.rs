@@ -17,7 +17,7 @@ use cudarc::driver::sys;
 use crate::gpu::Gpu;
 use crate::kernels::Kernels;
 use crate::lookup::{MemoryRows, RowLookup, lookup_or_zero};
-use crate::prefetcher::{Prefetcher, PrefetcherConfig};
+use crate::prefetcher::{Completion, Prefetcher, PrefetcherConfig};
 use crate::{Error, Result};
 
 pub const FETCHAHEAD_OK: c_int = 0;
@@ -316,8 +316,14 @@ pub struct FfiPrefetcherConfig {
     pub check: u32,
     /// Nonzero: fall back to the synchronous path after a lookup error.
     pub fallback_on_error: u32,
-    pub _reserved: u32,
+    /// `FETCHAHEAD_COMPLETION_HOST_FUNCTION` or `FETCHAHEAD_COMPLETION_FLAG`.
+    pub completion: u32,
 }
+
+/// Lookups run in a host function on the driver's callback thread.
+pub const FETCHAHEAD_COMPLETION_HOST_FUNCTION: u32 = 0;
+/// Lookups run on the prefetcher's own worker thread; the stream waits on a pinned flag.
+pub const FETCHAHEAD_COMPLETION_FLAG: u32 = 1;
 
 /// A prefetcher (it holds its table's rows alive).
 pub struct PrefetcherHandle {
@@ -351,6 +357,16 @@ pub unsafe extern "C" fn fetchahead_prefetcher_create(
             variant: config.variant as usize,
             check: config.check != 0,
             fallback_on_error: config.fallback_on_error != 0,
+            completion: match config.completion {
+                FETCHAHEAD_COMPLETION_HOST_FUNCTION => Completion::HostFunction,
+                FETCHAHEAD_COMPLETION_FLAG => Completion::Flag,
+                other => {
+                    return Err(Error::invalid(
+                        "completion",
+                        format!("no completion mode {other}"),
+                    ));
+                }
+            },
         };
         let prefetcher = Prefetcher::new(kernels, table.store.clone(), config)?;
         // SAFETY: `out` is writable (checked non-null; the caller's contract).

@@ -14,6 +14,7 @@
 
 pub mod error;
 pub mod ffi;
+pub mod flag_worker;
 pub mod gpu;
 pub mod host_fn;
 pub mod id_check;

@@ -4,7 +4,7 @@
 //! A host node captured into a graph keeps the one pointer it was given, so the row count must be
 //! in what it points at: each staging set has a table of jobs, one per count `0..=capacity`,
 //! built once, and a prefetch of `n` rows enqueues job `n`.
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::Error;
@@ -96,6 +96,9 @@ impl Target {
         if let Err(e) = lookup_or_zero(&*self.store, ids, weights, scales) {
             self.failures.record(&e, ids);
         }
+        // The rows sit in write-combined memory: drain them before whatever signals completion
+        // (the driver after a host function, the flag store in flag mode).
+        fence(Ordering::SeqCst);
     }
 }
 
@@ -150,6 +153,17 @@ impl LookupJobs {
     /// Job `count`, or `None` past the capacity.
     pub(crate) fn job(&self, count: usize) -> Option<&Job> {
         self.jobs.get(count)
+    }
+
+    /// Runs job `count` on this thread (the flag-mode worker).
+    ///
+    /// # Safety
+    /// No stream runs a job of this table meanwhile, and no copy to or from the staging set's
+    /// pinned buffers is in flight.
+    pub(crate) unsafe fn run(&self, count: usize) {
+        if count < self.jobs.len() {
+            self.target.run(count);
+        }
     }
 
     /// Lookups of at least one row run, and rows looked up (graph replays included).

@@ -17,6 +17,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead_gpu::params::{CheckCounter, CheckParams};
 
 use crate::error::CudaCall;
+use crate::flag_worker::FlagWorker;
 use crate::kernels::Kernels;
 use crate::lookup::RowLookup;
 use crate::lookup_job::{FailureLog, LookupFailure, LookupJobs};
@@ -34,6 +35,20 @@ pub struct PrefetcherConfig {
     pub check: bool,
     /// After a failed lookup, serve later gathers through the synchronous path.
     pub fallback_on_error: bool,
+    /// How the side stream learns that a lookup is done.
+    pub completion: Completion,
+}
+
+/// How the side stream learns that a prefetch's lookup is done.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Completion {
+    /// The lookup runs in a host function (`cuLaunchHostFunc`), on the driver's one callback
+    /// thread shared by all streams.
+    #[default]
+    HostFunction,
+    /// The lookup runs on a worker thread of this prefetcher; the stream waits on a pinned flag
+    /// (`cuStreamWaitValue32`).
+    Flag,
 }
 
 impl Default for PrefetcherConfig {
@@ -43,6 +58,7 @@ impl Default for PrefetcherConfig {
             variant: 0,
             check: false,
             fallback_on_error: true,
+            completion: Completion::HostFunction,
         }
     }
 }
@@ -65,7 +81,7 @@ pub struct Stats {
 /// A staging set and the lookups that fill it.
 struct Stage {
     staging: StagingBuffers,
-    jobs: LookupJobs,
+    jobs: Arc<LookupJobs>,
 }
 
 impl Stage {
@@ -76,15 +92,27 @@ impl Stage {
         failures: &Arc<FailureLog>,
     ) -> Result<Stage> {
         let staging = StagingBuffers::new(stream, layout)?;
-        let jobs = LookupJobs::new(store.clone(), staging.host(), layout, failures.clone());
+        let jobs = Arc::new(LookupJobs::new(
+            store.clone(),
+            staging.host(),
+            layout,
+            failures.clone(),
+        ));
         Ok(Stage { staging, jobs })
     }
 
-    /// Enqueues on `s`: the ids to the host, the lookup, the rows to the device.
+    /// Enqueues on `s`: the ids to the host, the lookup (a host function, or a request to
+    /// `worker`), the rows to the device.
     ///
     /// # Safety
     /// `ids` holds `count` int64 on the device until `s` has run these copies.
-    unsafe fn enqueue(&self, ids: u64, count: usize, s: sys::CUstream) -> Result<()> {
+    unsafe fn enqueue(
+        &self,
+        ids: u64,
+        count: usize,
+        s: sys::CUstream,
+        worker: Option<&FlagWorker>,
+    ) -> Result<()> {
         let layout = self.staging.layout();
         let job = self.jobs.job(count).ok_or(Error::StagingFull {
             count,
@@ -95,7 +123,10 @@ impl Stage {
         // (with the job table) live as long as the prefetcher; the caller vouches for `ids`.
         unsafe {
             stream::copy_to_host(host.ids.cast(), ids, 8 * count, s)?;
-            host_fn::enqueue(s, job)?;
+            match worker {
+                Some(worker) => worker.enqueue(count, s)?,
+                None => host_fn::enqueue(s, job)?,
+            }
             stream::copy_to_device(device.weights, host.weights, layout.weight_bytes(count), s)?;
             stream::copy_to_device(device.scales, host.scales, layout.scale_bytes(count), s)
         }
@@ -139,6 +170,8 @@ pub struct Prefetcher {
     side: Arc<CudaStream>,
     fork: CudaEvent,
     join: CudaEvent,
+    /// Flag mode's worker; dropped (joined) before the staging it writes.
+    worker: Option<FlagWorker>,
     ahead: Stage,
     sync: Stage,
     check: Option<Check>,
@@ -176,6 +209,14 @@ impl Prefetcher {
         let failures = Arc::new(FailureLog::default());
         let ahead = Stage::new(&side, layout, &store, &failures)?;
         let sync = Stage::new(&side, layout, &store, &failures)?;
+        let worker = match config.completion {
+            Completion::HostFunction => None,
+            Completion::Flag => Some(FlagWorker::start(
+                &ctx,
+                ahead.jobs.clone(),
+                "fetchahead-lookup".into(),
+            )?),
+        };
         let check = if config.check {
             let words = size_of::<CheckCounter>() / 4;
             Some(Check {
@@ -196,6 +237,7 @@ impl Prefetcher {
             config,
             dim,
             side,
+            worker,
             ahead,
             sync,
             check,
@@ -235,28 +277,12 @@ impl Prefetcher {
         self.ahead.staging.warm(kernels, variant, side)?;
         self.sync.staging.warm(kernels, variant, side)?;
         let s = side.cu_stream();
-        // SAFETY: the jobs live as long as `self`, and the stream is synchronized below.
+        // One lookup of no rows on each path: the host-function (or flag) machinery's first use.
+        // SAFETY: no ids are read; the stream is synchronized below.
         unsafe {
-            stream::copy_to_host(
-                self.ahead.staging.host().ids.cast(),
-                self.ahead.staging.device().arange,
-                8,
-                s,
-            )?;
-            host_fn::enqueue(
-                s,
-                self.ahead
-                    .jobs
-                    .job(0)
-                    .ok_or(Error::PrefetchOrder("no job 0"))?,
-            )?;
-            host_fn::enqueue(
-                s,
-                self.sync
-                    .jobs
-                    .job(0)
-                    .ok_or(Error::PrefetchOrder("no job 0"))?,
-            )?;
+            let arange = self.ahead.staging.device().arange;
+            self.ahead.enqueue(arange, 0, s, self.worker.as_ref())?;
+            self.sync.enqueue(arange, 0, s, None)?;
         }
         if self.check.is_some() {
             let (out, counter) = self.check_addresses;
@@ -323,7 +349,10 @@ impl Prefetcher {
             // SAFETY: `main` (the caller's) and the side stream are streams of this context.
             unsafe { stream::wait_for(&self.fork, main, self.side.cu_stream())? };
             // SAFETY: the caller vouches for `ids` until the gather.
-            unsafe { self.ahead.enqueue(ids, count, self.side.cu_stream())? };
+            unsafe {
+                self.ahead
+                    .enqueue(ids, count, self.side.cu_stream(), self.worker.as_ref())?
+            };
             Path::Ahead
         };
         self.pending = Some(Pending { ids, count, path });
@@ -410,7 +439,7 @@ impl Prefetcher {
         main: sys::CUstream,
     ) -> Result<()> {
         // SAFETY: the caller vouches for `ids`; the sync staging set is used only on `main`.
-        unsafe { self.sync.enqueue(ids, count, main)? };
+        unsafe { self.sync.enqueue(ids, count, main, None)? };
         if count > 0 {
             let params = self.sync.staging.gather_params(out, count);
             // SAFETY: the staged rows hold `count` rows; the caller vouches for `out`.

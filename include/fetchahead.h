@@ -98,8 +98,16 @@ typedef struct fetchahead_prefetcher_config {
     uint32_t variant;           /* gather + dequant kernel: 0 hardware cvt, 1 integer bits */
     uint32_t check;             /* nonzero: check mode (synchronous path after each gather) */
     uint32_t fallback_on_error; /* nonzero: after a lookup error, gather synchronously */
-    uint32_t reserved;          /* 0 */
+    uint32_t completion;        /* FETCHAHEAD_COMPLETION_* */
 } fetchahead_prefetcher_config;
+
+enum {
+    /* The lookup runs in a host function, on the driver's one callback thread (all streams). */
+    FETCHAHEAD_COMPLETION_HOST_FUNCTION = 0,
+    /* The lookup runs on the prefetcher's own worker thread; the side stream waits on a pinned
+     * flag (cuStreamWaitValue32). Layers' lookups then run in parallel. */
+    FETCHAHEAD_COMPLETION_FLAG = 1
+};
 
 int fetchahead_prefetcher_create(const fetchahead_table *table, int32_t device,
                                  const fetchahead_prefetcher_config *config,

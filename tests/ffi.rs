@@ -146,7 +146,7 @@ fn prefetch_and_gather_through_the_abi() {
         variant: 0,
         check: 1,
         fallback_on_error: 1,
-        _reserved: 0,
+        completion: FETCHAHEAD_COMPLETION_HOST_FUNCTION,
     };
     let mut p = ptr::null_mut();
     // SAFETY: `table` is open, `config` readable, `p` writable.

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
 use fetchahead::lookup::{MemoryRows, RowLookup, lookup_or_zero};
-use fetchahead::prefetcher::{Prefetcher, PrefetcherConfig};
+use fetchahead::prefetcher::{Completion, Prefetcher, PrefetcherConfig};
 use fetchahead::staging::StagingLayout;
 use fetchahead::{Error, Result, reference, selfcheck};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
@@ -289,16 +289,26 @@ fn capture(
 
 #[test]
 fn prefetched_output_equals_the_synchronous_path_eagerly() -> Result<()> {
-    let Some(s) = setup("prefetched_output_equals_the_synchronous_path_eagerly")? else {
+    eager_equals_synchronous(Completion::HostFunction)
+}
+
+#[test]
+fn prefetched_output_equals_the_synchronous_path_eagerly_in_flag_mode() -> Result<()> {
+    eager_equals_synchronous(Completion::Flag)
+}
+
+fn eager_equals_synchronous(completion: Completion) -> Result<()> {
+    let Some(s) = setup(&format!("eager_equals_synchronous({completion:?})"))? else {
         return Ok(());
     };
-    let mut rng = seeded("eager");
+    let mut rng = seeded(&format!("eager, {completion:?}"));
     let table = Arc::new(MemoryRows::generate(1 << 14, DIM, rng.random())?);
     let mut p = new_prefetcher(
         &s,
         &table,
         PrefetcherConfig {
             capacity: 1000,
+            completion,
             ..Default::default()
         },
     )?;
@@ -358,16 +368,26 @@ fn prefetched_output_equals_the_synchronous_path_eagerly() -> Result<()> {
 
 #[test]
 fn prefetched_output_is_right_in_a_graph_replayed_with_new_ids() -> Result<()> {
-    let Some(s) = setup("prefetched_output_is_right_in_a_graph_replayed_with_new_ids")? else {
+    graph_replays_are_right(Completion::HostFunction)
+}
+
+#[test]
+fn prefetched_output_is_right_in_a_graph_replayed_with_new_ids_in_flag_mode() -> Result<()> {
+    graph_replays_are_right(Completion::Flag)
+}
+
+fn graph_replays_are_right(completion: Completion) -> Result<()> {
+    let Some(s) = setup(&format!("graph_replays_are_right({completion:?})"))? else {
         return Ok(());
     };
-    let mut rng = seeded("graph");
+    let mut rng = seeded(&format!("graph, {completion:?}"));
     let table = Arc::new(MemoryRows::generate(1 << 15, DIM, rng.random())?);
     let mut p = new_prefetcher(
         &s,
         &table,
         PrefetcherConfig {
             capacity: 1024,
+            completion,
             ..Default::default()
         },
     )?;
@@ -675,5 +695,91 @@ fn a_failure_or_panic_during_a_replay_is_reported_and_the_next_replay_is_right()
         }
     }
     assert_eq!(p.stats().lookup_errors, 2);
+    Ok(())
+}
+
+#[test]
+fn two_layers_prefetch_in_one_graph() -> Result<()> {
+    two_layers_in_one_graph(Completion::HostFunction)
+}
+
+#[test]
+fn two_layers_prefetch_in_one_graph_in_flag_mode() -> Result<()> {
+    two_layers_in_one_graph(Completion::Flag)
+}
+
+/// Two Engram layers, each with its own prefetcher and ids, both prefetched at the start of the
+/// captured forward and gathered at different points, with compute between.
+fn two_layers_in_one_graph(completion: Completion) -> Result<()> {
+    let Some(s) = setup(&format!("two_layers_in_one_graph({completion:?})"))? else {
+        return Ok(());
+    };
+    let mut rng = seeded(&format!("two layers, {completion:?}"));
+    let table = Arc::new(MemoryRows::generate(1 << 14, DIM, rng.random())?);
+    let config = PrefetcherConfig {
+        capacity: 256,
+        completion,
+        ..Default::default()
+    };
+    let mut layers = [
+        new_prefetcher(&s, &table, config)?,
+        new_prefetcher(&s, &table, config)?,
+    ];
+    let counts = [256, 100];
+    let mut ids = Vec::new();
+    let mut outs = Vec::new();
+    for (p, &n) in layers.iter_mut().zip(&counts) {
+        p.warm()?;
+        ids.push(s.main.alloc_zeros::<i64>(n).map_err(cuda("cuMemAlloc"))?);
+        outs.push(
+            s.main
+                .alloc_zeros::<u16>(n * DIM)
+                .map_err(cuda("cuMemAlloc"))?,
+        );
+    }
+    let main = s.main.cu_stream();
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    s.main
+        .begin_capture(mode)
+        .map_err(cuda("cuStreamBeginCapture"))?;
+    // SAFETY: the ids and outputs are live allocations of the counts given, alive past the
+    // graph, which is dropped before the prefetchers.
+    let enqueued = (|| unsafe {
+        for (k, p) in layers.iter_mut().enumerate() {
+            p.prefetch(addr(&ids[k], &s.main), counts[k], main)?;
+        }
+        s.kernels.launch_spin(main, 200_000)?;
+        layers[0].gather_dequant(addr(&outs[0], &s.main), main)?;
+        s.kernels.launch_spin(main, 200_000)?;
+        layers[1].gather_dequant(addr(&outs[1], &s.main), main)
+    })();
+    let graph = s
+        .main
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .map_err(cuda("cuStreamEndCapture"))?;
+    enqueued?;
+    let graph = graph.expect("the capture recorded nodes");
+    for replay in 0..5 {
+        let mut step_ids = Vec::new();
+        for (k, &n) in counts.iter().enumerate() {
+            let layer_ids = random_ids(&mut rng, n, table.rows());
+            s.main
+                .memcpy_htod(&layer_ids, &mut ids[k])
+                .map_err(cuda("cuMemcpyHtoD"))?;
+            selfcheck::poison(&s.main, &mut outs[k])?;
+            step_ids.push(layer_ids);
+        }
+        graph.launch().map_err(cuda("cuGraphLaunch"))?;
+        for (k, &n) in counts.iter().enumerate() {
+            let got = read(&s.main, &outs[k], n * DIM)?;
+            assert_matches_reference(
+                &got,
+                &table,
+                &step_ids[k],
+                &format!("replay {replay}, layer {k}"),
+            );
+        }
+    }
+    drop(graph);
     Ok(())
 }
