@@ -11,10 +11,12 @@
 //! - [`host_fn`]: enqueuing Rust work on a stream (`cuLaunchHostFunc`).
 //! - [`prefetcher`]: the side-stream prefetcher of one Engram layer.
 //! - [`ffi`]: the C ABI for engines (`include/fetchahead.h`).
+//! - [`forward`]: a simulated forward with Engram layers, for the demo and the bench.
 
 pub mod error;
 pub mod ffi;
 pub mod flag_worker;
+pub mod forward;
 pub mod gpu;
 pub mod host_fn;
 pub mod id_check;
