@@ -22,7 +22,11 @@ fn main() {
     println!("cargo:rerun-if-env-changed=FETCHAHEAD_ARCHS");
 
     let archs = env::var("FETCHAHEAD_ARCHS").unwrap_or_else(|_| DEFAULT_ARCHS.to_string());
-    let archs: Vec<&str> = archs.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
+    let archs: Vec<&str> = archs
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
     for arch in &archs {
         if parse_arch(arch).is_none() {
             fail(&format!(
@@ -40,7 +44,11 @@ fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
     // Shared by every profile and by clippy, so core is built once per arch, not once per build.
-    let ptx_root = out_dir.ancestors().nth(4).unwrap_or(&out_dir).join("fetchahead-ptx");
+    let ptx_root = out_dir
+        .ancestors()
+        .nth(4)
+        .unwrap_or(&out_dir)
+        .join("fetchahead-ptx");
 
     let mut table = String::from("pub const BUILT: &[BuiltPtx] = &[\n");
     for arch in &archs {
@@ -106,7 +114,9 @@ fn ensure_components(rustc: &str) {
     }
     let added = rustup.stdout(Stdio::null()).stderr(Stdio::null()).status();
     if !matches!(added, Ok(s) if s.success()) || !components_present(&root) {
-        fail(&format!("the PTX build needs rustup components {COMPONENTS:?}; run `{fix}`"));
+        fail(&format!(
+            "the PTX build needs rustup components {COMPONENTS:?}; run `{fix}`"
+        ));
     }
 }
 
@@ -115,6 +125,9 @@ fn build_arch(rustc: &str, manifest_dir: &Path, target_dir: &Path, arch: &str) -
         "-Zunstable-options".to_string(),
         "-Cpanic=immediate-abort".to_string(),
         format!("-Ctarget-cpu={arch}"),
+        // Kernels keep per-thread arrays (loads in flight) in registers only when their loops
+        // over constant bounds unroll fully.
+        "-Cllvm-args=-unroll-threshold=2000".to_string(),
     ];
     // sm_90 defaults to PTX 7.8; the bulk L2 prefetch needs PTX 8.0.
     if parse_arch(arch).is_some_and(|(sm, _)| sm < 100) {
@@ -142,11 +155,17 @@ fn build_arch(rustc: &str, manifest_dir: &Path, target_dir: &Path, arch: &str) -
         .unwrap_or_else(|e| fail(&format!("cannot run cargo for the {arch} PTX build: {e}")));
     if !out.status.success() {
         eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-        fail(&format!("the {arch} PTX build of gpu/ failed (its output is above)"));
+        fail(&format!(
+            "the {arch} PTX build of gpu/ failed (its output is above)"
+        ));
     }
     let ptx = target_dir.join(TARGET).join("ptx/fetchahead_gpu.ptx");
-    fs::read_to_string(&ptx)
-        .unwrap_or_else(|e| fail(&format!("the {arch} PTX build wrote no {}: {e}", ptx.display())))
+    fs::read_to_string(&ptx).unwrap_or_else(|e| {
+        fail(&format!(
+            "the {arch} PTX build wrote no {}: {e}",
+            ptx.display()
+        ))
+    })
 }
 
 /// Every kernel the host loads is an entry of this PTX, and takes a parameter block of exactly
@@ -155,10 +174,14 @@ fn check_entries(arch: &str, ptx: &str) {
     for entry in fetchahead_gpu::all_kernels() {
         let (name, size) = (entry.name, entry.param_bytes);
         if !ptx.contains(&format!(".entry {name}(")) {
-            fail(&format!("{arch} PTX has no kernel `{name}` (listed in gpu/'s variant tables)"));
+            fail(&format!(
+                "{arch} PTX has no kernel `{name}` (listed in gpu/'s variant tables)"
+            ));
         }
         if !ptx.contains(&format!(".param .align 8 .b8 {name}_param_0[{size}]")) {
-            fail(&format!("{arch} PTX: kernel `{name}` does not take one {size}-byte parameter"));
+            fail(&format!(
+                "{arch} PTX: kernel `{name}` does not take one {size}-byte parameter"
+            ));
         }
     }
 }

@@ -24,13 +24,19 @@ impl Gpu {
     pub fn open(ordinal: usize) -> Result<Gpu> {
         // SAFETY: only probes whether libcuda can be loaded; cudarc panics on first use otherwise.
         if !unsafe { sys::is_culib_present() } {
-            return Err(Error::NoDevice("the CUDA driver library (libcuda.so) is not installed".into()));
+            return Err(Error::NoDevice(
+                "the CUDA driver library (libcuda.so) is not installed".into(),
+            ));
         }
-        let count = CudaContext::device_count().call("cuDeviceGetCount").map_err(|e| {
-            Error::NoDevice(format!("the CUDA driver found no usable device ({e})"))
-        })?;
+        let count = CudaContext::device_count()
+            .call("cuDeviceGetCount")
+            .map_err(|e| {
+                Error::NoDevice(format!("the CUDA driver found no usable device ({e})"))
+            })?;
         if count as usize <= ordinal {
-            return Err(Error::NoDevice(format!("device {ordinal} asked for, {count} present")));
+            return Err(Error::NoDevice(format!(
+                "device {ordinal} asked for, {count} present"
+            )));
         }
         let ctx = CudaContext::new(ordinal).call("cuCtxCreate")?;
         let attr = |a| ctx.attribute(a).call("cuDeviceGetAttribute");

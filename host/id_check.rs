@@ -35,13 +35,17 @@ impl IdCheck {
     /// (read only when there was a bad id, to name it).
     pub fn take(&mut self, stream: &Arc<CudaStream>, ids: u64, n: u64, rows: u64) -> Result<()> {
         let mut words = [0u64; 2];
-        stream.memcpy_dtoh(&self.status, &mut words).call("cuMemcpyDtoH")?;
+        stream
+            .memcpy_dtoh(&self.status, &mut words)
+            .call("cuMemcpyDtoH")?;
         stream.synchronize().call("cuStreamSynchronize")?;
         let count = words[0] as u32;
         if count == 0 {
             return Ok(());
         }
-        stream.memcpy_htod(&CLEAN, &mut self.status).call("cuMemcpyHtoD")?;
+        stream
+            .memcpy_htod(&CLEAN, &mut self.status)
+            .call("cuMemcpyHtoD")?;
         let first_index = words[1];
         let mut first_id = [0i64; 1];
         if first_index < n {

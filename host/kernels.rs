@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, result, sys};
 use fetchahead_gpu::params::{
-    CHUNK_BYTES, CheckParams, DequantParams, GatherParams, HashParams, MAX_NGRAM, MX_BLOCK,
-    PrefetchParams, SpinParams,
+    CHUNK_BYTES, CheckParams, CollectiveParams, DequantParams, GEMV_K_STEP, GEMV_ROWS_PER_WARP,
+    GatherParams, GemvParams, HashParams, MAX_NGRAM, MX_BLOCK, PrefetchParams, SpinParams,
 };
-use fetchahead_gpu::{check, dequant, gather, hash, l2_prefetch, spin};
+use fetchahead_gpu::{check, collective, dequant, gather, gemv, hash, l2_prefetch, spin};
 
+use crate::access_policy::AccessWindow;
 use crate::error::CudaCall;
 use crate::gpu::Gpu;
 use crate::ptx::{self, BuiltPtx};
@@ -34,6 +35,8 @@ pub struct Kernels {
     empty: Loaded,
     dequant: Vec<Loaded>,
     prefetch: Vec<Loaded>,
+    gemv: Vec<Loaded>,
+    collective: Loaded,
     check: Loaded,
     hash: Loaded,
     spin: Loaded,
@@ -60,10 +63,24 @@ impl Kernels {
             })
         };
         Ok(Kernels {
-            gather: gather::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
+            gather: gather::VARIANTS
+                .iter()
+                .map(|v| load(v.name))
+                .collect::<Result<_>>()?,
             empty: load(gather::EMPTY_KERNEL)?,
-            dequant: dequant::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
-            prefetch: l2_prefetch::VARIANTS.iter().map(|v| load(v.name)).collect::<Result<_>>()?,
+            dequant: dequant::VARIANTS
+                .iter()
+                .map(|v| load(v.name))
+                .collect::<Result<_>>()?,
+            prefetch: l2_prefetch::VARIANTS
+                .iter()
+                .map(|v| load(v.name))
+                .collect::<Result<_>>()?,
+            gemv: gemv::VARIANTS
+                .iter()
+                .map(|v| load(v.name))
+                .collect::<Result<_>>()?,
+            collective: load(collective::KERNEL)?,
             check: load(check::KERNEL)?,
             hash: load(hash::KERNEL)?,
             spin: load(spin::KERNEL)?,
@@ -96,7 +113,15 @@ impl Kernels {
     ) -> Result<()> {
         let threads = gather_threads(variant, &p)?;
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
-        unsafe { self.launch(pick(&self.gather, variant, "gather")?, threads, stream, p) }
+        unsafe {
+            self.launch(
+                pick(&self.gather, variant, "gather")?,
+                threads,
+                stream,
+                p,
+                gather::BLOCK_THREADS,
+            )
+        }
     }
 
     /// Launches the empty kernel with exactly the grid gather `variant` would get for `p`.
@@ -116,7 +141,7 @@ impl Kernels {
             blocks_per_sm: own.blocks_per_sm,
         };
         // SAFETY: the empty kernel touches no memory.
-        unsafe { self.launch(&empty, threads, stream, p) }
+        unsafe { self.launch(&empty, threads, stream, p, gather::BLOCK_THREADS) }
     }
 
     /// Launches gather + dequant `variant` (an index into `dequant::VARIANTS`) on `stream`.
@@ -131,7 +156,13 @@ impl Kernels {
         p: DequantParams,
     ) -> Result<()> {
         if p.dim == 0 || !p.dim.is_multiple_of(MX_BLOCK) {
-            return Err(Error::invalid("dim", format!("{} is not a positive multiple of 32", p.dim)));
+            return Err(Error::invalid(
+                "dim",
+                format!("{} is not a positive multiple of 32", p.dim),
+            ));
+        }
+        if p.n == 0 {
+            return Ok(()); // nothing to write: the addresses of empty buffers may be null
         }
         check_aligned("weights", p.weights)?;
         check_aligned("out", p.out)?;
@@ -141,7 +172,15 @@ impl Kernels {
         let threads = p.n * (p.dim / dequant::ELEMS_PER_THREAD) as u64;
         check_chunk_count(threads)?;
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
-        unsafe { self.launch(pick(&self.dequant, variant, "gather_dequant")?, threads, stream, p) }
+        unsafe {
+            self.launch(
+                pick(&self.dequant, variant, "gather_dequant")?,
+                threads,
+                stream,
+                p,
+                gather::BLOCK_THREADS,
+            )
+        }
     }
 
     /// Launches L2 prefetch `variant` (an index into `l2_prefetch::VARIANTS`) over `p.n`
@@ -159,10 +198,16 @@ impl Kernels {
         threads: u32,
     ) -> Result<()> {
         if p.chunk == 0 || !p.chunk.is_multiple_of(16) {
-            return Err(Error::invalid("prefetch chunk", format!("{} is not a positive multiple of 16", p.chunk)));
+            return Err(Error::invalid(
+                "prefetch chunk",
+                format!("{} is not a positive multiple of 16", p.chunk),
+            ));
         }
         if blocks == 0 || threads == 0 || threads > 1024 {
-            return Err(Error::invalid("prefetch launch", format!("{blocks} blocks x {threads} threads")));
+            return Err(Error::invalid(
+                "prefetch launch",
+                format!("{blocks} blocks x {threads} threads"),
+            ));
         }
         if p.n == 0 {
             return Ok(());
@@ -197,7 +242,7 @@ impl Kernels {
         check_aligned("check b", p.b)?;
         check_aligned("check counter", p.counter)?;
         // SAFETY: the caller guarantees the addresses; the kernel reads chunks 0..p.chunks.
-        unsafe { self.launch(&self.check, p.chunks, stream, p) }
+        unsafe { self.launch(&self.check, p.chunks, stream, p, gather::BLOCK_THREADS) }
     }
 
     /// Hashes `p.n_tokens` tokens into `p.n_tokens * p.heads` ids.
@@ -217,8 +262,9 @@ impl Kernels {
         }
         check_aligned_to("tokens", p.tokens, 4)?;
         check_aligned_to("hash ids", p.ids, 8)?;
+        let threads = p.n_tokens * p.heads as u64;
         // SAFETY: the caller guarantees the addresses; one thread per (token, head).
-        unsafe { self.launch(&self.hash, p.n_tokens * p.heads as u64, stream, p) }
+        unsafe { self.launch(&self.hash, threads, stream, p, gather::BLOCK_THREADS) }
     }
 
     /// Keeps every multiprocessor busy for `nanos` nanoseconds: a stand-in for a layer's compute.
@@ -227,8 +273,115 @@ impl Kernels {
     /// `stream` is a valid stream of this device's context.
     pub unsafe fn launch_spin(&self, stream: sys::CUstream, nanos: u64) -> Result<()> {
         let threads = self.gpu.multiprocessors as u64 * gather::BLOCK_THREADS as u64;
+        let p = SpinParams { nanos, _pad: 0 };
         // SAFETY: the spin kernel touches no memory.
-        unsafe { self.launch(&self.spin, threads, stream, SpinParams { nanos, _pad: 0 }) }
+        unsafe { self.launch(&self.spin, threads, stream, p, gather::BLOCK_THREADS) }
+    }
+
+    /// K splits for a GEMV of `n x k` weights on this device: enough warps to keep every
+    /// multiprocessor's loads in flight (8 warps each), each split a whole number of 32-K steps.
+    pub fn gemv_splits(&self, n: u32, k: u32) -> u32 {
+        let groups = (n / GEMV_ROWS_PER_WARP).max(1);
+        let want = (8 * self.gpu.multiprocessors).div_ceil(groups).clamp(1, 16);
+        let steps = k / GEMV_K_STEP;
+        (1..=want)
+            .rev()
+            .find(|s| steps.is_multiple_of(*s))
+            .unwrap_or(1)
+    }
+
+    /// Launches the bf16 GEMV `y = x w^T` on `stream` (the variant for `p.m` rows); with
+    /// `p.splits > 1` the same launch sums the K splits. With `policy`, the GEMV launch carries an
+    /// access-policy window (a launch attribute, so a captured graph keeps it on the node).
+    ///
+    /// # Safety
+    /// `x` holds `m x k` bf16, `w` holds `n x k` bf16, `y` holds `m x n` f32 and, with splits,
+    /// `partial` holds `splits x m x n` f32 and `counters` `n / 16` u32 left zero by the last
+    /// launch (zero when new); `y`, `partial` and `counters` are used by nothing else meanwhile.
+    pub unsafe fn launch_gemv(
+        &self,
+        stream: sys::CUstream,
+        p: GemvParams,
+        policy: Option<AccessWindow>,
+    ) -> Result<()> {
+        check_gemv(&p)?;
+        let variant = gemv::VARIANTS
+            .iter()
+            .position(|v| p.m <= v.max_m)
+            .ok_or_else(|| Error::invalid("gemv", format!("m = {} above 16", p.m)))?;
+        let warps = (p.n / GEMV_ROWS_PER_WARP) as u64 * p.splits as u64;
+        let blocks = (warps * 32).div_ceil(gemv::BLOCK_THREADS as u64) as u32;
+        let mut params = p;
+        let mut args = [&mut params as *mut GemvParams as *mut c_void];
+        let mut attrs = policy.map(|w| [w.launch_attribute()]);
+        let config = sys::CUlaunchConfig {
+            gridDimX: blocks,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: gemv::BLOCK_THREADS,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: stream,
+            attrs: attrs
+                .as_mut()
+                .map_or(std::ptr::null_mut(), |a| a.as_mut_ptr()),
+            numAttrs: attrs.as_ref().map_or(0, |a| a.len() as u32),
+        };
+        self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: one argument of the struct type the kernel takes (build.rs checked its size);
+        // `config` and its attributes live across the call; the caller guarantees the buffers.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                self.gemv[variant].function.cu_function(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .call("cuLaunchKernelEx")
+    }
+
+    /// Launches the simulated collective: `blocks` (1..=8) CTAs polling `flag` (0: none) for
+    /// `ns` nanoseconds.
+    ///
+    /// # Safety
+    /// `flag` is 0 or the address of a live, 4-byte aligned u32 in device memory.
+    pub unsafe fn launch_collective(
+        &self,
+        stream: sys::CUstream,
+        blocks: u32,
+        ns: u64,
+        flag: u64,
+    ) -> Result<()> {
+        if blocks == 0 || blocks > collective::MAX_BLOCKS {
+            return Err(Error::invalid(
+                "collective",
+                format!("{blocks} blocks, want 1..=8"),
+            ));
+        }
+        if !flag.is_multiple_of(4) {
+            return Err(Error::invalid(
+                "collective flag",
+                format!("{flag:#x} is not 4-byte aligned"),
+            ));
+        }
+        let mut params = CollectiveParams { ns, flag };
+        let mut args = [&mut params as *mut CollectiveParams as *mut c_void];
+        self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: one argument of the struct type the kernel takes; the caller guarantees `flag`.
+        unsafe {
+            result::launch_kernel(
+                self.collective.function.cu_function(),
+                (blocks, 1, 1),
+                (collective::BLOCK_THREADS, 1, 1),
+                0,
+                stream,
+                &mut args,
+            )
+        }
+        .call("cuLaunchKernel")
     }
 
     /// One launch of `threads` threads in blocks of `BLOCK_THREADS`, the grid capped at what fits
@@ -239,12 +392,13 @@ impl Kernels {
         threads: u64,
         stream: sys::CUstream,
         p: P,
+        block_threads: u32,
     ) -> Result<()> {
         if threads == 0 {
             return Ok(());
         }
         let resident = self.gpu.multiprocessors as u64 * kernel.blocks_per_sm as u64;
-        let blocks = threads.div_ceil(gather::BLOCK_THREADS as u64).min(resident) as u32;
+        let blocks = threads.div_ceil(block_threads as u64).min(resident) as u32;
         let mut params = p;
         let mut args = [&mut params as *mut P as *mut c_void];
         self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
@@ -254,7 +408,7 @@ impl Kernels {
             result::launch_kernel(
                 kernel.function.cu_function(),
                 (blocks, 1, 1),
-                (gather::BLOCK_THREADS, 1, 1),
+                (block_threads, 1, 1),
                 0,
                 stream,
                 &mut args,
@@ -264,13 +418,50 @@ impl Kernels {
     }
 }
 
+/// Checks a GEMV's shape and alignment before any launch.
+fn check_gemv(p: &GemvParams) -> Result<()> {
+    if p.m == 0 || p.m > 16 {
+        return Err(Error::invalid("gemv", format!("m = {}, want 1..=16", p.m)));
+    }
+    if p.n == 0 || !p.n.is_multiple_of(GEMV_ROWS_PER_WARP) {
+        return Err(Error::invalid(
+            "gemv",
+            format!("n = {} is not a positive multiple of 16", p.n),
+        ));
+    }
+    let splits = p.splits.max(1);
+    if p.splits == 0 || p.k == 0 || !p.k.is_multiple_of(GEMV_K_STEP * splits) {
+        return Err(Error::invalid(
+            "gemv",
+            format!(
+                "k = {} is not a positive multiple of 32 x {} splits",
+                p.k, p.splits
+            ),
+        ));
+    }
+    check_aligned("gemv x", p.x)?;
+    check_aligned("gemv w", p.w)?;
+    check_aligned_to("gemv y", p.y, 4)?;
+    if p.splits > 1 {
+        check_aligned_to("gemv partial", p.partial, 4)?;
+        check_aligned_to("gemv counters", p.counters, 4)?;
+    }
+    Ok(())
+}
+
 /// Checks a gather's shape and returns the threads gather `variant` needs for it.
 fn gather_threads(variant: usize, p: &GatherParams) -> Result<u64> {
     if p.row_bytes == 0 || !p.row_bytes.is_multiple_of(CHUNK_BYTES) {
         return Err(Error::invalid(
             "row width",
-            format!("{} bytes is not a positive multiple of {CHUNK_BYTES}", p.row_bytes),
+            format!(
+                "{} bytes is not a positive multiple of {CHUNK_BYTES}",
+                p.row_bytes
+            ),
         ));
+    }
+    if p.n == 0 {
+        return Ok(0); // nothing to write: the addresses of empty buffers may be null
     }
     check_aligned("table", p.table)?;
     check_aligned("out", p.out)?;
@@ -285,6 +476,7 @@ fn gather_threads(variant: usize, p: &GatherParams) -> Result<u64> {
     Ok(match shape {
         gather::Shape::ChunkPerThread { unroll } => (p.n * chunks).div_ceil(unroll as u64),
         gather::Shape::WarpPerRow => p.n * 32,
+        gather::Shape::WarpPerRows => p.n.div_ceil(32) * 32,
     })
 }
 

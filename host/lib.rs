@@ -2,7 +2,12 @@
 //!
 //! - [`ptx`]: the PTX built from `gpu/` for each arch, and the choice for a device.
 //! - [`gpu`]: opening a device; detecting that there is none.
-//! - [`kernels`]: the loaded kernels and their launches (gather, gather + dequant, L2 prefetch).
+//! - [`kernels`]: the loaded kernels and their launches (gather, gather + dequant, L2 prefetch,
+//!   bf16 GEMV, simulated collective).
+//! - [`gemv`]: a bf16 GEMV with its buffers, the weight-bound reader of tests and benches.
+//! - [`segments`]: prefetch segments checked on the host and uploaded as a device table.
+//! - [`l2_plan`]: the learned plan that warms the next weights into L2 during collectives.
+//! - [`access_policy`]: the persisting-L2 access-policy window, the plan's alternative mode.
 //! - [`table`]: row tables in device memory or in pinned host memory mapped for the device.
 //! - [`reference`]: the CPU reference every kernel is checked against.
 //! - [`selfcheck`]: runs every kernel against the reference on this machine's GPU.
@@ -13,19 +18,23 @@
 //! - [`ffi`]: the C ABI for engines (`include/fetchahead.h`).
 //! - [`forward`]: a simulated forward with Engram layers, for the demo and the bench.
 
+pub mod access_policy;
 pub mod error;
 pub mod ffi;
 pub mod flag_worker;
 pub mod forward;
+pub mod gemv;
 pub mod gpu;
 pub mod host_fn;
 pub mod id_check;
 pub mod kernels;
+pub mod l2_plan;
 pub mod lookup;
 pub mod lookup_job;
 pub mod prefetcher;
 pub mod ptx;
 pub mod reference;
+pub mod segments;
 pub mod selfcheck;
 pub mod staging;
 pub mod stream;

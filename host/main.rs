@@ -6,7 +6,11 @@ use clap::Parser;
 mod cli;
 
 #[derive(Parser)]
-#[command(name = "fetchahead", version, about = "Gets bytes to the GPU before the kernels that need them start")]
+#[command(
+    name = "fetchahead",
+    version,
+    about = "Gets bytes to the GPU before the kernels that need them start"
+)]
 struct Args {
     #[command(subcommand)]
     command: Option<cli::Command>,

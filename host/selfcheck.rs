@@ -2,7 +2,7 @@
 //! for a table in device memory and one in mapped pinned host memory, and times each launch.
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
 use fetchahead_gpu::{dequant, gather};
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 
@@ -37,8 +37,12 @@ pub fn run(kernels: &Kernels, table_rows: u64, n: usize, seed: u64) -> Result<Ve
     rng.fill_bytes(&mut weights);
     let mut scales = vec![0u8; table_rows as usize * dim / 32];
     // Scales near 127 keep most results normal numbers; the tests cover the edges.
-    scales.iter_mut().for_each(|s| *s = rng.random_range(120..135));
-    let ids: Vec<i64> = (0..n).map(|_| rng.random_range(0..table_rows as i64)).collect();
+    scales
+        .iter_mut()
+        .for_each(|s| *s = rng.random_range(120..135));
+    let ids: Vec<i64> = (0..n)
+        .map(|_| rng.random_range(0..table_rows as i64))
+        .collect();
     let ids_dev = stream.clone_htod(&ids).call("cuMemcpyHtoD")?;
     let ids_address = ids_dev.device_ptr(&stream).0;
     let mut check = IdCheck::new(&stream)?;
@@ -50,43 +54,56 @@ pub fn run(kernels: &Kernels, table_rows: u64, n: usize, seed: u64) -> Result<Ve
         let mut table = RowTable::from_bytes(&stream, &weights, ROW_BYTES, placement)?;
         let mut out = stream.alloc_zeros::<u8>(n * dim).call("cuMemAlloc")?;
         for (variant, v) in gather::VARIANTS.iter().enumerate() {
-            let bytes_per_s = time(
-                &stream,
-                &mut out,
-                |out| table.gather(kernels, &stream, variant, &ids_dev, out, &check),
-            )?
+            let bytes_per_s = time(&stream, &mut out, |out| {
+                table.gather(kernels, &stream, variant, &ids_dev, out, &check)
+            })?
             .map(|s| (2 * n * dim + 8 * n) as f64 / s)
             .unwrap_or(0.0);
             check.take(&stream, ids_address, n as u64, table_rows)?;
             let got = stream.clone_dtoh(&out).call("cuMemcpyDtoH")?;
             let mismatch = got.iter().zip(&want_rows).position(|(a, b)| a != b);
-            outcomes.push(outcome(v.name, placement, mismatch.map(|i| i / dim), bytes_per_s));
+            outcomes.push(outcome(
+                v.name,
+                placement,
+                mismatch.map(|i| i / dim),
+                bytes_per_s,
+            ));
         }
         let mut mx = Mxfp8Table::from_bytes(&stream, &weights, &scales, ROW_BYTES, placement)?;
         let mut out = stream.alloc_zeros::<u16>(n * dim).call("cuMemAlloc")?;
         for (variant, v) in dequant::VARIANTS.iter().enumerate() {
-            let bytes_per_s = time(
-                &stream,
-                &mut out,
-                |out| mx.gather_dequant(kernels, &stream, variant, &ids_dev, out, &check),
-            )?
+            let bytes_per_s = time(&stream, &mut out, |out| {
+                mx.gather_dequant(kernels, &stream, variant, &ids_dev, out, &check)
+            })?
             .map(|s| (n * (dim + dim / 32) + n * 2 * dim + 8 * n) as f64 / s)
             .unwrap_or(0.0);
             check.take(&stream, ids_address, n as u64, table_rows)?;
             let got = stream.clone_dtoh(&out).call("cuMemcpyDtoH")?;
             let mismatch = reference::first_bf16_mismatch(&got, &want_bf16);
-            outcomes.push(outcome(v.name, placement, mismatch.map(|i| i / dim), bytes_per_s));
+            outcomes.push(outcome(
+                v.name,
+                placement,
+                mismatch.map(|i| i / dim),
+                bytes_per_s,
+            ));
         }
     }
     Ok(outcomes)
 }
 
-fn outcome(kernel: &'static str, placement: Placement, bad_row: Option<usize>, bytes_per_s: f64) -> Outcome {
+fn outcome(
+    kernel: &'static str,
+    placement: Placement,
+    bad_row: Option<usize>,
+    bytes_per_s: f64,
+) -> Outcome {
     Outcome {
         kernel,
         placement,
         passed: bad_row.is_none(),
-        detail: bad_row.map(|r| format!("output row {r} differs from the reference")).unwrap_or_default(),
+        detail: bad_row
+            .map(|r| format!("output row {r} differs from the reference"))
+            .unwrap_or_default(),
         bytes_per_s,
     }
 }
@@ -113,8 +130,12 @@ fn time<T: cudarc::driver::DeviceRepr>(
     launch(out)?;
     poison(stream, out)?;
     let ctx = stream.context();
-    let start = ctx.new_event(None).call("cuEventCreate")?;
-    let end = ctx.new_event(None).call("cuEventCreate")?;
+    let start = ctx
+        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .call("cuEventCreate")?;
+    let end = ctx
+        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .call("cuEventCreate")?;
     start.record(stream).call("cuEventRecord")?;
     launch(out)?;
     end.record(stream).call("cuEventRecord")?;

@@ -32,7 +32,11 @@ pub enum TableMemory {
 
 impl TableMemory {
     /// Copies `bytes` into a new allocation of the given placement.
-    pub fn from_bytes(stream: &Arc<CudaStream>, bytes: &[u8], placement: Placement) -> Result<Self> {
+    pub fn from_bytes(
+        stream: &Arc<CudaStream>,
+        bytes: &[u8],
+        placement: Placement,
+    ) -> Result<Self> {
         match placement {
             Placement::Device => Ok(TableMemory::Device(
                 stream.clone_htod(bytes).call("cuMemcpyHtoD")?,
@@ -40,7 +44,9 @@ impl TableMemory {
             Placement::PinnedHost => {
                 let mut memory = TableMemory::pinned_host(stream.context(), bytes.len())?;
                 if let TableMemory::PinnedHost { host, .. } = &mut memory {
-                    host.as_mut_slice().call("cuEventSynchronize")?.copy_from_slice(bytes);
+                    host.as_mut_slice()
+                        .call("cuEventSynchronize")?
+                        .copy_from_slice(bytes);
                 }
                 Ok(memory)
             }
@@ -105,7 +111,10 @@ impl RowTable {
         if row_bytes == 0 || !bytes.len().is_multiple_of(row_bytes as usize) {
             return Err(Error::invalid(
                 "table",
-                format!("{} bytes is not a whole number of {row_bytes}-byte rows", bytes.len()),
+                format!(
+                    "{} bytes is not a whole number of {row_bytes}-byte rows",
+                    bytes.len()
+                ),
             ));
         }
         Ok(RowTable {
@@ -131,7 +140,11 @@ impl RowTable {
         if (out.len() as u64) < n * self.row_bytes as u64 {
             return Err(Error::invalid(
                 "output",
-                format!("{} bytes for {n} rows of {} bytes", out.len(), self.row_bytes),
+                format!(
+                    "{} bytes for {n} rows of {} bytes",
+                    out.len(),
+                    self.row_bytes
+                ),
             ));
         }
         // The guards record the slices' use on `stream` when they drop, after the launch.
@@ -170,10 +183,14 @@ impl Mxfp8Table {
         dim: u32,
         placement: Placement,
     ) -> Result<Self> {
-        if dim == 0 || !dim.is_multiple_of(MX_BLOCK) || !weights.len().is_multiple_of(dim as usize) {
+        if dim == 0 || !dim.is_multiple_of(MX_BLOCK) || !weights.len().is_multiple_of(dim as usize)
+        {
             return Err(Error::invalid(
                 "table",
-                format!("{} weight bytes with dim {dim} (a multiple of 32)", weights.len()),
+                format!(
+                    "{} weight bytes with dim {dim} (a multiple of 32)",
+                    weights.len()
+                ),
             ));
         }
         let rows = weights.len() / dim as usize;

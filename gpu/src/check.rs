@@ -13,8 +13,8 @@ pub const KERNEL: &str = "check_equal";
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
     use crate::device::{
-        atomic_add_u32, atomic_exch_u32, block_any, blocks, fence_device, global_thread,
-        grid_threads, load_stream_16, thread_in_block,
+        atomic_add_u32, atomic_exch_u32, block_any, blocks, fence_gpu, global_thread, grid_threads,
+        load_stream_16, thread_in_block,
     };
     use crate::params::CheckParams;
 
@@ -46,9 +46,9 @@ mod kernels {
                 atomic_exch_u32(p.counter + MISMATCH, 1);
             }
             // This block's verdict is visible before its ticket is.
-            fence_device();
+            fence_gpu();
             if atomic_add_u32(p.counter + BLOCKS_DONE, 1) == blocks() - 1 {
-                fence_device();
+                fence_gpu();
                 if atomic_exch_u32(p.counter + MISMATCH, 0) != 0 {
                     atomic_add_u32(p.counter + DIFFERED, 1);
                 }

@@ -12,6 +12,10 @@ pub enum Conversion {
     Hardware,
     /// Integer bit manipulation only ([`crate::mxfp8::e4m3_scaled_to_bf16`]).
     Bits,
+    /// No conversion instructions: the E4M3 bits placed in a bf16 (exact, 2^-120 times the
+    /// value), then two packed bf16 multiplies, by 2^120 (exact) and by the scale (the one
+    /// rounding). Chunks holding a NaN code take the `Bits` path.
+    Packed,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +35,11 @@ pub const VARIANTS: &[Variant] = &[
         about: "hardware e4m3x2 -> f16x2 conversion, f32 scale multiply",
     },
     Variant {
+        name: "gather_dequant_packed",
+        conversion: Conversion::Packed,
+        about: "E4M3 bits placed in bf16, two packed bf16x2 multiplies",
+    },
+    Variant {
         name: "gather_dequant_bits",
         conversion: Conversion::Bits,
         about: "integer bit manipulation, no float conversion instructions",
@@ -39,13 +48,19 @@ pub const VARIANTS: &[Variant] = &[
 
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
+    use super::Conversion;
     use super::ELEMS_PER_THREAD;
     use crate::device::{
         e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads, load_i64,
-        load_stream_16, load_u8, record_bad_id, store_16,
+        load_stream_16, load_u8, mul_bf16x2, permute_bytes, record_bad_id, store_16,
     };
     use crate::mxfp8::{E8M0_NAN, e4m3_scaled_to_bf16};
     use crate::params::{DequantParams, MX_BLOCK};
+
+    // `Conversion` as const-generic values.
+    const HARDWARE: u8 = Conversion::Hardware as u8;
+    const BITS: u8 = Conversion::Bits as u8;
+    const PACKED: u8 = Conversion::Packed as u8;
 
     /// E8M0 for 2^0.
     const UNIT_SCALE: u8 = 127;
@@ -78,19 +93,79 @@ mod kernels {
         lo | hi << 16
     }
 
+    /// bf16 2^120, twice: undoes the bias difference between E4M3 (7) and bf16 (127).
+    const BF16X2_2_POW_120: u32 = 0x7B80_7B80;
+
+    /// Output words `2q` and `2q + 1` (elements 4q..4q+4) of a chunk, packed path: each byte
+    /// moved to the top of a 16-bit lane, its sign to bit 15 and the rest below it, is a bf16 of
+    /// 2^-120 times the E4M3 value (normal or subnormal alike).
+    #[inline(always)]
+    fn words_packed(word: u32, scale2: u32) -> (u32, u32) {
+        let place = |lanes: u32| (lanes & 0x8000_8000) | ((lanes & 0x7F00_7F00) >> 4);
+        let lo = place(permute_bytes(word, 0, 0x1404));
+        let hi = place(permute_bytes(word, 0, 0x3424));
+        let scaled = |v: u32| mul_bf16x2(mul_bf16x2(v, BF16X2_2_POW_120), scale2);
+        (scaled(lo), scaled(hi))
+    }
+
+    /// Whether any byte of `w` is an E4M3 NaN (0x7F or 0xFF).
+    #[inline(always)]
+    fn has_nan_byte(w: u32) -> bool {
+        let x = !(w | 0x8080_8080); // a zero byte where the low 7 bits were all ones
+        x.wrapping_sub(0x0101_0101) & !x & 0x8080_8080 != 0
+    }
+
+    /// The scale as a bf16 pair (2^-127 is a bf16 subnormal, still exact).
+    #[inline(always)]
+    fn scale_bf16x2(s: u8) -> u32 {
+        let one = if s == 0 { 0x0040 } else { (s as u32) << 7 };
+        one | one << 16
+    }
+
     /// The eight output words of a chunk, each call spelled out so that `k` is a constant and
     /// the array stays in registers.
     #[inline(always)]
     fn convert<const HARDWARE: bool>(w: [u32; 4], s: u8) -> [u32; 8] {
         let scale = scale_f32(s);
         let word = |k: usize| {
-            if HARDWARE { word_hardware(w, k, scale) } else { word_bits(w, k, s) }
+            if HARDWARE {
+                word_hardware(w, k, scale)
+            } else {
+                word_bits(w, k, s)
+            }
         };
-        [word(0), word(1), word(2), word(3), word(4), word(5), word(6), word(7)]
+        [
+            word(0),
+            word(1),
+            word(2),
+            word(3),
+            word(4),
+            word(5),
+            word(6),
+            word(7),
+        ]
     }
 
     #[inline(always)]
-    unsafe fn gather_dequant<const HARDWARE: bool>(p: &DequantParams) {
+    fn convert_packed(w: [u32; 4], s: u8) -> [u32; 8] {
+        let nan = s == E8M0_NAN
+            || has_nan_byte(w[0])
+            || has_nan_byte(w[1])
+            || has_nan_byte(w[2])
+            || has_nan_byte(w[3]);
+        if nan {
+            return convert::<false>(w, s);
+        }
+        let scale2 = scale_bf16x2(s);
+        let (a, b) = words_packed(w[0], scale2);
+        let (c, d) = words_packed(w[1], scale2);
+        let (e, f) = words_packed(w[2], scale2);
+        let (g, h) = words_packed(w[3], scale2);
+        [a, b, c, d, e, f, g, h]
+    }
+
+    #[inline(always)]
+    unsafe fn gather_dequant<const CONVERSION: u8>(p: &DequantParams) {
         // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
         let chunks = (p.dim / ELEMS_PER_THREAD).max(1);
         let scales_per_row = (p.dim / MX_BLOCK) as u64;
@@ -119,7 +194,11 @@ mod kernels {
                 }
                 ([0; 4], UNIT_SCALE)
             };
-            let out = convert::<HARDWARE>(w, s);
+            let out = match CONVERSION {
+                HARDWARE => convert::<true>(w, s),
+                PACKED => convert_packed(w, s),
+                _ => convert::<false>(w, s),
+            };
             let dest = p.out + 2 * (i * p.dim as u64 + (c * ELEMS_PER_THREAD) as u64);
             // SAFETY: 32 bytes of output row i < n, owned by this thread.
             unsafe {
@@ -132,11 +211,16 @@ mod kernels {
 
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_dequant_cvt(p: DequantParams) {
-        unsafe { gather_dequant::<true>(&p) }
+        unsafe { gather_dequant::<HARDWARE>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_packed(p: DequantParams) {
+        unsafe { gather_dequant::<PACKED>(&p) }
     }
 
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_dequant_bits(p: DequantParams) {
-        unsafe { gather_dequant::<false>(&p) }
+        unsafe { gather_dequant::<BITS>(&p) }
     }
 }

@@ -79,6 +79,22 @@ pub unsafe fn store_16(addr: u64, v: [u32; 4]) {
     }
 }
 
+/// 16 bytes written with a streaming (evict-first) store: output the next kernel reads once.
+///
+/// # Safety
+/// As [`store_16`].
+#[inline(always)]
+pub unsafe fn store_16_streaming(addr: u64, v: [u32; 4]) {
+    // SAFETY: the caller guarantees a writable, aligned address owned by this thread.
+    unsafe {
+        asm!(
+            "st.global.cs.v4.u32 [{0}], {{{1}, {2}, {3}, {4}}};",
+            in(reg64) addr, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
 /// One read-only 8-byte load (ids), through the non-coherent path.
 ///
 /// # Safety
@@ -92,6 +108,40 @@ pub unsafe fn load_i64(addr: u64) -> i64 {
              options(pure, readonly, nostack, preserves_flags));
     }
     v
+}
+
+/// As [`load_i64`], but kept where it is written: the compiler may not sink it to its first
+/// use, so a load meant to overlap other work is issued early.
+///
+/// # Safety
+/// As [`load_i64`].
+#[inline(always)]
+pub unsafe fn load_i64_early(addr: u64) -> i64 {
+    let v: i64;
+    // SAFETY: the caller guarantees a readable, aligned, read-only address.
+    unsafe {
+        asm!("ld.global.nc.s64 {0}, [{1}];", out(reg64) v, in(reg64) addr,
+             options(readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+/// `v` of lane `src` of this warp; every lane of the warp must execute it together.
+#[inline(always)]
+pub fn shuffle_i64(v: i64, src: u32) -> i64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: a register exchange among the warp's lanes, all of which execute it (the callers
+    // call it unconditionally in warp-uniform control flow).
+    unsafe {
+        asm!(
+            "shfl.sync.idx.b32 {0}, {2}, {4}, 31, -1;",
+            "shfl.sync.idx.b32 {1}, {3}, {4}, 31, -1;",
+            out(reg32) lo, out(reg32) hi,
+            in(reg32) v as u32, in(reg32) (v >> 32) as u32, in(reg32) src,
+            options(nomem, nostack, preserves_flags),
+        );
+    }
+    (lo as u64 | (hi as u64) << 32) as i64
 }
 
 /// One read-only byte (an E8M0 scale), through the non-coherent path.
@@ -189,6 +239,30 @@ pub fn f16_to_f32(h: u16) -> f32 {
     r
 }
 
+/// Byte permute: bytes of `a` (0..4) and `b` (4..8) picked by the nibbles of `selector`.
+#[inline(always)]
+pub fn permute_bytes(a: u32, b: u32, selector: u32) -> u32 {
+    let r: u32;
+    // SAFETY: a pure register operation.
+    unsafe {
+        asm!("prmt.b32 {0}, {1}, {2}, {3};", out(reg32) r, in(reg32) a, in(reg32) b, in(reg32) selector,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    r
+}
+
+/// Packed bf16 multiply, one rounding to nearest even, subnormals kept (sm_90 and later).
+#[inline(always)]
+pub fn mul_bf16x2(a: u32, b: u32) -> u32 {
+    let r: u32;
+    // SAFETY: a pure register operation.
+    unsafe {
+        asm!("mul.rn.bf16x2 {0}, {1}, {2};", out(reg32) r, in(reg32) a, in(reg32) b,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    r
+}
+
 /// Two f32 to packed bf16, round to nearest even, subnormals kept: `lo` in bits 0..16.
 #[inline(always)]
 pub fn f32x2_to_bf16x2(lo: f32, hi: f32) -> u32 {
@@ -199,6 +273,162 @@ pub fn f32x2_to_bf16x2(lo: f32, hi: f32) -> u32 {
              options(pure, nomem, nostack, preserves_flags));
     }
     r
+}
+
+/// 16 read-only bytes through the non-coherent path, kept in L1: for small operands every warp
+/// re-reads (a GEMV's activations).
+///
+/// # Safety
+/// `addr` is a readable, 16-byte aligned global address that nothing writes during the kernel.
+#[inline(always)]
+pub unsafe fn load_16(addr: u64) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees a readable, aligned, read-only address.
+    unsafe {
+        asm!(
+            "ld.global.nc.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];",
+            out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
+            in(reg64) addr,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    [a, b, c, d]
+}
+
+/// One f32 written with an ordinary store.
+///
+/// # Safety
+/// `addr` is a writable, 4-byte aligned global address no other thread writes.
+#[inline(always)]
+pub unsafe fn store_f32(addr: u64, v: f32) {
+    // SAFETY: the caller guarantees a writable, aligned address owned by this thread.
+    unsafe {
+        asm!("st.global.f32 [{0}], {1};", in(reg64) addr, in(reg32) v,
+             options(nostack, preserves_flags));
+    }
+}
+
+/// `d = a * b + c` for one warp: A 16x16 bf16 (row), B 16x8 bf16 (col), C and D 16x8 f32.
+/// Fragments in the PTX ISA's m16n8k16 layout; every lane of the warp must execute it.
+#[inline(always)]
+pub fn mma_16x8x16_bf16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    let (d0, d1, d2, d3): (f32, f32, f32, f32);
+    // SAFETY: a register-only warp instruction (sm_80 and later); callers keep the warp converged.
+    unsafe {
+        asm!(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 \
+             {{{0}, {1}, {2}, {3}}}, {{{4}, {5}, {6}, {7}}}, {{{8}, {9}}}, {{{10}, {11}, {12}, {13}}};",
+            out(reg32) d0, out(reg32) d1, out(reg32) d2, out(reg32) d3,
+            in(reg32) a[0], in(reg32) a[1], in(reg32) a[2], in(reg32) a[3],
+            in(reg32) b[0], in(reg32) b[1],
+            in(reg32) c[0], in(reg32) c[1], in(reg32) c[2], in(reg32) c[3],
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    [d0, d1, d2, d3]
+}
+
+/// The global nanosecond timer.
+#[inline(always)]
+pub fn global_timer_ns() -> u64 {
+    let t: u64;
+    // SAFETY: reading a special register; volatile (no `pure`) so that every read happens.
+    unsafe {
+        asm!("mov.u64 {0}, %globaltimer;", out(reg64) t, options(nomem, nostack, preserves_flags));
+    }
+    t
+}
+
+/// One 4-byte load that bypasses L1, as a collective polls a flag another agent writes.
+///
+/// # Safety
+/// `addr` is a readable, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn load_volatile_u32(addr: u64) -> u32 {
+    let v: u32;
+    // SAFETY: the caller guarantees a readable, aligned address.
+    unsafe {
+        asm!("ld.volatile.global.u32 {0}, [{1}];", out(reg32) v, in(reg64) addr,
+             options(readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+/// Orders this thread's earlier memory operations before its later ones for the whole GPU
+/// (release and acquire at once).
+#[inline(always)]
+pub fn fence_gpu() {
+    // SAFETY: a fence has no operands.
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack, preserves_flags)) }
+}
+
+/// Waits for every lane of the warp, ordering their memory operations (`bar.warp.sync`).
+/// Every lane of the warp must execute it.
+#[inline(always)]
+pub fn warp_sync() {
+    // SAFETY: a warp barrier over all 32 lanes; callers keep the warp converged.
+    unsafe {
+        asm!(
+            "bar.warp.sync 0xffffffff;",
+            options(nostack, preserves_flags)
+        )
+    }
+}
+
+/// Lane 0's `v`, in every lane. Every lane of the warp must execute it.
+#[inline(always)]
+pub fn warp_broadcast_lane0(v: u32) -> u32 {
+    let r: u32;
+    // SAFETY: a register-only warp shuffle over all 32 lanes; callers keep the warp converged.
+    unsafe {
+        asm!("shfl.sync.idx.b32 {0}, {1}, 0, 0x1f, 0xffffffff;", out(reg32) r, in(reg32) v,
+             options(nomem, nostack, preserves_flags));
+    }
+    r
+}
+
+/// `*addr += 1` at GPU scope with acquire-release order; returns the old value.
+///
+/// # Safety
+/// `addr` is a writable, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn atomic_inc_acq_rel(addr: u64) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees a writable, aligned address.
+    unsafe {
+        asm!("atom.acq_rel.gpu.global.add.u32 {0}, [{1}], 1;", out(reg32) old, in(reg64) addr,
+             options(nostack, preserves_flags));
+    }
+    old
+}
+
+/// A coherent f32 load at GPU scope (from L2, never a stale L1 line): for data other blocks
+/// wrote during this kernel.
+///
+/// # Safety
+/// `addr` is a readable, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn load_relaxed_f32(addr: u64) -> f32 {
+    let v: f32;
+    // SAFETY: the caller guarantees a readable, aligned address.
+    unsafe {
+        asm!("ld.relaxed.gpu.global.f32 {0}, [{1}];", out(reg32) v, in(reg64) addr,
+             options(readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+/// A u32 store at GPU scope.
+///
+/// # Safety
+/// `addr` is a writable, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn store_relaxed_u32(addr: u64, v: u32) {
+    // SAFETY: the caller guarantees a writable, aligned address.
+    unsafe {
+        asm!("st.relaxed.gpu.global.u32 [{0}], {1};", in(reg64) addr, in(reg32) v,
+             options(nostack, preserves_flags));
+    }
 }
 
 /// Whether `pred` holds in any thread of the block. Every thread of the block must call it.
@@ -249,24 +479,6 @@ pub unsafe fn atomic_exch_u32(addr: u64, v: u32) -> u32 {
              options(nostack, preserves_flags));
     }
     old
-}
-
-/// Orders this thread's earlier global writes before its later ones, as seen by the whole device.
-#[inline(always)]
-pub fn fence_device() {
-    // SAFETY: a memory fence has no preconditions.
-    unsafe { asm!("membar.gl;", options(nostack, preserves_flags)) }
-}
-
-/// The device's nanosecond clock.
-#[inline(always)]
-pub fn global_timer_ns() -> u64 {
-    let t: u64;
-    // SAFETY: reading a special register has no preconditions.
-    unsafe {
-        asm!("mov.u64 {0}, %globaltimer;", out(reg64) t, options(nomem, nostack, preserves_flags))
-    }
-    t
 }
 
 /// One read-only 4-byte load (a token), through the non-coherent path.

@@ -15,6 +15,9 @@ pub enum Shape {
     ChunkPerThread { unroll: u32 },
     /// One warp per row, its lanes over the row's 16-byte chunks.
     WarpPerRow,
+    /// One warp per 32 consecutive rows: each lane loads one id (the next batch's ids are
+    /// loaded before this batch's rows), then the lanes walk the batch's chunks in order.
+    WarpPerRows,
 }
 
 /// A kernel of the gather family: its PTX entry name and shape.
@@ -37,6 +40,26 @@ pub const VARIANTS: &[Variant] = &[
         about: "a thread per 16-byte chunk, 4 loads in flight per thread",
     },
     Variant {
+        name: "gather_chunk16_pipe",
+        shape: Shape::ChunkPerThread { unroll: 1 },
+        about: "a thread per 16-byte chunk, the next chunk's id loaded before this chunk's row",
+    },
+    Variant {
+        name: "gather_chunk16_cs",
+        shape: Shape::ChunkPerThread { unroll: 1 },
+        about: "a thread per 16-byte chunk, streaming (evict-first) stores",
+    },
+    Variant {
+        name: "gather_warp_batch_x4",
+        shape: Shape::WarpPerRows,
+        about: "a warp per 32 rows: ids in one load, 4 chunks in flight per lane",
+    },
+    Variant {
+        name: "gather_warp_batch_x8",
+        shape: Shape::WarpPerRows,
+        about: "a warp per 32 rows: ids in one load, 8 chunks in flight per lane",
+    },
+    Variant {
         name: "gather_warp_row",
         shape: Shape::WarpPerRow,
         about: "a warp per row, lanes over 16-byte chunks",
@@ -50,7 +73,8 @@ pub const EMPTY_KERNEL: &str = "gather_empty";
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
     use crate::device::{
-        global_thread, grid_threads, load_i64, load_stream_16, record_bad_id, store_16,
+        global_thread, grid_threads, load_i64, load_i64_early, load_stream_16, record_bad_id,
+        shuffle_i64, store_16, store_16_streaming,
     };
     use crate::params::{CHUNK_BYTES, GatherParams};
 
@@ -84,7 +108,7 @@ mod kernels {
     }
 
     #[inline(always)]
-    unsafe fn chunk_per_thread<const UNROLL: usize>(p: &GatherParams) {
+    unsafe fn chunk_per_thread<const UNROLL: usize, const STREAMING: bool>(p: &GatherParams) {
         // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
         let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
         let total = p.n * chunks as u64;
@@ -107,7 +131,13 @@ mod kernels {
             for j in 0..UNROLL {
                 if dest[j] != u64::MAX {
                     // SAFETY: dest is chunk c of output row i < n, owned by this thread.
-                    unsafe { store_16(dest[j], data[j]) };
+                    unsafe {
+                        if STREAMING {
+                            store_16_streaming(dest[j], data[j]);
+                        } else {
+                            store_16(dest[j], data[j]);
+                        }
+                    }
                 }
             }
             base += UNROLL as u64 * stride;
@@ -117,13 +147,135 @@ mod kernels {
     /// Per thread: one 16-byte chunk at a time; a warp covers two 256-byte rows.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_chunk16(p: GatherParams) {
-        unsafe { chunk_per_thread::<1>(&p) }
+        unsafe { chunk_per_thread::<1, false>(&p) }
+    }
+
+    /// Per thread: one chunk, stored with evict-first priority (output read once, later).
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_chunk16_cs(p: GatherParams) {
+        unsafe { chunk_per_thread::<1, true>(&p) }
+    }
+
+    /// Per thread: one chunk at a time, the id of the next chunk requested before this chunk's
+    /// row, so the id's latency overlaps the row's instead of adding to it.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_chunk16_pipe(p: GatherParams) {
+        let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
+        let total = p.n * chunks as u64;
+        let stride = grid_threads();
+        let id_of = |t: u64| {
+            // SAFETY: t < total, so its row is below n and inside the ids array.
+            if t < total {
+                unsafe { load_i64_early(p.ids + 8 * split(t, chunks).0) }
+            } else {
+                -1
+            }
+        };
+        let mut t = global_thread();
+        let mut id = id_of(t);
+        while t < total {
+            let next_id = id_of(t + stride);
+            let (i, c) = split(t, chunks);
+            let mut data = [0u32; 4];
+            if id >= 0 && (id as u64) < p.rows {
+                let src = p.table + id as u64 * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64;
+                // SAFETY: id < rows and c < chunks: inside row `id`.
+                data = unsafe { load_stream_16(src) };
+            } else if c == 0 {
+                // SAFETY: the host passes the address of a live IdStatus.
+                unsafe { record_bad_id(p.status, i) };
+            }
+            // SAFETY: chunk c of output row i < n, owned by this thread.
+            unsafe {
+                store_16(
+                    p.out + i * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64,
+                    data,
+                )
+            };
+            id = next_id;
+            t += stride;
+        }
     }
 
     /// Per thread: four chunks loaded before any store, for more bytes in flight per thread.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_chunk16_x4(p: GatherParams) {
-        unsafe { chunk_per_thread::<4>(&p) }
+        unsafe { chunk_per_thread::<4, false>(&p) }
+    }
+
+    /// Per warp: 32 rows, 4 chunks in flight per lane.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_warp_batch_x4(p: GatherParams) {
+        unsafe { warp_batch::<4>(&p) }
+    }
+
+    /// Per warp: 32 rows, 8 chunks in flight per lane.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_warp_batch_x8(p: GatherParams) {
+        unsafe { warp_batch::<8>(&p) }
+    }
+
+    /// The id of row `row`, or -1 past the end; issued where it stands (not moved to its use),
+    /// so that the next batch's ids load while this batch's rows do.
+    #[inline(always)]
+    unsafe fn batch_id(p: &GatherParams, row: u64) -> i64 {
+        // SAFETY: row < n, so ids + 8 row lies in the ids array.
+        if row < p.n {
+            unsafe { load_i64_early(p.ids + 8 * row) }
+        } else {
+            -1
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn warp_batch<const IN_FLIGHT: usize>(p: &GatherParams) {
+        let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
+        let slots = 32 * chunks; // chunks in a batch of 32 rows
+        let lane = (global_thread() % 32) as u32;
+        let step = grid_threads(); // warps * 32 rows
+        let mut base = global_thread() - lane as u64;
+        // SAFETY: batch_id reads only ids below n.
+        let mut id = unsafe { batch_id(p, base + lane as u64) };
+        while base < p.n {
+            let next = base + step;
+            // SAFETY: as above.
+            let next_id = unsafe { batch_id(p, next + lane as u64) };
+            let row = base + lane as u64;
+            if row < p.n && !(id >= 0 && (id as u64) < p.rows) {
+                // SAFETY: the host passes the address of a live IdStatus.
+                unsafe { record_bad_id(p.status, row) };
+            }
+            let mut s0 = lane;
+            while s0 < slots {
+                let mut data = [[0u32; 4]; IN_FLIGHT];
+                let mut dest = [u64::MAX; IN_FLIGHT];
+                for j in 0..IN_FLIGHT {
+                    let s = s0 + 32 * j as u32;
+                    let (r, c) = split(s as u64, chunks);
+                    // Every lane shuffles (s < slots is the same for the whole warp).
+                    let rid = shuffle_i64(id, r as u32 & 31);
+                    if s < slots && base + r < p.n {
+                        dest[j] = p.out + base * p.row_bytes as u64 + (s * CHUNK_BYTES) as u64;
+                        if rid >= 0 && (rid as u64) < p.rows {
+                            let src = p.table
+                                + rid as u64 * p.row_bytes as u64
+                                + (c * CHUNK_BYTES) as u64;
+                            // SAFETY: rid < rows and c < chunks: inside row `rid`.
+                            data[j] = unsafe { load_stream_16(src) };
+                        }
+                    }
+                }
+                for j in 0..IN_FLIGHT {
+                    if dest[j] != u64::MAX {
+                        // SAFETY: chunk s of this batch's output, owned by this lane.
+                        unsafe { store_16(dest[j], data[j]) };
+                    }
+                }
+                s0 += 32 * IN_FLIGHT as u32;
+            }
+            id = next_id;
+            base = next;
+        }
     }
 
     /// Per warp: one row, each lane 16 bytes at a time (a 256-byte row keeps 16 lanes busy).

@@ -54,11 +54,18 @@ mod kernels {
         while s < p.n {
             // SAFETY: s < n, so segment s lies in the table the host validated.
             let (address, bytes) = unsafe {
-                (load_i64(p.segments + 16 * s) as u64, load_i64(p.segments + 16 * s + 8) as u64)
+                (
+                    load_i64(p.segments + 16 * s) as u64,
+                    load_i64(p.segments + 16 * s + 8) as u64,
+                )
             };
             let mut offset = thread_in_block() as u64 * chunk;
             while offset < bytes {
-                let size = if bytes - offset < chunk { bytes - offset } else { chunk } as u32;
+                let size = if bytes - offset < chunk {
+                    bytes - offset
+                } else {
+                    chunk
+                } as u32;
                 // SAFETY: the host checked that the segment is 16-byte aligned and sized.
                 unsafe {
                     if EVICT_LAST {

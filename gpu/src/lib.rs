@@ -14,8 +14,10 @@
 #![cfg_attr(target_arch = "nvptx64", allow(improper_gpu_kernel_arg))]
 
 pub mod check;
+pub mod collective;
 pub mod dequant;
 pub mod gather;
+pub mod gemv;
 pub mod hash;
 pub mod l2_prefetch;
 pub mod mxfp8;
@@ -40,12 +42,24 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
     let gather = size_of::<params::GatherParams>();
     let dequant = size_of::<params::DequantParams>();
     let prefetch = size_of::<params::PrefetchParams>();
+    let gemv = size_of::<params::GemvParams>();
+    let collective = size_of::<params::CollectiveParams>();
     gather::VARIANTS
         .iter()
         .map(move |v| entry(v.name, gather))
         .chain([entry(gather::EMPTY_KERNEL, gather)])
-        .chain(dequant::VARIANTS.iter().map(move |v| entry(v.name, dequant)))
-        .chain(l2_prefetch::VARIANTS.iter().map(move |v| entry(v.name, prefetch)))
+        .chain(
+            dequant::VARIANTS
+                .iter()
+                .map(move |v| entry(v.name, dequant)),
+        )
+        .chain(
+            l2_prefetch::VARIANTS
+                .iter()
+                .map(move |v| entry(v.name, prefetch)),
+        )
+        .chain(gemv::VARIANTS.iter().map(move |v| entry(v.name, gemv)))
+        .chain([entry(collective::KERNEL, collective)])
         .chain([
             entry(check::KERNEL, size_of::<params::CheckParams>()),
             entry(hash::KERNEL, size_of::<params::HashParams>()),

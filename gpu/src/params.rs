@@ -146,3 +146,47 @@ pub struct SpinParams {
     pub nanos: u64,
     pub _pad: u64,
 }
+
+/// `y[m, n] = sum_k x[m, k] * w[n, k]` (bf16 in, f32 accumulate and out), for `m <= 16`.
+///
+/// With `splits > 1` each split of K writes `partial[s, m, n]`; the last warp of a row group to
+/// finish (counted in `counters`) sums its splits in split order into `y` and resets its counter,
+/// so the result is deterministic and one launch does it all. With one split the product goes
+/// straight to `y`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GemvParams {
+    /// `[m, k]` bf16, 16-byte aligned.
+    pub x: u64,
+    /// `[n, k]` bf16, 16-byte aligned: the weights, read once.
+    pub w: u64,
+    /// `[splits, m, n]` f32 (unused with one split).
+    pub partial: u64,
+    /// `[m, n]` f32.
+    pub y: u64,
+    /// `[n / 16]` u32, zero before the first launch; each launch leaves them zero again
+    /// (unused with one split).
+    pub counters: u64,
+    /// Rows of `x`, 1..=16.
+    pub m: u32,
+    /// Rows of `w`, a multiple of [`GEMV_ROWS_PER_WARP`].
+    pub n: u32,
+    /// A multiple of `GEMV_K_STEP * splits`.
+    pub k: u32,
+    pub splits: u32,
+}
+
+/// Weight rows one warp's tensor-core tile covers.
+pub const GEMV_ROWS_PER_WARP: u32 = 16;
+/// Elements of K one warp consumes per step (4 lanes x 8 bf16 per weight row).
+pub const GEMV_K_STEP: u32 = 32;
+
+/// A stand-in for a communication collective: `blocks` CTAs whose thread 0 polls `flag` until
+/// `ns` nanoseconds of the global timer have passed, leaving the rest of the GPU idle.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CollectiveParams {
+    pub ns: u64,
+    /// `*const u32` polled every iteration (0: poll nothing, just the timer).
+    pub flag: u64,
+}

@@ -20,7 +20,11 @@ pub struct CheckArgs {
 }
 
 pub fn run(args: &CheckArgs) -> fetchahead::Result<ExitCode> {
-    let (rows, n) = if args.rows == 0 { (1 << 18, 1 << 16) } else { (args.rows, args.n) };
+    let (rows, n) = if args.rows == 0 {
+        (1 << 18, 1 << 16)
+    } else {
+        (args.rows, args.n)
+    };
     super::kernels::list()?;
     let gpu = match Gpu::open(0) {
         Ok(gpu) => gpu,
@@ -34,11 +38,17 @@ pub fn run(args: &CheckArgs) -> fetchahead::Result<ExitCode> {
     let seed = args.seed.unwrap_or_else(selfcheck::fresh_seed);
     println!(
         "\n{} (sm_{}{}, {} SMs), PTX {}: {n} random ids into {rows} rows, seed {seed}",
-        gpu.name, gpu.compute_capability.0, gpu.compute_capability.1, gpu.multiprocessors,
+        gpu.name,
+        gpu.compute_capability.0,
+        gpu.compute_capability.1,
+        gpu.multiprocessors,
         kernels.arch()
     );
     let outcomes = selfcheck::run(&kernels, rows, n, seed)?;
-    println!("{:<22} {:<11} {:>6} {:>10}", "kernel", "table", "result", "GB/s");
+    println!(
+        "{:<22} {:<11} {:>6} {:>10}",
+        "kernel", "table", "result", "GB/s"
+    );
     for o in &outcomes {
         println!(
             "{:<22} {:<11} {:>6} {:>10.1} {}",
@@ -49,5 +59,9 @@ pub fn run(args: &CheckArgs) -> fetchahead::Result<ExitCode> {
             o.detail
         );
     }
-    Ok(if outcomes.iter().all(|o| o.passed) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if outcomes.iter().all(|o| o.passed) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

@@ -4,15 +4,24 @@ use std::process::ExitCode;
 use fetchahead::ptx;
 
 pub fn list() -> fetchahead::Result<ExitCode> {
-    use fetchahead::device_abi::{dequant, gather, l2_prefetch};
+    use fetchahead::device_abi::{collective, dequant, gather, gemv, l2_prefetch};
     let about = |name: &str| {
         let gathers = gather::VARIANTS.iter().map(|v| (v.name, v.about));
         let dequants = dequant::VARIANTS.iter().map(|v| (v.name, v.about));
         let prefetches = l2_prefetch::VARIANTS.iter().map(|v| (v.name, v.about));
+        let gemvs = gemv::VARIANTS.iter().map(|v| (v.name, v.about));
         gathers
             .chain(dequants)
             .chain(prefetches)
-            .chain([(gather::EMPTY_KERNEL, "does nothing: the launch-cost floor for benches")])
+            .chain(gemvs)
+            .chain([(
+                collective::KERNEL,
+                "simulated collective: 1-8 CTAs poll a flag for T ns",
+            )])
+            .chain([(
+                gather::EMPTY_KERNEL,
+                "does nothing: the launch-cost floor for benches",
+            )])
             .find(|(n, _)| *n == name)
             .map_or("", |(_, a)| a)
     };

@@ -1,0 +1,676 @@
+//! L2 prefetch during a collective, on this machine's GPU (skipped without one).
+//!
+//! Per iteration, untimed: a write of twice the L2 size evicts the weights (the traffic of the
+//! layers in between). Timed with CUDA events: a simulated collective (4 CTAs polling for T us),
+//! then a weight-bound bf16 GEMV (M = 1 or 16, K = 4096, W MiB of weights). Modes: no prefetch;
+//! the L2 plan's plain prefetch with the whole of W as budget and with the default budget; the
+//! evict_last prefetch; the access-policy window (persisting L2) on the GEMV. Each runs eagerly
+//! and replayed from a CUDA graph. Criterion times window + GEMV; the summary printed at the end
+//! gives, from the same iterations, the GEMV's own time, both ratios to no prefetch, and the
+//! spread of no prefetch; then the prefetch issue time per MiB, the slack the prefetch needs
+//! before its reader, and the DGX Spark's figures as far as they can be reasoned.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
+use fetchahead::access_policy::{AccessWindow, PersistingL2};
+use fetchahead::device_abi::l2_prefetch;
+use fetchahead::device_abi::params::PrefetchParams;
+use fetchahead::gemv::Gemv;
+use fetchahead::gpu::Gpu;
+use fetchahead::kernels::Kernels;
+use fetchahead::l2_plan::{L2Plan, PlanConfig, Replay, Signature, default_budget};
+use fetchahead::segments::SegmentTable;
+use fetchahead::{Error, Result};
+use half::bf16;
+use rand::{RngExt, SeedableRng, rngs::SmallRng};
+
+const MIB: u64 = 1 << 20;
+const K: u32 = 4096;
+const COLLECTIVE_BLOCKS: u32 = 4;
+const SIG: Signature = Signature(1);
+const MS: [u32; 2] = [1, 16];
+const WEIGHTS_MIB: [u64; 4] = [4, 8, 16, 32];
+const WINDOWS_US: [u64; 3] = [5, 20, 50];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Mode {
+    None,
+    Prefetch,
+    PrefetchDefaultBudget,
+    EvictLast,
+    AccessPolicy,
+}
+
+impl Mode {
+    const ALL: [Mode; 5] = [
+        Mode::None,
+        Mode::Prefetch,
+        Mode::PrefetchDefaultBudget,
+        Mode::EvictLast,
+        Mode::AccessPolicy,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::None => "none",
+            Mode::Prefetch => "prefetch",
+            Mode::PrefetchDefaultBudget => "prefetch_default_budget",
+            Mode::EvictLast => "evict_last",
+            Mode::AccessPolicy => "access_policy",
+        }
+    }
+}
+
+/// (m, W MiB, T us, graph, mode)
+type Key = (u32, u64, u64, bool, Mode);
+
+/// Per iteration: (GEMV us, window + GEMV us).
+type Samples = Vec<(f64, f64)>;
+
+fn cuda(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    move |source| Error::Cuda { call, source }
+}
+
+/// Everything one bench run shares.
+struct Bench {
+    kernels: Arc<Kernels>,
+    stream: Arc<CudaStream>,
+    flush: CudaSlice<u8>,
+    flush_address: u64,
+    events: [CudaEvent; 3],
+}
+
+impl Bench {
+    fn new(gpu: &Gpu) -> Result<Bench> {
+        let kernels = Arc::new(Kernels::load(gpu)?);
+        let stream = gpu.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
+        let flush_bytes = (2 * gpu.l2_bytes).clamp(64 * MIB, 512 * MIB) as usize;
+        let flush = stream
+            .alloc_zeros::<u8>(flush_bytes)
+            .map_err(cuda("cuMemAlloc"))?;
+        let flush_address = flush.device_ptr(&stream).0;
+        let event = || {
+            gpu.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(cuda("cuEventCreate"))
+        };
+        Ok(Bench {
+            events: [event()?, event()?, event()?],
+            kernels,
+            stream,
+            flush,
+            flush_address,
+        })
+    }
+
+    /// Writes twice the L2 size, evicting (normal-priority) weights from L2.
+    fn flush_l2(&self) -> Result<()> {
+        // SAFETY: the flush buffer is this struct's own allocation of `len` bytes.
+        unsafe {
+            sys::cuMemsetD8Async(
+                self.flush_address,
+                0x5A,
+                self.flush.len(),
+                self.stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(cuda("cuMemsetD8Async"))
+    }
+
+    /// Records event `i` on the stream; inside a capture it becomes an (external) event record
+    /// node, which the flag allows only while capturing.
+    fn mark(&self, i: usize) -> Result<()> {
+        let capturing = self
+            .stream
+            .capture_status()
+            .map_err(cuda("cuStreamIsCapturing"))?
+            == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        let flags = if capturing {
+            sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32
+        } else {
+            0
+        };
+        // SAFETY: a live event and stream of one context.
+        unsafe {
+            sys::cuEventRecordWithFlags(self.events[i].cu_event(), self.stream.cu_stream(), flags)
+        }
+        .result()
+        .map_err(cuda("cuEventRecordWithFlags"))
+    }
+
+    /// (GEMV us, window + GEMV us) of the last forward; waits for it.
+    fn read(&self) -> Result<(f64, f64)> {
+        let gemv = self.events[1]
+            .elapsed_ms(&self.events[2])
+            .map_err(cuda("cuEventElapsedTime"))?;
+        let total = self.events[0]
+            .elapsed_ms(&self.events[2])
+            .map_err(cuda("cuEventElapsedTime"))?;
+        Ok((gemv as f64 * 1e3, total as f64 * 1e3))
+    }
+
+    /// One forward: mark 0, collective (the plan forks its prefetch first), mark 1, GEMV,
+    /// mark 2, join. Eager, or captured when the stream is capturing.
+    fn forward(
+        &self,
+        gemv: &Gemv,
+        ns: u64,
+        plan: Option<&mut L2Plan>,
+        policy: Option<AccessWindow>,
+    ) -> Result<()> {
+        self.mark(0)?;
+        let mut plan = plan;
+        if let Some(plan) = plan.as_deref_mut() {
+            plan.begin_forward(SIG)?;
+            plan.collective()?;
+        }
+        // SAFETY: no flag is polled.
+        unsafe {
+            self.kernels
+                .launch_collective(self.stream.cu_stream(), COLLECTIVE_BLOCKS, ns, 0)
+        }?;
+        self.mark(1)?;
+        if let Some(plan) = plan.as_deref_mut() {
+            let (address, bytes) = gemv.weights();
+            plan.consume(address, bytes)?;
+        }
+        gemv.launch(&self.kernels, &self.stream, policy)?;
+        self.mark(2)?;
+        if let Some(plan) = plan {
+            plan.end_forward()?;
+        }
+        Ok(())
+    }
+}
+
+/// One configuration's state: its plan (learned by one eager forward), set-aside, graph.
+/// Fields drop in order: the graph before the plan whose tables it reads.
+struct Setup {
+    graph: Option<CudaGraph>,
+    plan: Option<L2Plan>,
+    persisting: Option<PersistingL2>,
+    policy: Option<AccessWindow>,
+}
+
+fn setup(bench: &Bench, gemv: &Gemv, mode: Mode, ns: u64, graph: bool) -> Result<Setup> {
+    let (w_address, w_bytes) = gemv.weights();
+    let gpu = bench.kernels.gpu();
+    let mut config = PlanConfig::for_l2(gpu.l2_bytes);
+    config.budget_per_window = w_bytes;
+    let plan = match mode {
+        Mode::None | Mode::AccessPolicy => None,
+        Mode::Prefetch => Some(config),
+        Mode::PrefetchDefaultBudget => Some(PlanConfig::for_l2(gpu.l2_bytes)),
+        Mode::EvictLast => Some(PlanConfig {
+            replay: Replay::Prefetch { variant: 1 },
+            ..config
+        }),
+    };
+    let mut plan = plan
+        .map(|c| L2Plan::new(bench.kernels.clone(), bench.stream.clone(), c))
+        .transpose()?;
+    let (persisting, policy) = if mode == Mode::AccessPolicy {
+        let persisting = PersistingL2::reserve(gpu, w_bytes)?;
+        persisting.reset_lines()?;
+        let window = persisting.window(w_address, w_bytes);
+        (Some(persisting), Some(window))
+    } else {
+        (None, None)
+    };
+    // The plan learns from one eager forward; every timed forward replays it.
+    bench.flush_l2()?;
+    bench.forward(gemv, ns, plan.as_mut(), policy)?;
+    bench
+        .stream
+        .synchronize()
+        .map_err(cuda("cuStreamSynchronize"))?;
+    let graph = if graph {
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        bench
+            .stream
+            .begin_capture(mode)
+            .map_err(cuda("cuStreamBeginCapture"))?;
+        let captured = bench.forward(gemv, ns, plan.as_mut(), policy);
+        let graph = bench
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(cuda("cuStreamEndCapture"))?;
+        captured?;
+        let graph = graph.ok_or_else(|| Error::Invalid {
+            what: "capture",
+            why: "empty graph".into(),
+        })?;
+        graph.upload().map_err(cuda("cuGraphUpload"))?;
+        Some(graph)
+    } else {
+        None
+    };
+    Ok(Setup {
+        plan,
+        persisting,
+        policy,
+        graph,
+    })
+}
+
+/// One timed iteration of a configuration.
+fn iteration(bench: &Bench, gemv: &Gemv, ns: u64, s: &mut Setup) -> Result<(f64, f64)> {
+    bench.flush_l2()?;
+    match &s.graph {
+        Some(graph) => graph.launch().map_err(cuda("cuGraphLaunch"))?,
+        None => bench.forward(gemv, ns, s.plan.as_mut(), s.policy)?,
+    }
+    bench.read()
+}
+
+fn random_bf16(rng: &mut SmallRng, n: usize) -> Vec<bf16> {
+    (0..n)
+        .map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0)))
+        .collect()
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    percentile(v, 0.5)
+}
+
+fn percentile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn bench_l2_prefetch(c: &mut Criterion) {
+    if let Err(e) = run(c) {
+        eprintln!("l2_prefetch bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(c: &mut Criterion) -> Result<()> {
+    let Some(gpu) = Gpu::for_test("the l2_prefetch bench")? else {
+        return Ok(());
+    };
+    let bench = Bench::new(&gpu)?;
+    println!(
+        "{} (sm_{}{}, {} SMs, L2 {:.1} MiB), PTX {}",
+        gpu.name,
+        gpu.compute_capability.0,
+        gpu.compute_capability.1,
+        gpu.multiprocessors,
+        gpu.l2_bytes as f64 / MIB as f64,
+        bench.kernels.arch()
+    );
+    // Graph capture reads raw addresses only; cudarc's per-slice events must stay out of it.
+    // SAFETY: from here on every launch passes raw addresses and no slice is shared between
+    // streams without the plan's own fork and join.
+    unsafe { gpu.ctx.disable_event_tracking() };
+
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut samples: BTreeMap<Key, Samples> = BTreeMap::new();
+    let mut graphs_work = true;
+    let mut group = c.benchmark_group("l2_prefetch");
+    group
+        .sample_size(10)
+        .warm_up_time(std::time::Duration::from_millis(20))
+        .measurement_time(std::time::Duration::from_millis(80))
+        .nresamples(1000);
+    for m in MS {
+        for w_mib in WEIGHTS_MIB {
+            let rows = (w_mib * MIB / (2 * K as u64)) as usize;
+            let x = random_bf16(&mut rng, m as usize * K as usize);
+            let w = random_bf16(&mut rng, rows * K as usize);
+            let gemv = Gemv::new(&bench.kernels, &bench.stream, &x, &w, m, K)?;
+            for t_us in WINDOWS_US {
+                let ns = t_us * 1000;
+                for graph in [false, true] {
+                    if graph && !graphs_work {
+                        continue;
+                    }
+                    for mode in Mode::ALL {
+                        let mut s = match setup(&bench, &gemv, mode, ns, graph) {
+                            Ok(s) => s,
+                            Err(e) if mode == Mode::AccessPolicy => {
+                                println!("access-policy mode unavailable: {e}");
+                                continue;
+                            }
+                            Err(e) if graph => {
+                                println!(
+                                    "graph replay unavailable, graph configurations skipped: {e}"
+                                );
+                                graphs_work = false;
+                                break;
+                            }
+                            Err(e) => return Err(e),
+                        };
+                        let key: Key = (m, w_mib, t_us, graph, mode);
+                        let mut failure = None;
+                        let exec = if graph { "graph" } else { "eager" };
+                        let id = format!("{}/{exec}/M{m}/W{w_mib}MiB/T{t_us}us", mode.name());
+                        let store = samples.entry(key).or_default();
+                        group.bench_function(id, |b| {
+                            b.iter_custom(|iters| {
+                                let mut total = std::time::Duration::ZERO;
+                                for _ in 0..iters {
+                                    match iteration(&bench, &gemv, ns, &mut s) {
+                                        Ok((g, t)) => {
+                                            store.push((g, t));
+                                            total += std::time::Duration::from_secs_f64(t * 1e-6);
+                                        }
+                                        Err(e) => {
+                                            failure.get_or_insert(e);
+                                        }
+                                    }
+                                }
+                                total
+                            })
+                        });
+                        if let Some(e) = failure {
+                            if !graph {
+                                return Err(e);
+                            }
+                            println!("graph replay failed, graph configurations skipped: {e}");
+                            samples.remove(&key);
+                            graphs_work = false;
+                            break;
+                        }
+                        if let Some(p) = &s.persisting {
+                            p.reset_lines()?;
+                        }
+                        drop(s);
+                    }
+                }
+            }
+        }
+    }
+    group.finish();
+    summary(&mut samples);
+    copy_peer(&bench, &samples)?;
+    issue_time(&bench)?;
+    slack(&bench, &mut rng)?;
+    spark(&bench);
+    Ok(())
+}
+
+/// The table: per configuration the medians of GEMV and window + GEMV, ratios to no prefetch.
+fn summary(samples: &mut BTreeMap<Key, Samples>) {
+    println!(
+        "\n== L2 prefetch: medians in us; speedup = none / mode; p10-p90 of none's window+GEMV is the spread"
+    );
+    println!(
+        "{:<6} {:>3} {:>4} {:>4} {:<24} {:>9} {:>10} {:>8} {:>9} {:>12}",
+        "exec", "M", "WMiB", "Tus", "mode", "gemv", "win+gemv", "gemv x", "total x", "none spread"
+    );
+    let keys: Vec<Key> = samples.keys().copied().collect();
+    let mut goal_gemv = Vec::new();
+    let mut slower = Vec::new();
+    for key in keys {
+        let (m, w, t, graph, mode) = key;
+        let none_key = (m, w, t, graph, Mode::None);
+        let stats = |s: &Samples| {
+            let mut g: Vec<f64> = s.iter().map(|x| x.0).collect();
+            let mut tt: Vec<f64> = s.iter().map(|x| x.1).collect();
+            let spread = percentile(&mut tt, 0.9) - percentile(&mut tt, 0.1);
+            (median(&mut g), median(&mut tt), spread)
+        };
+        let (g, total, _) = stats(&samples[&key]);
+        let (g0, t0, spread0) = samples
+            .get(&none_key)
+            .map_or((f64::NAN, f64::NAN, f64::NAN), stats);
+        println!(
+            "{:<6} {:>3} {:>4} {:>4} {:<24} {:>9.2} {:>10.2} {:>8.2} {:>9.3} {:>12.2}",
+            if graph { "graph" } else { "eager" },
+            m,
+            w,
+            t,
+            mode.name(),
+            g,
+            total,
+            g0 / g,
+            t0 / total,
+            spread0
+        );
+        if mode == Mode::Prefetch && t >= 20 && w <= 32 {
+            goal_gemv.push((key, g0 / g));
+        }
+        if mode != Mode::None && total - t0 > spread0 {
+            slower.push((key, total - t0, spread0));
+        }
+    }
+    let met = goal_gemv.iter().filter(|(_, r)| *r >= 1.3).count();
+    println!(
+        "goal, GEMV >= 1.3x faster after a window >= 20 us (plain prefetch, budget W): {met} of {} configurations",
+        goal_gemv.len()
+    );
+    for ((m, w, t, graph, _), r) in goal_gemv.iter().filter(|(_, r)| *r < 1.3) {
+        println!(
+            "  missed: M{m} W{w}MiB T{t}us {}: {r:.2}x",
+            if *graph { "graph" } else { "eager" }
+        );
+    }
+    println!(
+        "configurations whose window + GEMV is slower than none by more than none's spread: {}",
+        slower.len()
+    );
+    for ((m, w, t, graph, mode), d, s) in &slower {
+        println!(
+            "  {} M{m} W{w}MiB T{t}us {}: +{d:.2} us (spread {s:.2} us)",
+            mode.name(),
+            if *graph { "graph" } else { "eager" }
+        );
+    }
+}
+
+/// The peer: device-to-device copy bandwidth (bytes read + written per second) of 32 MiB, cold,
+/// against the GEMV's cold weight bandwidth from the same run.
+fn copy_peer(bench: &Bench, samples: &BTreeMap<Key, Samples>) -> Result<()> {
+    let bytes = 32 * MIB as usize;
+    let src = bench
+        .stream
+        .alloc_zeros::<u8>(bytes)
+        .map_err(cuda("cuMemAlloc"))?;
+    let dst = bench
+        .stream
+        .alloc_zeros::<u8>(bytes)
+        .map_err(cuda("cuMemAlloc"))?;
+    let (src_address, dst_address) = (
+        src.device_ptr(&bench.stream).0,
+        dst.device_ptr(&bench.stream).0,
+    );
+    let mut us = Vec::new();
+    for _ in 0..20 {
+        bench.flush_l2()?;
+        bench.mark(1)?;
+        // SAFETY: two live allocations of `bytes` bytes each, not overlapping.
+        unsafe {
+            sys::cuMemcpyDtoDAsync_v2(dst_address, src_address, bytes, bench.stream.cu_stream())
+        }
+        .result()
+        .map_err(cuda("cuMemcpyDtoDAsync"))?;
+        bench.mark(2)?;
+        let ms = bench.events[1]
+            .elapsed_ms(&bench.events[2])
+            .map_err(cuda("cuEventElapsedTime"))?;
+        us.push(ms as f64 * 1e3);
+    }
+    let copy = 2.0 * bytes as f64 / (median(&mut us) * 1e-6) / 1e9;
+    println!("\n== peer: device-to-device copy of 32 MiB, cold: {copy:.0} GB/s (read + write)");
+    println!(
+        "{:<6} {:>3} {:>5} {:>12} {:>9}",
+        "exec", "M", "WMiB", "GEMV GB/s", "of copy"
+    );
+    for (&(m, w, t, graph, mode), s) in samples {
+        if mode != Mode::None || t != WINDOWS_US[WINDOWS_US.len() - 1] {
+            continue;
+        }
+        let mut g: Vec<f64> = s.iter().map(|x| x.0).collect();
+        let gbs = (w * MIB) as f64 / (median(&mut g) * 1e-6) / 1e9;
+        let exec = if graph { "graph" } else { "eager" };
+        println!(
+            "{exec:<6} {m:>3} {w:>5} {gbs:>12.0} {:>8.0}%",
+            100.0 * gbs / copy
+        );
+    }
+    Ok(())
+}
+
+/// The prefetch kernel alone on an idle GPU: its duration is the time to issue the prefetches.
+fn issue_time(bench: &Bench) -> Result<()> {
+    println!("\n== prefetch issue time (kernel duration, median of 20, after an L2 flush)");
+    println!(
+        "{:<24} {:>5} {:>7} {:>8} {:>9} {:>9}",
+        "variant", "WMiB", "blocks", "threads", "us", "us/MiB"
+    );
+    let bytes = 32 * MIB as usize;
+    let buffer = bench
+        .stream
+        .alloc_zeros::<u8>(bytes)
+        .map_err(cuda("cuMemAlloc"))?;
+    let base = buffer.device_ptr(&bench.stream).0;
+    for w_mib in WEIGHTS_MIB {
+        // The plan's layout: 512 KiB pieces, one block per piece up to `blocks`.
+        let pieces: Vec<_> = (0..w_mib * 2)
+            .map(|i| fetchahead::device_abi::params::Segment {
+                address: base + i * fetchahead::l2_plan::SEGMENT_PIECE,
+                bytes: fetchahead::l2_plan::SEGMENT_PIECE,
+            })
+            .collect();
+        let table = SegmentTable::upload(&bench.stream, &pieces)?;
+        for (variant, v) in l2_prefetch::VARIANTS.iter().enumerate() {
+            for (blocks, threads) in [(8, 64), (1, 64), (32, 64), (8, 256)] {
+                let mut us = Vec::new();
+                for _ in 0..20 {
+                    bench.flush_l2()?;
+                    bench.mark(1)?;
+                    let p = PrefetchParams {
+                        segments: table.address(),
+                        n: table.len() as u64,
+                        chunk: l2_prefetch::DEFAULT_CHUNK,
+                        _pad: 0,
+                    };
+                    // SAFETY: checked segments inside `buffer`, alive past the reads below.
+                    unsafe {
+                        bench.kernels.launch_l2_prefetch(
+                            bench.stream.cu_stream(),
+                            variant,
+                            p,
+                            blocks,
+                            threads,
+                        )
+                    }?;
+                    bench.mark(2)?;
+                    let ms = bench.events[1]
+                        .elapsed_ms(&bench.events[2])
+                        .map_err(cuda("cuEventElapsedTime"))?;
+                    us.push(ms as f64 * 1e3);
+                }
+                let t = median(&mut us);
+                println!(
+                    "{:<24} {:>5} {:>7} {:>8} {:>9.2} {:>9.2}",
+                    v.name,
+                    w_mib,
+                    blocks,
+                    threads,
+                    t,
+                    t / w_mib as f64
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// GEMV time after the prefetch finished issuing, with S us of idle slack in between.
+fn slack(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
+    let w_mib = 32u64;
+    println!(
+        "\n== slack: {w_mib} MiB prefetched (plain, 8 x 64), S us of idle collective, then the GEMV (M = 1); median of 20"
+    );
+    println!("{:>6} {:>10} {:>14}", "S us", "cold us", "prefetched us");
+    let rows = (w_mib * MIB / (2 * K as u64)) as usize;
+    let x = random_bf16(rng, K as usize);
+    let w = random_bf16(rng, rows * K as usize);
+    let gemv = Gemv::new(&bench.kernels, &bench.stream, &x, &w, 1, K)?;
+    let (address, bytes) = gemv.weights();
+    let pieces: Vec<_> = (0..bytes / fetchahead::l2_plan::SEGMENT_PIECE)
+        .map(|i| fetchahead::device_abi::params::Segment {
+            address: address + i * fetchahead::l2_plan::SEGMENT_PIECE,
+            bytes: fetchahead::l2_plan::SEGMENT_PIECE,
+        })
+        .collect();
+    let table = SegmentTable::upload(&bench.stream, &pieces)?;
+    for s_us in [0u64, 1, 2, 5, 10, 20, 50] {
+        let mut row = [0f64; 2];
+        for (i, prefetch) in [false, true].into_iter().enumerate() {
+            let mut us = Vec::new();
+            for _ in 0..20 {
+                bench.flush_l2()?;
+                if prefetch {
+                    let p = PrefetchParams {
+                        segments: table.address(),
+                        n: table.len() as u64,
+                        chunk: l2_prefetch::DEFAULT_CHUNK,
+                        _pad: 0,
+                    };
+                    // SAFETY: checked segments inside the GEMV's weights, alive past the reads.
+                    unsafe {
+                        bench
+                            .kernels
+                            .launch_l2_prefetch(bench.stream.cu_stream(), 0, p, 8, 64)
+                    }?;
+                }
+                if s_us > 0 {
+                    // SAFETY: no flag is polled.
+                    unsafe {
+                        bench
+                            .kernels
+                            .launch_collective(bench.stream.cu_stream(), 1, s_us * 1000, 0)
+                    }?;
+                }
+                bench.mark(1)?;
+                gemv.launch(&bench.kernels, &bench.stream, None)?;
+                bench.mark(2)?;
+                let ms = bench.events[1]
+                    .elapsed_ms(&bench.events[2])
+                    .map_err(cuda("cuEventElapsedTime"))?;
+                us.push(ms as f64 * 1e3);
+            }
+            row[i] = median(&mut us);
+        }
+        println!("{:>6} {:>10.2} {:>14.2}", s_us, row[0], row[1]);
+    }
+    Ok(())
+}
+
+/// The DGX Spark (GB10): reasoned from its L2 size, not measured here.
+fn spark(bench: &Bench) {
+    let spark_l2 = 24 * MIB;
+    let budget = default_budget(spark_l2);
+    let here = bench.kernels.gpu().l2_bytes;
+    println!(
+        "\n== DGX Spark, reasoned (not measured): L2 24 MiB -> default budget {:.2} MiB per window",
+        budget as f64 / MIB as f64
+    );
+    println!(
+        "   (this device: L2 {:.1} MiB -> default budget {:.2} MiB)",
+        here as f64 / MIB as f64,
+        default_budget(here) as f64 / MIB as f64
+    );
+    for w_mib in WEIGHTS_MIB {
+        let covered = (budget as f64 / (w_mib * MIB) as f64).min(1.0);
+        println!(
+            "   W {w_mib:>2} MiB: the default budget warms the first {:.0}% of the weights; the rest is read cold",
+            covered * 100.0
+        );
+    }
+    println!(
+        "   The issue time per MiB and the slack above bound how much of a window's budget is warm in time."
+    );
+}
+
+criterion_group!(benches, bench_l2_prefetch);
+criterion_main!(benches);

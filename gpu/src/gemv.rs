@@ -1,0 +1,195 @@
+//! Weight-bound bf16 GEMV for decode (M <= 16): `y[m, n] = sum_k x[m, k] * w[n, k]`, f32 out.
+//!
+//! One warp owns 16 weight rows and a split of K, and multiplies with `mma.m16n8k16` (bf16 in,
+//! f32 accumulate): the weights are the 16x16 A tile, the activations the 16x8 B tile. K is
+//! permuted inside each 32-element step so that every lane reads its A and B fragments as single
+//! 16-byte loads: lane (g, t) loads weight rows g and g + 8 at elements 8t..8t+8 (streaming,
+//! no L1) and activation row g (or 8 + g) at the same elements (cached: every warp re-reads x).
+//! Four steps are loaded before any is multiplied, for eight 16-byte weight loads in flight per
+//! lane. Splits of K write f32 partials; the last warp of a row group to finish sums them in
+//! split order (so the result is deterministic) in the same launch.
+
+/// Activation rows handled per 8-row MMA tile.
+pub const M_TILE: u32 = 8;
+/// Steps of [`GEMV_K_STEP`](crate::params::GEMV_K_STEP) loaded before any is multiplied.
+pub const UNROLL: u32 = 4;
+/// Threads per GEMV block (4 warps).
+pub const BLOCK_THREADS: u32 = 128;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    pub name: &'static str,
+    /// The most activation rows the variant handles.
+    pub max_m: u32,
+    pub about: &'static str,
+}
+
+pub const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "gemv_bf16_m8",
+        max_m: 8,
+        about: "bf16 GEMV, M <= 8: one mma.m16n8k16 per 16 K, 16-byte loads",
+    },
+    Variant {
+        name: "gemv_bf16_m16",
+        max_m: 16,
+        about: "bf16 GEMV, M <= 16: two mma.m16n8k16 per 16 K, 16-byte loads",
+    },
+];
+
+#[cfg(target_arch = "nvptx64")]
+mod kernels {
+    use super::{M_TILE, UNROLL};
+    use crate::device::{
+        atomic_inc_acq_rel, fence_gpu, global_thread, load_16, load_relaxed_f32, load_stream_16,
+        mma_16x8x16_bf16, store_f32, store_relaxed_u32, warp_broadcast_lane0, warp_sync,
+    };
+    use crate::params::{GEMV_K_STEP, GEMV_ROWS_PER_WARP, GemvParams};
+
+    /// One warp: rows `16 r .. 16 r + 16` of `w`, split `s` of K, `TILES` tiles of 8 x rows.
+    #[inline(always)]
+    unsafe fn gemv<const TILES: usize>(p: &GemvParams) {
+        let warp = global_thread() / 32;
+        let lane = (global_thread() % 32) as u32;
+        let (g, t) = ((lane / 4) as u64, (lane % 4) as u64);
+        // At least 1 so that the division below cannot trap (the host refuses n < 16 anyway).
+        let row_groups = ((p.n / GEMV_ROWS_PER_WARP) as u64).max(1);
+        let splits = p.splits.max(1) as u64;
+        if warp >= row_groups * splits {
+            return;
+        }
+        let (group, split) = (warp % row_groups, warp / row_groups);
+        let row_bytes = p.k as u64 * 2;
+        let steps = p.k as u64 / GEMV_K_STEP as u64 / splits;
+        let first_step = split * steps;
+        let row_lo = group * GEMV_ROWS_PER_WARP as u64 + g;
+        // Byte offset of this lane's 8 elements in step 0 of its split.
+        let lane_offset = first_step * GEMV_K_STEP as u64 * 2 + t * 16;
+        let w_lo = p.w + row_lo * row_bytes + lane_offset;
+        let w_hi = w_lo + 8 * row_bytes;
+        let mut x_row = [0u64; TILES];
+        let mut x_live = [false; TILES];
+        for q in 0..TILES {
+            let m = q as u64 * M_TILE as u64 + g;
+            x_live[q] = m < p.m as u64;
+            x_row[q] = p.x + m * row_bytes + lane_offset;
+        }
+        let mut acc = [[0f32; 4]; TILES];
+        let step_bytes = GEMV_K_STEP as u64 * 2;
+        let mut step = 0u64;
+        while step < steps {
+            let batch = if steps - step < UNROLL as u64 {
+                1
+            } else {
+                UNROLL as usize
+            };
+            let mut lo = [[0u32; 4]; UNROLL as usize];
+            let mut hi = [[0u32; 4]; UNROLL as usize];
+            let mut xs = [[[0u32; 4]; TILES]; UNROLL as usize];
+            for j in 0..UNROLL as usize {
+                if j < batch {
+                    let off = (step + j as u64) * step_bytes;
+                    // SAFETY: rows row_lo and row_lo + 8 < n and elements < k (the host checked
+                    // n % 16 == 0 and k % (32 splits) == 0); nothing writes w or x.
+                    unsafe {
+                        lo[j] = load_stream_16(w_lo + off);
+                        hi[j] = load_stream_16(w_hi + off);
+                    }
+                    for q in 0..TILES {
+                        if x_live[q] {
+                            // SAFETY: row m < p.m of x, the same elements as the weights.
+                            xs[j][q] = unsafe { load_16(x_row[q] + off) };
+                        }
+                    }
+                }
+            }
+            for j in 0..UNROLL as usize {
+                if j < batch {
+                    for q in 0..TILES {
+                        let (a, b, x) = (lo[j], hi[j], xs[j][q]);
+                        acc[q] = mma_16x8x16_bf16([a[0], b[0], a[1], b[1]], [x[0], x[1]], acc[q]);
+                        acc[q] = mma_16x8x16_bf16([a[2], b[2], a[3], b[3]], [x[2], x[3]], acc[q]);
+                    }
+                }
+            }
+            step += batch as u64;
+        }
+        // Lane (g, t) holds rows g and g + 8, activation rows 8q + 2t and 8q + 2t + 1.
+        let out = if splits > 1 {
+            p.partial + split * p.m as u64 * p.n as u64 * 4
+        } else {
+            p.y
+        };
+        for q in 0..TILES {
+            for (i, v) in acc[q].iter().enumerate() {
+                let m = q as u64 * M_TILE as u64 + 2 * t + (i % 2) as u64;
+                let n = row_lo + 8 * (i / 2) as u64;
+                if m < p.m as u64 {
+                    // SAFETY: m < p.m and n < p.n index this split's [m, n] output; one lane
+                    // owns each element.
+                    unsafe { store_f32(out + (m * p.n as u64 + n) * 4, *v) };
+                }
+            }
+        }
+        if splits > 1 {
+            // SAFETY: the host passes n / 16 zeroed counters and the partials with splits > 1.
+            unsafe { reduce_if_last(p, group, splits, lane) };
+        }
+    }
+
+    /// The split-K epilogue of one warp: publishes its partials, and if it is the last split of
+    /// its row group to do so, sums all splits in order into `y` and resets the counter.
+    #[inline(always)]
+    unsafe fn reduce_if_last(p: &GemvParams, group: u64, splits: u64, lane: u32) {
+        let counter = p.counters + group * 4;
+        // Every lane's partial stores, then the warp, then one count: the release half.
+        fence_gpu();
+        warp_sync();
+        let mut arrived = 0;
+        if lane == 0 {
+            // SAFETY: counter `group` < n / 16 of the host's zeroed array.
+            arrived = unsafe { atomic_inc_acq_rel(counter) } + 1;
+        }
+        let arrived = warp_broadcast_lane0(arrived) as u64;
+        warp_sync();
+        if arrived != splits {
+            return;
+        }
+        // The acquire half: every other split's partials are visible from here on.
+        fence_gpu();
+        let (m_rows, n) = (p.m as u64, p.n as u64);
+        let mut e = lane as u64;
+        while e < GEMV_ROWS_PER_WARP as u64 * m_rows {
+            let (row, m) = (e % GEMV_ROWS_PER_WARP as u64, e / GEMV_ROWS_PER_WARP as u64);
+            let i = m * n + group * GEMV_ROWS_PER_WARP as u64 + row;
+            let mut sum = 0f32;
+            let mut s = 0u64;
+            while s < splits {
+                // SAFETY: s < splits, m < p.m and the row < p.n index the [splits, m, n] partials.
+                sum += unsafe { load_relaxed_f32(p.partial + (s * m_rows * n + i) * 4) };
+                s += 1;
+            }
+            // SAFETY: i indexes y[m, n]; only this warp writes row group `group` of y.
+            unsafe { store_f32(p.y + i * 4, sum) };
+            e += 32;
+        }
+        if lane == 0 {
+            // SAFETY: as above; the next launch, in stream order, finds the counter zero.
+            unsafe { store_relaxed_u32(counter, 0) };
+        }
+    }
+
+    /// Per lane: two 16-byte weight loads and one 16-byte activation load per 32 K, one tile.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gemv_bf16_m8(p: GemvParams) {
+        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
+        unsafe { gemv::<1>(&p) }
+    }
+
+    /// Per lane: two 16-byte weight loads and two 16-byte activation loads per 32 K, two tiles.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gemv_bf16_m16(p: GemvParams) {
+        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
+        unsafe { gemv::<2>(&p) }
+    }
+}

@@ -1,0 +1,129 @@
+//! A bf16 GEMV with its buffers: the weight-bound reader the L2 plan warms weights for, used by
+//! the tests and benches as the kernel after a collective.
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use fetchahead_gpu::params::GemvParams;
+use half::bf16;
+
+use crate::access_policy::AccessWindow;
+use crate::error::CudaCall;
+use crate::kernels::Kernels;
+use crate::{Error, Result};
+
+/// `y[m, n] = sum_k x[m, k] * w[n, k]`: bf16 `x` and `w`, f32 `y`, in device memory.
+#[derive(Debug)]
+pub struct Gemv {
+    x: CudaSlice<u16>,
+    w: CudaSlice<u16>,
+    partial: CudaSlice<f32>,
+    /// One arrival counter per 16 weight rows for the split-K epilogue (zero between launches).
+    _counters: CudaSlice<u32>,
+    y: CudaSlice<f32>,
+    params: GemvParams,
+}
+
+impl Gemv {
+    /// Copies `x` (`m x k`) and `w` (`n x k`) to the device on `stream`, with output buffers
+    /// and the K split [`Kernels::gemv_splits`] picks.
+    pub fn new(
+        kernels: &Kernels,
+        stream: &Arc<CudaStream>,
+        x: &[bf16],
+        w: &[bf16],
+        m: u32,
+        k: u32,
+    ) -> Result<Gemv> {
+        let (mu, ku) = (m as usize, k as usize);
+        if ku == 0 || x.len() != mu * ku || !w.len().is_multiple_of(ku) {
+            return Err(Error::invalid(
+                "gemv",
+                format!(
+                    "x of {} and w of {} elements for m = {m}, k = {k}",
+                    x.len(),
+                    w.len()
+                ),
+            ));
+        }
+        let n = u32::try_from(w.len() / ku)
+            .map_err(|_| Error::invalid("gemv", format!("{} weight rows", w.len() / ku)))?;
+        let splits = kernels.gemv_splits(n, k);
+        let bits = |v: &[bf16]| v.iter().map(|b| b.to_bits()).collect::<Vec<u16>>();
+        let x = stream.clone_htod(&bits(x)).call("cuMemcpyHtoD")?;
+        let w = stream.clone_htod(&bits(w)).call("cuMemcpyHtoD")?;
+        let partial_len = if splits > 1 {
+            splits as usize * mu * n as usize
+        } else {
+            1
+        };
+        let partial = stream.alloc_zeros::<f32>(partial_len).call("cuMemAlloc")?;
+        let counters = stream
+            .alloc_zeros::<u32>((n as usize / 16).max(1))
+            .call("cuMemAlloc")?;
+        let y = stream
+            .alloc_zeros::<f32>((mu * n as usize).max(1))
+            .call("cuMemAlloc")?;
+        let params = GemvParams {
+            x: x.device_ptr(stream).0,
+            w: w.device_ptr(stream).0,
+            partial: partial.device_ptr(stream).0,
+            y: y.device_ptr(stream).0,
+            counters: counters.device_ptr(stream).0,
+            m,
+            n,
+            k,
+            splits,
+        };
+        Ok(Gemv {
+            x,
+            w,
+            partial,
+            _counters: counters,
+            y,
+            params,
+        })
+    }
+
+    /// Device address and bytes of the weights: what a plan learns.
+    pub fn weights(&self) -> (u64, u64) {
+        (self.params.w, self.w.len() as u64 * 2)
+    }
+
+    pub fn params(&self) -> GemvParams {
+        self.params
+    }
+
+    /// Launches the GEMV on `stream` (raw addresses, nothing allocated or recorded: capturable).
+    pub fn launch(
+        &self,
+        kernels: &Kernels,
+        stream: &CudaStream,
+        policy: Option<AccessWindow>,
+    ) -> Result<()> {
+        // SAFETY: the buffers are this struct's own allocations of the sizes the params name,
+        // alive while it is; y and partial are written only by this GEMV's launches.
+        unsafe { kernels.launch_gemv(stream.cu_stream(), self.params, policy) }
+    }
+
+    /// Fills `y` with NaN bits (0xFF bytes) so that an unwritten element shows.
+    pub fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        crate::selfcheck::poison(stream, &mut self.y)
+    }
+
+    /// Copies `y` back (waits for `stream`).
+    pub fn read_y(&self, stream: &Arc<CudaStream>) -> Result<Vec<f32>> {
+        let y = stream.clone_dtoh(&self.y).call("cuMemcpyDtoH")?;
+        stream.synchronize().call("cuStreamSynchronize")?;
+        Ok(y)
+    }
+
+    /// The activations' device buffer (kept alive with the weights).
+    pub fn x_len(&self) -> usize {
+        self.x.len()
+    }
+
+    /// Bytes of the split-K partial buffer.
+    pub fn partial_bytes(&self) -> usize {
+        self.partial.len() * 4
+    }
+}

@@ -1,0 +1,689 @@
+//! `L2Plan`: learns which weights follow each collective of a forward, and warms them into L2
+//! while the next forward's collective runs.
+//!
+//! Learning: the caller brackets a forward with a [`Signature`] it chooses, announces each
+//! collective before launching it, and reports every weight a kernel consumes. Per signature the
+//! plan keeps, for each collective, the weights consumed after it, in order, up to a byte budget
+//! per window. Replay: before collective `k` the plan forks a side stream from the main stream,
+//! prefetches window `k` there, and joins it back at the next collective or at the end of the
+//! forward; inside a CUDA graph capture the fork and join become a graph branch.
+//!
+//! The rules that keep a plan harmless: a prefetch is only a cache hint, so a stale plan can
+//! only waste bandwidth; a forward with more collectives than learned prefetches nothing past the
+//! plan; an eager forward that saw no collectives never replaces a learned plan; a signature is
+//! frozen once captured, and the segment tables a capture used live as long as the plan (and as
+//! long as the caller keeps the [`ForwardOutcome::tables`] it got back).
+//!
+//! [`Planner`] is the plan logic alone, on the CPU; [`L2Plan`] drives the device with it.
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaEvent, CudaStream, sys};
+use fetchahead_gpu::l2_prefetch;
+use fetchahead_gpu::params::{PrefetchParams, Segment};
+
+use crate::access_policy::PersistingL2;
+use crate::error::CudaCall;
+use crate::kernels::Kernels;
+use crate::segments::{SEGMENT_ALIGN, SegmentTable, aligned_segment};
+use crate::{Error, Result};
+
+/// What the caller says identifies a forward's shape (for example tokens in the batch and the
+/// forward mode); forwards of one signature are expected to consume the same weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Signature(pub u64);
+
+impl Signature {
+    /// A signature from a token count and a caller-defined mode number.
+    pub fn new(tokens: u32, mode: u32) -> Signature {
+        Signature((mode as u64) << 32 | tokens as u64)
+    }
+}
+
+/// The largest segment a window holds: a tensor is cut into pieces of this size so that one
+/// large weight still spreads its prefetch over several blocks (blocks stride over segments).
+pub const SEGMENT_PIECE: u64 = 512 << 10;
+
+/// The default budget per window: a tenth of L2 (6 MiB of the H200's 60 MiB, 2.4 MiB of the
+/// DGX Spark's 24 MiB), leaving the rest to the collective's and the reader's own traffic.
+pub fn default_budget(l2_bytes: u64) -> u64 {
+    let budget = l2_bytes / 10;
+    (budget - budget % SEGMENT_ALIGN).max(SEGMENT_ALIGN)
+}
+
+/// How a learned window is warmed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replay {
+    /// `l2_prefetch::VARIANTS[variant]` on a side stream (0: plain, 1: evict_last).
+    Prefetch { variant: usize },
+    /// The main stream's access-policy window set over the window's first weight (persisting
+    /// lines in the L2 set-aside). Eager forwards only: a captured forward gets no window.
+    AccessPolicy,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PlanConfig {
+    /// Bytes kept per window (rounded down to 16).
+    pub budget_per_window: u64,
+    /// Bytes per prefetch instruction (a multiple of 16).
+    pub chunk: u32,
+    /// Prefetch blocks: `min(segments, max_blocks)`.
+    pub max_blocks: u32,
+    /// Prefetch threads per block.
+    pub threads: u32,
+    pub replay: Replay,
+}
+
+impl PlanConfig {
+    /// The defaults for a device with `l2_bytes` of L2: [`default_budget`], 16 KiB chunks,
+    /// `min(n, 8)` blocks of 64 threads, the plain prefetch.
+    pub fn for_l2(l2_bytes: u64) -> PlanConfig {
+        PlanConfig {
+            budget_per_window: default_budget(l2_bytes),
+            chunk: l2_prefetch::DEFAULT_CHUNK,
+            max_blocks: l2_prefetch::DEFAULT_MAX_BLOCKS,
+            threads: l2_prefetch::DEFAULT_THREADS,
+            replay: Replay::Prefetch { variant: 0 },
+        }
+    }
+}
+
+/// What the plan did so far, readable at any time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Windows whose prefetch (or access-policy window) was issued from the host; a captured
+    /// forward counts once, at capture, however often its graph is replayed.
+    pub windows_prefetched: u64,
+    /// Bytes those windows cover.
+    pub bytes_prefetched: u64,
+    /// Forwards that began with no learned segment for their signature.
+    pub forwards_without_plan: u64,
+    /// Captured forwards whose collectives or weights differed from the frozen plan.
+    pub mismatches_at_capture: u64,
+    pub forwards: u64,
+    /// Signatures with a stored plan.
+    pub signatures: u64,
+}
+
+/// One collective's learned weights, as a range of [`Windows::segments`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Span {
+    start: usize,
+    len: usize,
+    bytes: u64,
+}
+
+/// A forward's windows: one per collective, each the weights consumed after it, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Windows {
+    segments: Vec<Segment>,
+    spans: Vec<Span>,
+}
+
+impl Windows {
+    /// Collectives seen (windows, empty ones included).
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// The segments of window `k`, in consumption order (empty past the last window).
+    pub fn window(&self, k: usize) -> &[Segment] {
+        self.spans
+            .get(k)
+            .and_then(|s| self.segments.get(s.start..s.start + s.len))
+            .unwrap_or(&[])
+    }
+
+    /// Bytes window `k` covers.
+    pub fn window_bytes(&self, k: usize) -> u64 {
+        self.spans.get(k).map_or(0, |s| s.bytes)
+    }
+
+    /// Every segment, window after window (the layout of the device table).
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    fn clear(&mut self) {
+        self.segments.clear();
+        self.spans.clear();
+    }
+
+    fn open_window(&mut self) {
+        self.spans.push(Span {
+            start: self.segments.len(),
+            len: 0,
+            bytes: 0,
+        });
+    }
+
+    /// Appends `s` to the last window, trimmed to what is left of `budget` and cut into pieces
+    /// of at most [`SEGMENT_PIECE`] bytes; a weight whose start the window already covers (the
+    /// same tensor consumed twice) is skipped.
+    fn push_within(&mut self, s: Segment, budget: u64) {
+        let Some(span) = self.spans.last_mut() else {
+            return;
+        };
+        let window = self.segments.get(span.start..).unwrap_or(&[]);
+        if window
+            .iter()
+            .any(|w| w.address <= s.address && s.address - w.address < w.bytes)
+        {
+            return;
+        }
+        let mut left = s.bytes.min(budget.saturating_sub(span.bytes));
+        let mut address = s.address;
+        while left > 0 {
+            let bytes = left.min(SEGMENT_PIECE);
+            self.segments.push(Segment { address, bytes });
+            span.len += 1;
+            span.bytes += bytes;
+            address += bytes;
+            left -= bytes;
+        }
+    }
+}
+
+/// How a forward's end changed its signature's plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Learned {
+    /// The first plan of this signature.
+    New,
+    /// A different plan replaced the learned one.
+    Replaced,
+    /// The forward matched the learned plan.
+    Unchanged,
+    /// The forward saw no collectives; the learned plan (if any) stays.
+    NoCollectives,
+    /// The signature is frozen (captured before); an eager forward leaves it as it is.
+    Frozen,
+    /// A captured forward froze the signature; `mismatch` when it differed from the plan.
+    Captured { mismatch: bool },
+}
+
+/// What one forward did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForwardSummary {
+    pub signature: Signature,
+    pub collectives: usize,
+    pub captured: bool,
+    pub learned: Learned,
+    /// This forward stored the signature's first plan (logged once).
+    pub new_signature: bool,
+}
+
+#[derive(Clone, Debug)]
+struct LearnedPlan {
+    windows: Windows,
+    frozen: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct OpenForward {
+    signature: Signature,
+    captured: bool,
+    collectives: usize,
+}
+
+/// The plan logic, without a device: learning, budget trimming, relearning, freezing, mismatch
+/// counting. Nothing here allocates per forward once its buffers have grown to the largest
+/// forward, except when a plan is stored or replaced.
+#[derive(Debug)]
+pub struct Planner {
+    budget: u64,
+    plans: HashMap<Signature, LearnedPlan>,
+    open: Option<OpenForward>,
+    observed: Windows,
+    counters: Counters,
+}
+
+impl Planner {
+    /// A planner keeping up to `budget_per_window` bytes per window (rounded down to 16; at
+    /// least 16).
+    pub fn new(budget_per_window: u64) -> Result<Planner> {
+        let budget = budget_per_window - budget_per_window % SEGMENT_ALIGN;
+        if budget == 0 {
+            return Err(Error::invalid(
+                "L2 plan budget",
+                format!("{budget_per_window} bytes per window is below 16"),
+            ));
+        }
+        Ok(Planner {
+            budget,
+            plans: HashMap::new(),
+            open: None,
+            observed: Windows::default(),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// Changes the budget; plans learned from now on use it.
+    pub fn set_budget(&mut self, budget_per_window: u64) -> Result<()> {
+        let fresh = Planner::new(budget_per_window)?;
+        self.budget = fresh.budget;
+        Ok(())
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// The learned windows of `signature`.
+    pub fn plan(&self, signature: Signature) -> Option<&Windows> {
+        self.plans.get(&signature).map(|p| &p.windows)
+    }
+
+    pub fn is_frozen(&self, signature: Signature) -> bool {
+        self.plans.get(&signature).is_some_and(|p| p.frozen)
+    }
+
+    /// The signature of the forward in progress.
+    pub fn current(&self) -> Option<Signature> {
+        self.open.map(|f| f.signature)
+    }
+
+    /// Starts a forward; `captured` when its launches go into a CUDA graph.
+    pub fn begin(&mut self, signature: Signature, captured: bool) -> Result<()> {
+        if let Some(open) = self.open {
+            return Err(Error::invalid(
+                "L2 plan forward",
+                format!(
+                    "{:?} began while {:?} is still open",
+                    signature, open.signature
+                ),
+            ));
+        }
+        self.observed.clear();
+        self.open = Some(OpenForward {
+            signature,
+            captured,
+            collectives: 0,
+        });
+        self.counters.forwards += 1;
+        let planned = self
+            .plans
+            .get(&signature)
+            .is_some_and(|p| !p.windows.segments.is_empty());
+        if !planned {
+            self.counters.forwards_without_plan += 1;
+        }
+        Ok(())
+    }
+
+    /// A collective is about to start: returns its index `k` and the learned window `k` to warm
+    /// (empty past the plan, or without one).
+    pub fn collective(&mut self) -> Result<(usize, &[Segment])> {
+        let open = self.open.as_mut().ok_or_else(no_forward)?;
+        let k = open.collectives;
+        open.collectives += 1;
+        self.observed.open_window();
+        let window = self
+            .plans
+            .get(&open.signature)
+            .map_or(&[][..], |p| p.windows.window(k));
+        Ok((k, window))
+    }
+
+    /// A kernel after the latest collective consumes `bytes` of weights at `address`: kept,
+    /// trimmed to its 16-byte aligned part and to the window's budget. Weights consumed before
+    /// the first collective have no window and are ignored. A null address is an error.
+    pub fn consume(&mut self, address: u64, bytes: u64) -> Result<()> {
+        if self.open.is_none() {
+            return Err(no_forward());
+        }
+        if let Some(segment) = aligned_segment(address, bytes)? {
+            self.observed.push_within(segment, self.budget);
+        }
+        Ok(())
+    }
+
+    /// Records that the replay issued a window of `bytes`.
+    pub fn count_prefetch(&mut self, bytes: u64) {
+        self.counters.windows_prefetched += 1;
+        self.counters.bytes_prefetched += bytes;
+    }
+
+    /// Ends the forward and learns from it.
+    pub fn end(&mut self) -> Result<ForwardSummary> {
+        let open = self.open.take().ok_or_else(no_forward)?;
+        let existing = self.plans.get_mut(&open.signature);
+        let had_plan = existing.is_some();
+        let learned = match existing {
+            Some(plan) if open.captured => {
+                let mismatch = plan.windows != self.observed;
+                plan.frozen = true;
+                Learned::Captured { mismatch }
+            }
+            None if open.captured => {
+                // Nothing was prefetched into this graph; freeze an empty plan all the same.
+                let mismatch = !self.observed.segments.is_empty();
+                self.plans.insert(
+                    open.signature,
+                    LearnedPlan {
+                        windows: Windows::default(),
+                        frozen: true,
+                    },
+                );
+                Learned::Captured { mismatch }
+            }
+            Some(plan) if plan.frozen => Learned::Frozen,
+            _ if open.collectives == 0 => Learned::NoCollectives,
+            Some(plan) if plan.windows == self.observed => Learned::Unchanged,
+            Some(plan) => {
+                plan.windows.clone_from(&self.observed);
+                Learned::Replaced
+            }
+            None => {
+                self.plans.insert(
+                    open.signature,
+                    LearnedPlan {
+                        windows: self.observed.clone(),
+                        frozen: false,
+                    },
+                );
+                Learned::New
+            }
+        };
+        if let Learned::Captured { mismatch: true } = learned {
+            self.counters.mismatches_at_capture += 1;
+        }
+        let new_signature = !had_plan && self.plans.contains_key(&open.signature);
+        if new_signature {
+            self.counters.signatures += 1;
+        }
+        Ok(ForwardSummary {
+            signature: open.signature,
+            collectives: open.collectives,
+            captured: open.captured,
+            learned,
+            new_signature,
+        })
+    }
+
+    /// Drops the forward in progress without learning from it (its launches failed).
+    pub fn abort(&mut self) {
+        self.open = None;
+    }
+
+    /// Forgets every plan that is not frozen (for example after weights moved).
+    pub fn forget_unfrozen(&mut self) {
+        self.plans.retain(|_, p| p.frozen);
+        self.counters.signatures = self.plans.len() as u64;
+    }
+}
+
+fn no_forward() -> Error {
+    Error::invalid(
+        "L2 plan forward",
+        "no forward is open (call begin_forward first)",
+    )
+}
+
+/// What a forward's end returns to the caller.
+#[derive(Debug)]
+pub struct ForwardOutcome {
+    pub summary: ForwardSummary,
+    /// For a captured forward: the segment tables its graph reads. The plan keeps them too;
+    /// keep this beside the graph when the graph may outlive the plan.
+    pub tables: Option<Arc<SegmentTable>>,
+}
+
+/// The plan on a device: learning through a [`Planner`], replay on a side stream.
+#[derive(Debug)]
+pub struct L2Plan {
+    kernels: Arc<Kernels>,
+    main: Arc<CudaStream>,
+    side: Arc<CudaStream>,
+    fork: CudaEvent,
+    join: CudaEvent,
+    planner: Planner,
+    config: PlanConfig,
+    tables: HashMap<Signature, Arc<SegmentTable>>,
+    /// A prefetch branch forked and not yet joined back into `main`.
+    branch_open: bool,
+    persisting: Option<PersistingL2>,
+    policy_window_set: bool,
+}
+
+impl L2Plan {
+    /// A plan replaying on `main` through a side stream it creates now (so before any capture).
+    /// [`Replay::AccessPolicy`] also sets aside L2 for persisting lines (the budget's size).
+    pub fn new(kernels: Arc<Kernels>, main: Arc<CudaStream>, config: PlanConfig) -> Result<L2Plan> {
+        if config.chunk == 0 || !config.chunk.is_multiple_of(SEGMENT_ALIGN as u32) {
+            return Err(Error::invalid(
+                "L2 plan chunk",
+                format!("{} is not a positive multiple of 16", config.chunk),
+            ));
+        }
+        if config.max_blocks == 0 || config.threads == 0 || config.threads > 1024 {
+            return Err(Error::invalid(
+                "L2 plan launch",
+                format!("{} blocks x {} threads", config.max_blocks, config.threads),
+            ));
+        }
+        let persisting = match config.replay {
+            Replay::Prefetch { variant } if variant >= l2_prefetch::VARIANTS.len() => {
+                return Err(Error::invalid(
+                    "L2 plan replay",
+                    format!("no prefetch variant {variant}"),
+                ));
+            }
+            Replay::Prefetch { .. } => None,
+            Replay::AccessPolicy => Some(PersistingL2::reserve(
+                kernels.gpu(),
+                config.budget_per_window,
+            )?),
+        };
+        let ctx = main.context().clone();
+        Ok(L2Plan {
+            side: ctx.new_stream().call("cuStreamCreate")?,
+            fork: ctx.new_event(None).call("cuEventCreate")?,
+            join: ctx.new_event(None).call("cuEventCreate")?,
+            planner: Planner::new(config.budget_per_window)?,
+            kernels,
+            main,
+            config,
+            tables: HashMap::new(),
+            branch_open: false,
+            persisting,
+            policy_window_set: false,
+        })
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.planner.counters()
+    }
+
+    pub fn planner(&self) -> &Planner {
+        &self.planner
+    }
+
+    pub fn config(&self) -> &PlanConfig {
+        &self.config
+    }
+
+    /// The side stream prefetches run on.
+    pub fn side_stream(&self) -> &Arc<CudaStream> {
+        &self.side
+    }
+
+    /// Changes the budget per window for plans learned from now on.
+    pub fn set_budget(&mut self, budget_per_window: u64) -> Result<()> {
+        self.planner.set_budget(budget_per_window)?;
+        self.config.budget_per_window = self.planner.budget();
+        Ok(())
+    }
+
+    /// Starts a forward of `signature` on the main stream; whether it is being captured into a
+    /// graph is read from the stream.
+    pub fn begin_forward(&mut self, signature: Signature) -> Result<()> {
+        let captured = capturing(&self.main)?;
+        self.planner.begin(signature, captured)
+    }
+
+    /// Call before launching each collective on the main stream: joins the previous window's
+    /// prefetch and forks this window's.
+    pub fn collective(&mut self) -> Result<()> {
+        self.join_branch()?;
+        let signature = self.planner.current().ok_or_else(no_forward)?;
+        let captured = capturing(&self.main)?;
+        let (k, _) = self.planner.collective()?;
+        let Some(span) = self
+            .planner
+            .plan(signature)
+            .and_then(|w| w.spans.get(k))
+            .copied()
+        else {
+            return Ok(());
+        };
+        // The window's leading contiguous run (a tensor's pieces): what an access-policy
+        // window, one address range, can cover.
+        let lead = self.planner.plan(signature).and_then(|w| {
+            let window = w.window(k);
+            let first = window.first()?;
+            let bytes = window
+                .windows(2)
+                .take_while(|p| p[0].address + p[0].bytes == p[1].address)
+                .fold(first.bytes, |sum, p| sum + p[1].bytes);
+            Some(Segment {
+                address: first.address,
+                bytes,
+            })
+        });
+        let (Some(lead), Some(table)) = (lead, self.tables.get(&signature)) else {
+            return Ok(());
+        };
+        match self.config.replay {
+            Replay::Prefetch { variant } => {
+                self.fork.record(&self.main).call("cuEventRecord")?;
+                self.side.wait(&self.fork).call("cuStreamWaitEvent")?;
+                let p = PrefetchParams {
+                    segments: table.address_of(span.start),
+                    n: span.len as u64,
+                    chunk: self.config.chunk,
+                    _pad: 0,
+                };
+                let blocks = (span.len as u32).min(self.config.max_blocks);
+                // SAFETY: the table holds the plan's segments (checked when uploaded), window k's
+                // at `span.start..span.start + span.len`, inside weights the caller reported as
+                // live device memory.
+                unsafe {
+                    self.kernels.launch_l2_prefetch(
+                        self.side.cu_stream(),
+                        variant,
+                        p,
+                        blocks,
+                        self.config.threads,
+                    )
+                }?;
+                self.join.record(&self.side).call("cuEventRecord")?;
+                self.branch_open = true;
+                self.planner.count_prefetch(span.bytes);
+            }
+            Replay::AccessPolicy => {
+                if captured {
+                    return Ok(());
+                }
+                if let Some(persisting) = &self.persisting {
+                    let window = persisting.window(lead.address, lead.bytes);
+                    persisting.set_stream_window(&self.main, Some(window))?;
+                    self.policy_window_set = true;
+                    self.planner.count_prefetch(window.bytes);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A kernel after the latest collective consumes `bytes` of weights at `address` (a live
+    /// device allocation for as long as this plan may prefetch it).
+    pub fn consume(&mut self, address: u64, bytes: u64) -> Result<()> {
+        self.planner.consume(address, bytes)
+    }
+
+    /// Ends the forward: joins the last prefetch, learns, and (eager forwards only) uploads a
+    /// changed plan's segment table in the main stream's order.
+    pub fn end_forward(&mut self) -> Result<ForwardOutcome> {
+        if let Err(e) = self.join_branch() {
+            self.planner.abort();
+            return Err(e);
+        }
+        if self.policy_window_set {
+            if let Some(persisting) = &self.persisting {
+                persisting.set_stream_window(&self.main, None)?;
+            }
+            self.policy_window_set = false;
+        }
+        let summary = self.planner.end()?;
+        if matches!(summary.learned, Learned::New | Learned::Replaced) {
+            let segments = self
+                .planner
+                .plan(summary.signature)
+                .map_or(&[][..], |w| w.segments());
+            // The old table (if any) is freed in the main stream's order, after every prefetch
+            // that read it: those were joined into the main stream.
+            let table = Arc::new(SegmentTable::upload(&self.main, segments)?);
+            self.tables.insert(summary.signature, table);
+        }
+        if summary.new_signature {
+            let windows = self.planner.plan(summary.signature).map_or(0, |w| w.len());
+            log::info!(
+                "L2 plan: new signature {:?}: {} windows, {} bytes; counters {:?}",
+                summary.signature,
+                windows,
+                self.planner.plan(summary.signature).map_or(0, |w| w
+                    .segments()
+                    .iter()
+                    .map(|s| s.bytes)
+                    .sum::<u64>()),
+                self.planner.counters()
+            );
+        }
+        let tables = if summary.captured {
+            self.tables.get(&summary.signature).cloned()
+        } else {
+            None
+        };
+        Ok(ForwardOutcome { summary, tables })
+    }
+
+    fn join_branch(&mut self) -> Result<()> {
+        if self.branch_open {
+            self.main.wait(&self.join).call("cuStreamWaitEvent")?;
+            self.branch_open = false;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for L2Plan {
+    /// A forward left open may still have a prefetch on the side stream: the main stream waits
+    /// for it before the tables are freed in its order.
+    fn drop(&mut self) {
+        if self.branch_open {
+            let ctx = self.main.context();
+            ctx.record_err(self.main.wait(&self.join));
+        }
+    }
+}
+
+/// Whether `stream` is capturing into a graph.
+fn capturing(stream: &CudaStream) -> Result<bool> {
+    let status = stream.capture_status().call("cuStreamIsCapturing")?;
+    match status {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(false),
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(true),
+        _ => Err(Error::invalid(
+            "L2 plan forward",
+            "the main stream's capture was invalidated",
+        )),
+    }
+}

@@ -1,0 +1,326 @@
+//! Every gather and gather + dequant variant against the CPU reference on the GPU, for tables in
+//! device memory and in mapped pinned host memory. Fresh random inputs every run (the seed is
+//! printed), the output poisoned before each launch. Without a GPU these print why and pass,
+//! unless FETCHAHEAD_REQUIRE_GPU=1.
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use fetchahead::device_abi::{dequant, gather};
+use fetchahead::gpu::Gpu;
+use fetchahead::id_check::IdCheck;
+use fetchahead::kernels::Kernels;
+use fetchahead::selfcheck::{fresh_seed, poison};
+use fetchahead::table::{Mxfp8Table, Placement, RowTable};
+use fetchahead::{Error, reference};
+use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
+
+const DIM: usize = 256;
+const PLACEMENTS: [Placement; 2] = [Placement::Device, Placement::PinnedHost];
+/// 0, 1, under a warp, not a multiple of the block, a few blocks, and over a million.
+const SIZES: [usize; 6] = [0, 1, 31, 1000, 4099, 1 << 20];
+
+struct Setup {
+    kernels: Kernels,
+    stream: Arc<CudaStream>,
+    rng: SmallRng,
+}
+
+fn setup(what: &str) -> Option<Setup> {
+    let gpu = Gpu::for_test(what).expect("opening the GPU")?;
+    let kernels = Kernels::load(&gpu).expect("loading the kernels");
+    let stream = gpu.ctx.default_stream();
+    let seed = fresh_seed();
+    eprintln!("{what}: seed {seed}");
+    Some(Setup {
+        kernels,
+        stream,
+        rng: SmallRng::seed_from_u64(seed),
+    })
+}
+
+fn random_bytes(rng: &mut SmallRng, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rng.fill_bytes(&mut v);
+    v
+}
+
+/// Random ids into `rows`, with duplicates (a quarter of them repeat an earlier id).
+fn random_ids(rng: &mut SmallRng, n: usize, rows: u64) -> Vec<i64> {
+    let mut ids: Vec<i64> = (0..n).map(|_| rng.random_range(0..rows as i64)).collect();
+    for i in 1..n {
+        if rng.random_range(0..4) == 0 {
+            ids[i] = ids[rng.random_range(0..i)];
+        }
+    }
+    ids
+}
+
+fn address<T>(stream: &Arc<CudaStream>, slice: &CudaSlice<T>) -> u64 {
+    slice.device_ptr(stream).0
+}
+
+#[test]
+fn every_gather_variant_matches_the_reference() {
+    let Some(mut s) = setup("gather variants") else {
+        return;
+    };
+    let rows = 1u64 << 16;
+    let table_bytes = random_bytes(&mut s.rng, rows as usize * DIM);
+    let mut check = IdCheck::new(&s.stream).unwrap();
+    for placement in PLACEMENTS {
+        let mut table =
+            RowTable::from_bytes(&s.stream, &table_bytes, DIM as u32, placement).unwrap();
+        for n in SIZES {
+            let ids = random_ids(&mut s.rng, n, rows);
+            let want = reference::gather(&table_bytes, DIM, &ids);
+            let ids_dev = s.stream.clone_htod(&ids).unwrap();
+            let mut out = s.stream.alloc_zeros::<u8>((n * DIM).max(1)).unwrap();
+            for (variant, v) in gather::VARIANTS.iter().enumerate() {
+                poison(&s.stream, &mut out).unwrap();
+                table
+                    .gather(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
+                    .unwrap();
+                check
+                    .take(&s.stream, address(&s.stream, &ids_dev), n as u64, rows)
+                    .unwrap();
+                let got = s.stream.clone_dtoh(&out).unwrap();
+                if let Some(i) = got[..n * DIM].iter().zip(&want).position(|(a, b)| a != b) {
+                    panic!(
+                        "{} {placement:?} n={n}: output row {} (id {}) differs",
+                        v.name,
+                        i / DIM,
+                        ids[i / DIM]
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Rows of every E4M3 byte (each row holds all 256 values, shuffled) under each edge scale.
+fn edge_table(rng: &mut SmallRng) -> (Vec<u8>, Vec<u8>) {
+    const EDGE_SCALES: [u8; 8] = [0, 1, 2, 127, 246, 247, 254, 255];
+    let mut weights = Vec::new();
+    let mut scales = Vec::new();
+    for &scale in &EDGE_SCALES {
+        let mut row: Vec<u8> = (0..=255u8).collect();
+        for i in (1..row.len()).rev() {
+            row.swap(i, rng.random_range(0..=i));
+        }
+        weights.extend_from_slice(&row);
+        scales.extend(std::iter::repeat_n(scale, DIM / 32));
+    }
+    // One more row mixing the edge scales within the row.
+    weights.extend(0..=255u8);
+    scales.extend_from_slice(&EDGE_SCALES);
+    (weights, scales)
+}
+
+fn check_dequant(s: &mut Setup, weights: &[u8], scales: &[u8], sizes: &[usize], what: &str) {
+    let rows = (weights.len() / DIM) as u64;
+    let mut check = IdCheck::new(&s.stream).unwrap();
+    for placement in PLACEMENTS {
+        let mut table =
+            Mxfp8Table::from_bytes(&s.stream, weights, scales, DIM as u32, placement).unwrap();
+        for &n in sizes {
+            let ids = random_ids(&mut s.rng, n, rows);
+            let want = reference::gather_dequant(weights, scales, DIM, &ids);
+            let ids_dev = s.stream.clone_htod(&ids).unwrap();
+            let mut out = s.stream.alloc_zeros::<u16>((n * DIM).max(1)).unwrap();
+            let mut outputs = Vec::new();
+            for (variant, v) in dequant::VARIANTS.iter().enumerate() {
+                poison(&s.stream, &mut out).unwrap();
+                table
+                    .gather_dequant(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
+                    .unwrap();
+                check
+                    .take(&s.stream, address(&s.stream, &ids_dev), n as u64, rows)
+                    .unwrap();
+                let got = s.stream.clone_dtoh(&out).unwrap();
+                let got = got[..n * DIM].to_vec();
+                if let Some(i) = reference::first_bf16_mismatch(&got, &want) {
+                    let (row, col) = (i / DIM, i % DIM);
+                    let id = ids[row] as usize;
+                    panic!(
+                        "{what}: {} {placement:?} n={n}: element {col} of row {row} (id {id}): e4m3 {:#04x} scale {} -> {:#06x}, want {:#06x}",
+                        v.name,
+                        weights[id * DIM + col],
+                        scales[id * DIM / 32 + col / 32],
+                        got[i],
+                        want[i]
+                    );
+                }
+                outputs.push(got);
+            }
+            // Both variants write the same bits, NaN payloads included.
+            assert!(
+                outputs.windows(2).all(|w| w[0] == w[1]),
+                "{what}: variants differ bitwise"
+            );
+        }
+    }
+}
+
+#[test]
+fn gather_dequant_is_exact_for_every_e4m3_byte_at_the_edge_scales() {
+    let Some(mut s) = setup("gather_dequant edges") else {
+        return;
+    };
+    let (weights, scales) = edge_table(&mut s.rng);
+    check_dequant(&mut s, &weights, &scales, &[1, 31, 1000], "edge scales");
+}
+
+#[test]
+fn gather_dequant_matches_the_reference_on_random_rows() {
+    let Some(mut s) = setup("gather_dequant random") else {
+        return;
+    };
+    let rows = 1usize << 15;
+    let weights = random_bytes(&mut s.rng, rows * DIM);
+    let scales = random_bytes(&mut s.rng, rows * DIM / 32);
+    check_dequant(&mut s, &weights, &scales, &SIZES, "random");
+}
+
+#[test]
+fn ids_outside_the_table_write_zero_rows_and_are_reported() {
+    let Some(mut s) = setup("bad ids") else {
+        return;
+    };
+    let rows = 1000u64;
+    let weights = random_bytes(&mut s.rng, rows as usize * DIM);
+    let scales = vec![127u8; rows as usize * DIM / 32];
+    let mut ids = random_ids(&mut s.rng, 5000, rows);
+    let bad = [
+        (17usize, -1i64),
+        (18, rows as i64),
+        (4000, i64::MAX),
+        (4999, i64::MIN),
+    ];
+    for &(i, id) in &bad {
+        ids[i] = id;
+    }
+    let ids_dev = s.stream.clone_htod(&ids).unwrap();
+    let ids_address = address(&s.stream, &ids_dev);
+    let mut check = IdCheck::new(&s.stream).unwrap();
+    let expect_error = |result: Result<(), Error>, what: &str| match result {
+        Err(Error::IdsOutOfRange {
+            count,
+            first_index,
+            first_id,
+            n,
+            ..
+        }) => {
+            assert_eq!(
+                (count, first_index, first_id, n),
+                (4, 17, -1, 5000),
+                "{what}"
+            );
+        }
+        other => panic!("{what}: expected IdsOutOfRange, got {other:?}"),
+    };
+
+    let mut table =
+        RowTable::from_bytes(&s.stream, &weights, DIM as u32, Placement::Device).unwrap();
+    let mut out = s.stream.alloc_zeros::<u8>(ids.len() * DIM).unwrap();
+    for (variant, v) in gather::VARIANTS.iter().enumerate() {
+        poison(&s.stream, &mut out).unwrap();
+        table
+            .gather(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
+            .unwrap();
+        expect_error(
+            check.take(&s.stream, ids_address, ids.len() as u64, rows),
+            v.name,
+        );
+        let got = s.stream.clone_dtoh(&out).unwrap();
+        assert_eq!(got, reference::gather(&weights, DIM, &ids), "{}", v.name);
+        // The record was reset: a clean launch reports nothing.
+        check
+            .take(&s.stream, ids_address, ids.len() as u64, rows)
+            .unwrap();
+    }
+
+    let mut mx =
+        Mxfp8Table::from_bytes(&s.stream, &weights, &scales, DIM as u32, Placement::Device)
+            .unwrap();
+    let mut out = s.stream.alloc_zeros::<u16>(ids.len() * DIM).unwrap();
+    for (variant, v) in dequant::VARIANTS.iter().enumerate() {
+        poison(&s.stream, &mut out).unwrap();
+        mx.gather_dequant(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
+            .unwrap();
+        expect_error(
+            check.take(&s.stream, ids_address, ids.len() as u64, rows),
+            v.name,
+        );
+        let got = s.stream.clone_dtoh(&out).unwrap();
+        let want = reference::gather_dequant(&weights, &scales, DIM, &ids);
+        assert_eq!(
+            reference::first_bf16_mismatch(&got, &want),
+            None,
+            "{}",
+            v.name
+        );
+        for &(i, _) in &bad {
+            assert!(
+                got[i * DIM..(i + 1) * DIM].iter().all(|&x| x == 0),
+                "{}: row {i} not zero",
+                v.name
+            );
+        }
+    }
+}
+
+#[test]
+fn launches_refuse_bad_shapes_with_an_error() {
+    let Some(s) = setup("launch validation") else {
+        return;
+    };
+    let stream = s.stream.cu_stream();
+    let ok = fetchahead::device_abi::params::GatherParams {
+        table: 0x1000,
+        ids: 0x2000,
+        out: 0x3000,
+        status: 0x4000,
+        n: 10,
+        rows: 10,
+        row_bytes: 256,
+        _pad: 0,
+    };
+    let cases = [
+        (
+            "row width 24",
+            fetchahead::device_abi::params::GatherParams {
+                row_bytes: 24,
+                ..ok
+            },
+        ),
+        (
+            "unaligned table",
+            fetchahead::device_abi::params::GatherParams {
+                table: 0x1008,
+                ..ok
+            },
+        ),
+        (
+            "null out",
+            fetchahead::device_abi::params::GatherParams { out: 0, ..ok },
+        ),
+        (
+            "2^32 chunks",
+            fetchahead::device_abi::params::GatherParams { n: 1 << 28, ..ok },
+        ),
+    ];
+    for (what, p) in cases {
+        // SAFETY: every case is refused before launch, so no address is touched.
+        let result = unsafe { s.kernels.launch_gather(stream, 0, p) };
+        assert!(
+            matches!(result, Err(Error::Invalid { .. })),
+            "{what}: {result:?}"
+        );
+    }
+    // SAFETY: refused before launch.
+    let result = unsafe { s.kernels.launch_gather(stream, gather::VARIANTS.len(), ok) };
+    assert!(
+        matches!(result, Err(Error::Invalid { .. })),
+        "missing variant: {result:?}"
+    );
+}

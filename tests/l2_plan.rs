@@ -1,0 +1,637 @@
+//! The L2 plan: its logic on the CPU, and on a GPU (skipped without one) the GEMV against the
+//! CPU reference, forwards bit-identical with and without prefetch (eager and in a CUDA graph),
+//! and the prefetch kernel over awkward segments (run this under compute-sanitizer too).
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::driver::{CudaStream, sys};
+use fetchahead::device_abi::l2_prefetch;
+use fetchahead::device_abi::params::Segment;
+use fetchahead::gemv::Gemv;
+use fetchahead::gpu::Gpu;
+use fetchahead::kernels::Kernels;
+use fetchahead::l2_plan::{
+    L2Plan, Learned, PlanConfig, Planner, Replay, Signature, default_budget,
+};
+use fetchahead::segments::{SegmentTable, aligned_segment, check_segment};
+use fetchahead::{Error, Result, reference};
+use half::bf16;
+use rand::{RngExt, SeedableRng, rngs::SmallRng};
+
+const MIB: u64 = 1 << 20;
+const SIG: Signature = Signature(7);
+
+fn seg(address: u64, bytes: u64) -> Segment {
+    Segment { address, bytes }
+}
+
+/// One forward on the CPU planner: `windows[k]` are the weights consumed after collective k.
+fn forward(p: &mut Planner, sig: Signature, captured: bool, windows: &[&[(u64, u64)]]) -> Learned {
+    p.begin(sig, captured).unwrap();
+    for w in windows {
+        p.collective().unwrap();
+        for &(a, b) in *w {
+            p.consume(a, b).unwrap();
+        }
+    }
+    p.end().unwrap().learned
+}
+
+#[test]
+fn learns_windows_in_consumption_order() {
+    let mut p = Planner::new(MIB).unwrap();
+    p.begin(SIG, false).unwrap();
+    // Before the first collective: no window to warm it in, ignored.
+    p.consume(0x10_0000, 4096).unwrap();
+    let (k, window) = p.collective().unwrap();
+    assert_eq!((k, window.len()), (0, 0));
+    p.consume(0x20_0000, 4096).unwrap();
+    p.consume(0x30_0000, 8192).unwrap();
+    p.collective().unwrap();
+    p.consume(0x40_0000, 1024).unwrap();
+    let summary = p.end().unwrap();
+    assert_eq!(summary.learned, Learned::New);
+    assert!(summary.new_signature);
+    assert_eq!(summary.collectives, 2);
+    let plan = p.plan(SIG).unwrap();
+    assert_eq!(plan.len(), 2);
+    assert_eq!(
+        plan.window(0),
+        &[seg(0x20_0000, 4096), seg(0x30_0000, 8192)]
+    );
+    assert_eq!(plan.window(1), &[seg(0x40_0000, 1024)]);
+    assert_eq!(plan.window_bytes(0), 12288);
+    assert!(plan.window(2).is_empty());
+
+    // The next forward of the signature is handed the learned windows, in order.
+    p.begin(SIG, false).unwrap();
+    assert_eq!(
+        p.collective().unwrap().1,
+        &[seg(0x20_0000, 4096), seg(0x30_0000, 8192)]
+    );
+    assert_eq!(p.collective().unwrap().1, &[seg(0x40_0000, 1024)]);
+    // More collectives than learned: nothing past the plan.
+    assert!(p.collective().unwrap().1.is_empty());
+    p.abort();
+}
+
+#[test]
+fn trims_each_window_to_the_budget() {
+    let mut p = Planner::new(1000).unwrap();
+    assert_eq!(p.budget(), 992, "rounded down to 16");
+    forward(
+        &mut p,
+        SIG,
+        false,
+        &[
+            &[(0x1000, 600), (0x8000, 600), (0x9000, 600)],
+            &[(0xA000, 2000)],
+        ],
+    );
+    let plan = p.plan(SIG).unwrap();
+    assert_eq!(plan.window(0), &[seg(0x1000, 592), seg(0x8000, 400)]);
+    assert_eq!(plan.window(1), &[seg(0xA000, 992)]);
+}
+
+#[test]
+fn cuts_large_weights_into_pieces() {
+    let mut p = Planner::new(4 * MIB).unwrap();
+    let piece = fetchahead::l2_plan::SEGMENT_PIECE;
+    forward(
+        &mut p,
+        SIG,
+        false,
+        &[&[
+            (0x1000_0000, piece * 2 + 4096),
+            (0x2000_0000, 3 * MIB),
+            (0x1000_0000, 64),
+        ]],
+    );
+    let plan = p.plan(SIG).unwrap();
+    let mut want = vec![
+        seg(0x1000_0000, piece),
+        seg(0x1000_0000 + piece, piece),
+        seg(0x1000_0000 + 2 * piece, 4096),
+    ];
+    let mut left = 4 * MIB - 2 * piece - 4096;
+    let mut address = 0x2000_0000;
+    while left > 0 {
+        want.push(seg(address, left.min(piece)));
+        address += left.min(piece);
+        left -= left.min(piece);
+    }
+    assert_eq!(plan.window(0), &want[..]);
+    assert_eq!(plan.window_bytes(0), 4 * MIB);
+}
+
+#[test]
+fn keeps_only_the_aligned_part_and_refuses_null() {
+    let mut p = Planner::new(MIB).unwrap();
+    p.begin(SIG, false).unwrap();
+    p.collective().unwrap();
+    p.consume(0x1008, 100).unwrap(); // 0x1008..0x106c -> 0x1010..0x1060
+    p.consume(0x2001, 10).unwrap(); // nothing aligned inside: skipped
+    p.consume(0x3000, 64).unwrap();
+    p.consume(0x3000, 64).unwrap(); // the same weight again in one window: once
+    assert!(matches!(p.consume(0, 4096), Err(Error::Invalid { .. })));
+    assert!(matches!(
+        p.consume(u64::MAX - 15, 4096),
+        Err(Error::Invalid { .. })
+    ));
+    p.end().unwrap();
+    assert_eq!(
+        p.plan(SIG).unwrap().window(0),
+        &[seg(0x1010, 0x50), seg(0x3000, 64)]
+    );
+
+    assert_eq!(aligned_segment(0x1000, 15).unwrap(), None);
+    assert_eq!(aligned_segment(0x100f, 33).unwrap(), Some(seg(0x1010, 32)));
+    assert!(check_segment(&seg(0x1000, 32)).is_ok());
+    for bad in [
+        seg(0, 32),
+        seg(0x1008, 32),
+        seg(0x1000, 40),
+        seg(0x1000, 0),
+        seg(u64::MAX - 15, 32),
+    ] {
+        assert!(check_segment(&bad).is_err(), "{bad:?} must be refused");
+    }
+}
+
+#[test]
+fn relearns_until_captured_then_freezes() {
+    let mut p = Planner::new(MIB).unwrap();
+    let a: &[(u64, u64)] = &[(0x1000, 256)];
+    let b: &[(u64, u64)] = &[(0x2000, 512)];
+    assert_eq!(forward(&mut p, SIG, false, &[a]), Learned::New);
+    assert_eq!(forward(&mut p, SIG, false, &[a]), Learned::Unchanged);
+    assert_eq!(forward(&mut p, SIG, false, &[b]), Learned::Replaced);
+    assert_eq!(p.plan(SIG).unwrap().window(0), &[seg(0x2000, 512)]);
+    assert_eq!(forward(&mut p, SIG, false, &[b, a]), Learned::Replaced);
+    assert_eq!(p.plan(SIG).unwrap().len(), 2);
+
+    assert!(!p.is_frozen(SIG));
+    assert_eq!(
+        forward(&mut p, SIG, true, &[b, a]),
+        Learned::Captured { mismatch: false }
+    );
+    assert!(p.is_frozen(SIG));
+    // Frozen: an eager forward that differs changes nothing.
+    assert_eq!(forward(&mut p, SIG, false, &[a]), Learned::Frozen);
+    assert_eq!(p.plan(SIG).unwrap().window(0), &[seg(0x2000, 512)]);
+    assert_eq!(p.plan(SIG).unwrap().len(), 2);
+    // Other signatures still learn.
+    assert_eq!(
+        forward(&mut p, Signature::new(16, 1), false, &[a]),
+        Learned::New
+    );
+    assert_eq!(p.counters().mismatches_at_capture, 0);
+    p.forget_unfrozen();
+    assert!(p.plan(Signature::new(16, 1)).is_none());
+    assert!(p.plan(SIG).is_some());
+}
+
+#[test]
+fn a_forward_without_collectives_never_replaces_a_plan() {
+    let mut p = Planner::new(MIB).unwrap();
+    assert_eq!(forward(&mut p, SIG, false, &[]), Learned::NoCollectives);
+    assert!(p.plan(SIG).is_none());
+    forward(&mut p, SIG, false, &[&[(0x1000, 256)]]);
+    p.begin(SIG, false).unwrap();
+    p.consume(0x9000, 256).unwrap();
+    assert_eq!(p.end().unwrap().learned, Learned::NoCollectives);
+    assert_eq!(p.plan(SIG).unwrap().window(0), &[seg(0x1000, 256)]);
+}
+
+#[test]
+fn counts_mismatches_at_capture_and_forwards_without_a_plan() {
+    let mut p = Planner::new(MIB).unwrap();
+    let a: &[(u64, u64)] = &[(0x1000, 256)];
+    let b: &[(u64, u64)] = &[(0x2000, 256)];
+    forward(&mut p, SIG, false, &[a, b]);
+    // One collective fewer than learned, then other weights: both mismatches; still frozen.
+    assert_eq!(
+        forward(&mut p, SIG, true, &[a]),
+        Learned::Captured { mismatch: true }
+    );
+    assert_eq!(
+        forward(&mut p, SIG, true, &[a, a]),
+        Learned::Captured { mismatch: true }
+    );
+    assert_eq!(
+        forward(&mut p, SIG, true, &[a, b]),
+        Learned::Captured { mismatch: false }
+    );
+    assert_eq!(p.plan(SIG).unwrap().window(1), &[seg(0x2000, 256)]);
+    // Captured before any plan: nothing to prefetch, frozen empty, a mismatch if it saw weights.
+    let fresh = Signature::new(1, 2);
+    assert_eq!(
+        forward(&mut p, fresh, true, &[a]),
+        Learned::Captured { mismatch: true }
+    );
+    assert_eq!(forward(&mut p, fresh, false, &[a]), Learned::Frozen);
+    let c = p.counters();
+    assert_eq!(c.mismatches_at_capture, 3);
+    assert_eq!(c.forwards, 6);
+    // The first forward of SIG and both of `fresh` began without a learned segment.
+    assert_eq!(c.forwards_without_plan, 3);
+    assert_eq!(c.signatures, 2);
+}
+
+#[test]
+fn refuses_misuse() {
+    let mut p = Planner::new(MIB).unwrap();
+    assert!(Planner::new(15).is_err());
+    assert!(p.collective().is_err());
+    assert!(p.consume(0x1000, 16).is_err());
+    assert!(p.end().is_err());
+    p.begin(SIG, false).unwrap();
+    assert!(p.begin(SIG, false).is_err());
+    p.abort();
+    assert!(p.begin(SIG, false).is_ok());
+}
+
+#[test]
+fn default_budget_follows_the_l2_size() {
+    assert_eq!(default_budget(60 * MIB), 6 * MIB);
+    // The DGX Spark's 24 MiB L2: 2.4 MiB, rounded down to 16 bytes.
+    assert_eq!(default_budget(24 * MIB), 2_516_576);
+    assert_eq!(default_budget(0), 16);
+    assert_eq!(PlanConfig::for_l2(60 * MIB).budget_per_window, 6 * MIB);
+}
+
+// ---- On the GPU ----
+
+/// The layers of a test forward: a collective, then a GEMV over its own weights.
+struct Layers {
+    gemvs: Vec<Gemv>,
+}
+
+const K: u32 = 1024;
+
+impl Layers {
+    /// `layers` GEMVs of `m x K` activations against `rows x K` weights, random bf16.
+    fn new(
+        kernels: &Kernels,
+        stream: &Arc<CudaStream>,
+        layers: usize,
+        m: u32,
+        rows: u32,
+        seed: u64,
+    ) -> Result<Layers> {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut gemvs = Vec::new();
+        for _ in 0..layers {
+            let x = random_bf16(&mut rng, (m * K) as usize);
+            let w = random_bf16(&mut rng, (rows * K) as usize);
+            gemvs.push(Gemv::new(kernels, stream, &x, &w, m, K)?);
+        }
+        Ok(Layers { gemvs })
+    }
+
+    /// One forward on `stream`: per layer a 2 us collective then the GEMV, announced to `plan`.
+    fn run(
+        &self,
+        kernels: &Kernels,
+        stream: &CudaStream,
+        mut plan: Option<&mut L2Plan>,
+        sig: Signature,
+    ) -> Result<()> {
+        if let Some(plan) = plan.as_deref_mut() {
+            plan.begin_forward(sig)?;
+        }
+        for gemv in &self.gemvs {
+            if let Some(plan) = plan.as_deref_mut() {
+                plan.collective()?;
+            }
+            // SAFETY: no flag is polled.
+            unsafe { kernels.launch_collective(stream.cu_stream(), 4, 2_000, 0) }?;
+            if let Some(plan) = plan.as_deref_mut() {
+                let (address, bytes) = gemv.weights();
+                plan.consume(address, bytes)?;
+            }
+            gemv.launch(kernels, stream, None)?;
+        }
+        if let Some(plan) = plan {
+            plan.end_forward()?;
+        }
+        Ok(())
+    }
+
+    fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.gemvs.iter_mut().try_for_each(|g| g.poison(stream))
+    }
+
+    fn outputs(&self, stream: &Arc<CudaStream>) -> Result<Vec<Vec<f32>>> {
+        self.gemvs.iter().map(|g| g.read_y(stream)).collect()
+    }
+}
+
+fn random_bf16(rng: &mut SmallRng, n: usize) -> Vec<bf16> {
+    (0..n)
+        .map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0)))
+        .collect()
+}
+
+fn bits(outputs: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    outputs
+        .iter()
+        .map(|o| o.iter().map(|v| v.to_bits()).collect())
+        .collect()
+}
+
+/// GPU tests run one at a time: one sets the context's persisting-L2 limit, others capture.
+static GPU_LOCK: Mutex<()> = Mutex::new(());
+
+type Device = (Arc<Kernels>, Arc<CudaStream>, MutexGuard<'static, ()>);
+
+fn open(what: &str) -> Result<Option<Device>> {
+    let lock = GPU_LOCK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some(gpu) = Gpu::for_test(what)? else {
+        return Ok(None);
+    };
+    let kernels = Arc::new(Kernels::load(&gpu)?);
+    let stream = gpu.ctx.new_stream().map_err(|source| Error::Cuda {
+        call: "cuStreamCreate",
+        source,
+    })?;
+    Ok(Some((kernels, stream, lock)))
+}
+
+#[test]
+fn gemv_matches_the_cpu_reference() -> Result<()> {
+    let Some((kernels, stream, _lock)) = open("gemv_matches_the_cpu_reference")? else {
+        return Ok(());
+    };
+    let mut rng = SmallRng::seed_from_u64(rand::rng().random());
+    // (m, n, k): one split and several, both variants, a tail shorter than the unroll.
+    for (m, n, k) in [
+        (1, 64, 4096),
+        (5, 48, 1056),
+        (8, 4096, 4096),
+        (9, 32, 512),
+        (16, 1024, 2048),
+        (16, 16, 32),
+    ] {
+        let x = random_bf16(&mut rng, (m * k) as usize);
+        let w = random_bf16(&mut rng, (n * k) as usize);
+        let mut gemv = Gemv::new(&kernels, &stream, &x, &w, m, k)?;
+        let want = reference::gemv(&x, &w, m as usize, k as usize);
+        let mut first = None;
+        // Twice: the split-K epilogue must leave its arrival counters ready for the next launch,
+        // and the result must not change.
+        for launch in 0..2 {
+            gemv.poison(&stream)?;
+            gemv.launch(&kernels, &stream, None)?;
+            let got = gemv.read_y(&stream)?;
+            assert_eq!(got.len(), want.len());
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                // f32 accumulation of k products of magnitude < 1, in k / 16 + splits steps.
+                let tolerance = 1e-5 * (k as f64).sqrt() * 4.0 + 1e-6;
+                assert!(
+                    (*g as f64 - w).abs() <= tolerance,
+                    "m {m} n {n} k {k} splits {}, launch {launch}: y[{}, {}] = {g}, want {w}",
+                    gemv.params().splits,
+                    i / n as usize,
+                    i % n as usize
+                );
+            }
+            let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(
+                first.get_or_insert_with(|| got.clone()),
+                &got,
+                "m {m} n {n} k {k}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn gemv_refuses_bad_shapes() -> Result<()> {
+    let Some((kernels, stream, _lock)) = open("gemv_refuses_bad_shapes")? else {
+        return Ok(());
+    };
+    let mut rng = SmallRng::seed_from_u64(1);
+    let x = random_bf16(&mut rng, 17 * 64);
+    let w = random_bf16(&mut rng, 16 * 64);
+    let gemv = Gemv::new(&kernels, &stream, &x[..17 * 64], &w, 17, 64)?;
+    assert!(gemv.launch(&kernels, &stream, None).is_err(), "m = 17");
+    let gemv = Gemv::new(&kernels, &stream, &x[..64], &w[..8 * 64], 1, 64)?;
+    assert!(gemv.launch(&kernels, &stream, None).is_err(), "n = 8");
+    let gemv = Gemv::new(&kernels, &stream, &x[..48], &w[..16 * 48], 1, 48)?;
+    assert!(gemv.launch(&kernels, &stream, None).is_err(), "k = 48");
+    Ok(())
+}
+
+/// Eager forwards: without a plan, learning, then replaying each prefetch variant and the
+/// access-policy mode, all bit-identical, with the counters the replays imply.
+#[test]
+fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
+    let Some((kernels, stream, _lock)) = open("forward_is_bit_identical_with_prefetch_eager")?
+    else {
+        return Ok(());
+    };
+    let l2 = kernels.gpu().l2_bytes;
+    let mut layers = Layers::new(&kernels, &stream, 3, 16, 2048, rand::rng().random())?;
+    layers.run(&kernels, &stream, None, SIG)?;
+    let want = bits(&layers.outputs(&stream)?);
+
+    let replays = [
+        Replay::Prefetch { variant: 0 },
+        Replay::Prefetch { variant: 1 },
+        Replay::AccessPolicy,
+    ];
+    for replay in replays {
+        let mut config = PlanConfig::for_l2(l2);
+        config.replay = replay;
+        let mut plan = match L2Plan::new(kernels.clone(), stream.clone(), config) {
+            Ok(plan) => plan,
+            Err(e) if replay == Replay::AccessPolicy => {
+                eprintln!("skipping the access-policy mode: {e}");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        for forward in 0..3 {
+            layers.poison(&stream)?;
+            layers.run(&kernels, &stream, Some(&mut plan), SIG)?;
+            assert_eq!(
+                bits(&layers.outputs(&stream)?),
+                want,
+                "{replay:?}, forward {forward}"
+            );
+        }
+        let c = plan.counters();
+        let window = (2048 * K as u64 * 2).min(config.budget_per_window);
+        // The first forward learned; the next two warmed every window.
+        assert_eq!(c.forwards, 3, "{replay:?}");
+        assert_eq!(c.forwards_without_plan, 1, "{replay:?}");
+        assert_eq!(c.windows_prefetched, 6, "{replay:?}");
+        if let Replay::Prefetch { .. } = replay {
+            assert_eq!(c.bytes_prefetched, 6 * window, "{replay:?}");
+        }
+        assert_eq!(c.signatures, 1);
+        assert_eq!(plan.planner().plan(SIG).map(|w| w.len()), Some(3));
+    }
+    Ok(())
+}
+
+/// A stale plan (learned on other weights) only wastes bandwidth: the outputs stay exact, and
+/// the next eager forward relearns.
+#[test]
+fn a_stale_plan_keeps_outputs_exact() -> Result<()> {
+    let Some((kernels, stream, _lock)) = open("a_stale_plan_keeps_outputs_exact")? else {
+        return Ok(());
+    };
+    let old = Layers::new(&kernels, &stream, 2, 1, 1024, rand::rng().random())?;
+    let mut new = Layers::new(&kernels, &stream, 3, 4, 512, rand::rng().random())?;
+    new.run(&kernels, &stream, None, SIG)?;
+    let want = bits(&new.outputs(&stream)?);
+    let config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
+    let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
+    old.run(&kernels, &stream, Some(&mut plan), SIG)?;
+    for forward in 0..2 {
+        new.poison(&stream)?;
+        new.run(&kernels, &stream, Some(&mut plan), SIG)?;
+        assert_eq!(bits(&new.outputs(&stream)?), want, "forward {forward}");
+    }
+    // The stale plan's two windows were warmed in the first forward (nothing past them for
+    // the third collective), the relearned plan's three in the second.
+    assert_eq!(plan.counters().windows_prefetched, 2 + 3);
+    assert_eq!(plan.planner().plan(SIG).map(|w| w.len()), Some(3));
+    Ok(())
+}
+
+/// Graphs: a forward captured without a plan and one captured with a learned plan (the prefetch
+/// becomes a graph branch) both replay bit-identical to the eager forward.
+#[test]
+fn forward_is_bit_identical_with_prefetch_in_a_graph() -> Result<()> {
+    let Some((kernels, stream, _lock)) = open("forward_is_bit_identical_with_prefetch_in_a_graph")?
+    else {
+        return Ok(());
+    };
+    let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
+    let mut layers = Layers::new(&kernels, &stream, 4, 1, 4096, rand::rng().random())?;
+    layers.run(&kernels, &stream, None, SIG)?;
+    let want = bits(&layers.outputs(&stream)?);
+
+    for variant in 0..l2_prefetch::VARIANTS.len() {
+        let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
+        config.replay = Replay::Prefetch { variant };
+        let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
+        layers.run(&kernels, &stream, Some(&mut plan), SIG)?;
+        stream.synchronize().map_err(cuda("cuStreamSynchronize"))?;
+        // SAFETY: nothing in this test uses cudarc's per-slice event tracking from here on;
+        // every launch passes raw addresses.
+        unsafe { stream.context().disable_event_tracking() };
+
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        let flags = sys::CUgraphInstantiate_flags(0);
+        stream
+            .begin_capture(mode)
+            .map_err(cuda("cuStreamBeginCapture"))?;
+        layers.run(&kernels, &stream, None, SIG)?;
+        let plain = stream
+            .end_capture(flags)
+            .map_err(cuda("cuStreamEndCapture"))?;
+
+        let before = plan.counters();
+        stream
+            .begin_capture(mode)
+            .map_err(cuda("cuStreamBeginCapture"))?;
+        let run = layers.run(&kernels, &stream, Some(&mut plan), SIG);
+        let prefetched = stream
+            .end_capture(flags)
+            .map_err(cuda("cuStreamEndCapture"))?;
+        run?;
+        let after = plan.counters();
+        assert!(plan.planner().is_frozen(SIG));
+        assert_eq!(after.mismatches_at_capture, 0);
+        assert_eq!(
+            after.windows_prefetched - before.windows_prefetched,
+            4,
+            "one branch per collective"
+        );
+
+        for graph in [plain, prefetched] {
+            let graph = graph.ok_or_else(|| Error::Invalid {
+                what: "capture",
+                why: "empty graph".into(),
+            })?;
+            for replay in 0..3 {
+                layers.poison(&stream)?;
+                graph.launch().map_err(cuda("cuGraphLaunch"))?;
+                assert_eq!(
+                    bits(&layers.outputs(&stream)?),
+                    want,
+                    "variant {variant}, replay {replay}"
+                );
+            }
+        }
+        // Frozen: an eager forward after the capture changes nothing, and still matches.
+        layers.poison(&stream)?;
+        layers.run(&kernels, &stream, Some(&mut plan), SIG)?;
+        assert_eq!(bits(&layers.outputs(&stream)?), want);
+        // SAFETY: back to the default for the next variant's eager forwards.
+        unsafe { stream.context().enable_event_tracking() };
+    }
+    Ok(())
+}
+
+/// The prefetch kernel over segments of every awkward shape: sizes not a multiple of the chunk,
+/// more segments than blocks, one block and many threads. Run under
+/// `compute-sanitizer --tool memcheck` as well (see README).
+#[test]
+fn prefetch_kernel_runs_clean() -> Result<()> {
+    let Some((kernels, stream, _lock)) = open("prefetch_kernel_runs_clean")? else {
+        return Ok(());
+    };
+    let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
+    let bytes = 8 * MIB as usize;
+    let buffer = stream
+        .alloc_zeros::<u8>(bytes)
+        .map_err(cuda("cuMemAlloc"))?;
+    let base = {
+        use cudarc::driver::DevicePtr;
+        buffer.device_ptr(&stream).0
+    };
+    let segments = [
+        seg(base, 16),
+        seg(base + 16, 16 * 1024 - 16),
+        seg(base + 64 * 1024, 1 << 20),
+        seg(base + (2 << 20), (1 << 20) + 48),
+        seg(base + bytes as u64 - 4096, 4096),
+        seg(base + (4 << 20), 3 * 16),
+        seg(base + (5 << 20), (3 << 20) - 4096),
+        seg(base, bytes as u64),
+        seg(base + 1024, 16 * 1024 + 16),
+        seg(base + (3 << 20), 256 * 1024),
+    ];
+    let table = SegmentTable::upload(&stream, &segments)?;
+    assert_eq!(table.len(), segments.len());
+    for variant in 0..l2_prefetch::VARIANTS.len() {
+        for (blocks, threads, chunk) in [
+            (8, 64, 16 << 10),
+            (1, 1024, 16),
+            (3, 32, 4096),
+            (64, 64, 1 << 20),
+        ] {
+            let p = fetchahead::device_abi::params::PrefetchParams {
+                segments: table.address(),
+                n: table.len() as u64,
+                chunk,
+                _pad: 0,
+            };
+            // SAFETY: the table holds checked segments inside `buffer`, alive past the sync.
+            unsafe { kernels.launch_l2_prefetch(stream.cu_stream(), variant, p, blocks, threads) }?;
+        }
+    }
+    stream.synchronize().map_err(cuda("cuStreamSynchronize"))?;
+    // Unchecked segments never reach the device.
+    assert!(SegmentTable::upload(&stream, &[seg(base + 8, 32)]).is_err());
+    assert!(SegmentTable::upload(&stream, &[seg(base, 40)]).is_err());
+    assert!(SegmentTable::upload(&stream, &[seg(0, 32)]).is_err());
+    Ok(())
+}

@@ -1,0 +1,68 @@
+//! The embedded PTX: every arch built, every kernel present, and the device-to-arch choice.
+use fetchahead::device_abi::all_kernels;
+use fetchahead::{Error, ptx};
+
+#[test]
+fn every_built_arch_has_every_kernel() {
+    assert!(!ptx::BUILT.is_empty());
+    for built in ptx::BUILT {
+        let entries: Vec<&str> = ptx::entries(built.text).collect();
+        for kernel in all_kernels() {
+            assert!(
+                entries.contains(&kernel.name),
+                "{} lacks {}",
+                built.arch,
+                kernel.name
+            );
+        }
+        assert!(
+            built.text.contains(&format!(".target {}", built.arch)),
+            "{}",
+            built.arch
+        );
+    }
+}
+
+#[test]
+fn devices_get_the_ptx_of_their_compute_capability() {
+    let built = ptx::built_archs();
+    if built.split(',').any(|a| a == "sm_90") {
+        assert_eq!(
+            ptx::for_compute_capability("H200", 9, 0).unwrap().arch,
+            "sm_90"
+        );
+    }
+    if built.split(',').any(|a| a == "sm_121a") {
+        assert_eq!(
+            ptx::for_compute_capability("GB10", 12, 1).unwrap().arch,
+            "sm_121a"
+        );
+    }
+    match ptx::for_compute_capability("old card", 7, 5) {
+        Err(e @ Error::NoPtxForDevice { .. }) => {
+            let message = e.to_string();
+            assert!(
+                message.contains("sm_75") && message.contains("FETCHAHEAD_ARCHS"),
+                "{message}"
+            );
+        }
+        other => panic!("expected NoPtxForDevice, got {other:?}"),
+    }
+    assert!(matches!(
+        ptx::for_arch("sm_1"),
+        Err(Error::UnknownArch { .. })
+    ));
+}
+
+#[test]
+fn kernels_have_no_panic_path_and_no_local_stack() {
+    for built in ptx::BUILT {
+        for bad in ["trap;", "panic", ".local", "__local_depot"] {
+            assert!(
+                !built.text.contains(bad),
+                "{} PTX contains `{bad}`",
+                built.arch
+            );
+        }
+    }
+}
