@@ -310,7 +310,7 @@ pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
 pub struct FfiPrefetcherConfig {
     /// Most rows per prefetch (rounded up to a power of two).
     pub capacity: u64,
-    /// Gather + dequant variant (0: hardware conversion).
+    /// Gather + dequant variant, an index into `dequant::VARIANTS` (0: `gather_dequant_cvt`).
     pub variant: u32,
     /// Nonzero: check mode.
     pub check: u32,

@@ -95,7 +95,7 @@ void fetchahead_lookup(void *work);
 
 typedef struct fetchahead_prefetcher_config {
     uint64_t capacity;          /* most ids per prefetch (rounded up to a power of two) */
-    uint32_t variant;           /* gather + dequant kernel: 0 hardware cvt, 1 integer bits */
+    uint32_t variant;           /* gather + dequant variant index (0: gather_dequant_cvt) */
     uint32_t check;             /* nonzero: check mode (synchronous path after each gather) */
     uint32_t fallback_on_error; /* nonzero: after a lookup error, gather synchronously */
     uint32_t completion;        /* FETCHAHEAD_COMPLETION_* */
