@@ -22,7 +22,7 @@ use fetchahead::forward::{ForwardShape, GatherPath, SimulatedForward};
 use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
 use fetchahead::lookup::{MemoryRows, RowLookup};
-use fetchahead::prefetcher::Completion;
+use fetchahead::prefetcher::{Completion, PrefetcherConfig};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
 const ROWS: u64 = 1 << 20;
@@ -103,7 +103,10 @@ fn prefetcher(c: &mut Criterion) {
                     &table,
                     shape.clone(),
                     tokens,
-                    completion,
+                    PrefetcherConfig {
+                        completion,
+                        ..Default::default()
+                    },
                 )
                 .unwrap();
                 (completion, forward)

@@ -14,7 +14,7 @@ use crate::error::CudaCall;
 use crate::id_check::IdCheck;
 use crate::kernels::Kernels;
 use crate::lookup::{MemoryRows, RowLookup};
-use crate::prefetcher::{Completion, Prefetcher, PrefetcherConfig, Stats};
+use crate::prefetcher::{Prefetcher, PrefetcherConfig, Stats};
 use crate::table::{Mxfp8Table, Placement};
 use crate::{Error, Result};
 
@@ -139,14 +139,15 @@ pub struct SimulatedForward {
 
 impl SimulatedForward {
     /// Buffers for up to `max_tokens` tokens per step, the table copied to the device for the
-    /// resident path, and one warm prefetcher per Engram layer over `table`.
+    /// resident path, and one warm prefetcher per Engram layer over `table`, configured as
+    /// `prefetch` (its capacity is set here, from `max_tokens`).
     pub fn new(
         kernels: Arc<Kernels>,
         main: Arc<CudaStream>,
         table: &Arc<MemoryRows>,
         shape: ForwardShape,
         max_tokens: usize,
-        completion: Completion,
+        prefetch: PrefetcherConfig,
     ) -> Result<SimulatedForward> {
         shape.check(table.rows())?;
         let dim = table.dim();
@@ -165,8 +166,7 @@ impl SimulatedForward {
         );
         let config = PrefetcherConfig {
             capacity: max_ids,
-            completion,
-            ..Default::default()
+            ..prefetch
         };
         let mut layers = Vec::new();
         for _ in &shape.engram_layers {
@@ -352,6 +352,18 @@ impl SimulatedForward {
     /// Engram layers.
     pub fn engram_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    /// Check mode's counters, summed over the Engram layers (`None` when it is off); waits for
+    /// the device.
+    pub fn check_differed(&self) -> Result<Option<u32>> {
+        let mut total = None;
+        for layer in &self.layers {
+            if let Some(n) = layer.prefetcher.check_differed()? {
+                total = Some(total.unwrap_or(0) + n);
+            }
+        }
+        Ok(total)
     }
 
     /// The prefetchers' stats, summed over the Engram layers.

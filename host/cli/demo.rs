@@ -12,7 +12,7 @@ use fetchahead::forward::{ForwardShape, GatherPath, SimulatedForward};
 use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
 use fetchahead::lookup::{MemoryRows, RowLookup};
-use fetchahead::prefetcher::Completion;
+use fetchahead::prefetcher::{Completion, PrefetcherConfig};
 use fetchahead::{Error, Result};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
@@ -56,6 +56,9 @@ pub struct DemoArgs {
     /// Complete lookups through a worker thread and a pinned flag instead of host functions.
     #[arg(long)]
     pub flag: bool,
+    /// Check mode: after each prefetched gather, gather synchronously and count differences.
+    #[arg(long)]
+    pub check: bool,
 }
 
 impl DemoArgs {
@@ -160,7 +163,12 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         source,
     })?;
     let max_tokens = phases.iter().map(|p| p.tokens).max().unwrap_or(1);
-    let mut forward = SimulatedForward::new(kernels, main, &table, shape, max_tokens, completion)?;
+    let config = PrefetcherConfig {
+        completion,
+        check: args.check,
+        ..Default::default()
+    };
+    let mut forward = SimulatedForward::new(kernels, main, &table, shape, max_tokens, config)?;
     println!(
         "\n{:<8} {:>7} {:>10} {:>12} {:>9} {:>12} {:>13} {:>17} {:>11}",
         "phase",
@@ -177,6 +185,8 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     for phase in &phases {
         let r = run_phase(args, &mut forward, phase, &mut rng)?;
         all_match &= r.outputs_match;
+        let differed = forward.check_differed()?;
+        all_match &= differed.unwrap_or(0) == 0;
         println!(
             "{:<8} {:>7} {:>10} {:>12.2} {:>9.2} {:>12.2} {:>13.2} {:>17.2} {:>11.0}",
             phase.name,
@@ -189,6 +199,12 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
             r.prefetch_ms - r.resident_ms,
             r.rows_per_s
         );
+        if let Some(n) = differed {
+            println!(
+                "         check mode: {n} prefetched gathers differed from the synchronous path so far \
+                 (the prefetch column includes check mode's synchronous gathers)"
+            );
+        }
     }
     let errors = forward.stats().lookup_errors;
     println!(
