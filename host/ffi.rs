@@ -273,8 +273,14 @@ pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
             work.status = FETCHAHEAD_ERR_INVALID;
             return;
         };
-        let count = work.count as usize;
         let dim = table.store.dim();
+        let count = usize::try_from(work.count)
+            .ok()
+            .filter(|c| c.checked_mul(dim).is_some());
+        let Some(count) = count else {
+            work.status = FETCHAHEAD_ERR_INVALID;
+            return;
+        };
         if count > 0 && (work.ids.is_null() || work.weights.is_null() || work.scales.is_null()) {
             work.status = FETCHAHEAD_ERR_INVALID;
             return;
