@@ -495,7 +495,7 @@ fn check_aligned(what: &'static str, address: u64) -> Result<()> {
     check_aligned_to(what, address, 16)
 }
 
-fn check_aligned_to(what: &'static str, address: u64, align: u64) -> Result<()> {
+pub(crate) fn check_aligned_to(what: &'static str, address: u64, align: u64) -> Result<()> {
     if address == 0 || !address.is_multiple_of(align) {
         return Err(Error::invalid(
             what,

@@ -18,7 +18,7 @@ use fetchahead_gpu::params::{CheckCounter, CheckParams};
 
 use crate::error::CudaCall;
 use crate::flag_worker::FlagWorker;
-use crate::kernels::Kernels;
+use crate::kernels::{Kernels, check_aligned_to};
 use crate::lookup::RowLookup;
 use crate::lookup_job::{FailureLog, LookupFailure, LookupJobs};
 use crate::staging::{StagingBuffers, StagingLayout};
@@ -506,22 +506,16 @@ impl Drop for Prefetcher {
 
 /// `count` ids need an 8-byte aligned, non-null address (none for no ids).
 fn check_ids(ids: u64, count: usize) -> Result<()> {
-    if count > 0 && (ids == 0 || !ids.is_multiple_of(8)) {
-        return Err(Error::invalid(
-            "ids",
-            format!("address {ids:#x} is null or not 8-byte aligned"),
-        ));
+    if count == 0 {
+        return Ok(());
     }
-    Ok(())
+    check_aligned_to("ids", ids, 8)
 }
 
 /// An output of `count` rows needs a 16-byte aligned, non-null address (none for no rows).
 fn check_out(out: u64, count: usize) -> Result<()> {
-    if count > 0 && (out == 0 || !out.is_multiple_of(16)) {
-        return Err(Error::invalid(
-            "out",
-            format!("address {out:#x} is null or not 16-byte aligned"),
-        ));
+    if count == 0 {
+        return Ok(());
     }
-    Ok(())
+    check_aligned_to("out", out, 16)
 }
