@@ -36,6 +36,10 @@ impl FailureLog {
         self.since_taken.store(true, Ordering::Release);
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         if kept.len() < Self::KEPT {
+            log::warn!(
+                "fetchahead: a lookup of {} rows failed ({error}); its rows were zero-filled",
+                ids.len()
+            );
             kept.push(LookupFailure {
                 message: error.to_string(),
                 ids: ids.to_vec(),

@@ -340,8 +340,13 @@ impl Prefetcher {
         check_ids(ids, count)?;
         // SAFETY: the caller vouches for `main`.
         unsafe { self.ensure_warm(main)? };
-        if self.config.fallback_on_error && self.failures.count() > self.failures_at_resume {
+        let failed = self.failures.count() - self.failures_at_resume;
+        if self.config.fallback_on_error && failed > 0 && !self.fell_back {
             self.fell_back = true;
+            log::warn!(
+                "fetchahead: {failed} row lookup(s) failed; gathers now take the synchronous path \
+                 (take_errors() has the failures, resume() goes back to prefetching)"
+            );
         }
         let path = if self.fell_back {
             Path::Sync
@@ -493,7 +498,16 @@ impl Prefetcher {
             .memcpy_dtoh(&check.counter, &mut words)
             .call("cuMemcpyDtoH")?;
         self.side.synchronize().call("cuStreamSynchronize")?;
-        Ok(Some(words[0]))
+        let differed = words[0];
+        if differed > 0 {
+            log::warn!(
+                "fetchahead check mode: {differed} prefetched gathers differed from the \
+                 synchronous path"
+            );
+        } else {
+            log::debug!("fetchahead check mode: no prefetched gather differed");
+        }
+        Ok(Some(differed))
     }
 }
 
