@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use cudarc::driver::sys;
@@ -357,7 +357,7 @@ pub unsafe extern "C" fn fetchahead_prefetcher_create(
         }
         let ordinal =
             usize::try_from(device).map_err(|_| Error::invalid("device", format!("{device}")))?;
-        let kernels = Arc::new(Kernels::load(&Gpu::open(ordinal)?)?);
+        let kernels = kernels_for(ordinal)?;
         let config = PrefetcherConfig {
             capacity: usize::try_from(config.capacity).unwrap_or(usize::MAX),
             variant: config.variant as usize,
@@ -379,6 +379,24 @@ pub unsafe extern "C" fn fetchahead_prefetcher_create(
         unsafe { *out = Box::into_raw(Box::new(PrefetcherHandle { prefetcher })) };
         Ok(())
     })
+}
+
+/// The loaded kernels of device `ordinal`, shared by its live prefetchers: the module is loaded
+/// (and its PTX compiled by the driver) once, not once per Engram layer.
+fn kernels_for(ordinal: usize) -> Result<Arc<Kernels>> {
+    static LOADED: Mutex<Vec<(usize, Weak<Kernels>)>> = Mutex::new(Vec::new());
+    let mut loaded = LOADED.lock().unwrap_or_else(PoisonError::into_inner);
+    loaded.retain(|(_, k)| k.strong_count() > 0);
+    if let Some(kernels) = loaded
+        .iter()
+        .find(|(o, _)| *o == ordinal)
+        .and_then(|(_, k)| k.upgrade())
+    {
+        return Ok(kernels);
+    }
+    let kernels = Arc::new(Kernels::load(&Gpu::open(ordinal)?)?);
+    loaded.push((ordinal, Arc::downgrade(&kernels)));
+    Ok(kernels)
 }
 
 /// # Safety
