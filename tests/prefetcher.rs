@@ -1,7 +1,7 @@
 //! The prefetcher: staging capacity rules and lookup error paths on the CPU; on a GPU, prefetched
 //! output against the synchronous path and the CPU reference, eagerly and replayed from a CUDA
 //! graph with new ids each replay, check mode, and injected lookup failures.
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead::gpu::Gpu;
@@ -196,9 +196,15 @@ fn a_panicking_lookup_becomes_an_error_with_zero_rows() {
 struct Setup {
     kernels: Arc<Kernels>,
     main: Arc<CudaStream>,
+    /// One GPU test at a time: a test's context-wide synchronize must not meet another test's
+    /// graph capture.
+    _serial: MutexGuard<'static, ()>,
 }
 
+static GPU_TESTS: Mutex<()> = Mutex::new(());
+
 fn setup(what: &str) -> Result<Option<Setup>> {
+    let serial = GPU_TESTS.lock().unwrap_or_else(PoisonError::into_inner);
     let Some(gpu) = Gpu::for_test(what)? else {
         return Ok(None);
     };
@@ -207,7 +213,11 @@ fn setup(what: &str) -> Result<Option<Setup>> {
     // graph captures must not record cudarc's tracking events.
     unsafe { gpu.ctx.disable_event_tracking() };
     let main = gpu.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
-    Ok(Some(Setup { kernels, main }))
+    Ok(Some(Setup {
+        kernels,
+        main,
+        _serial: serial,
+    }))
 }
 
 fn cuda(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
