@@ -369,14 +369,8 @@ impl SimulatedForward {
     /// The prefetchers' stats, summed over the Engram layers.
     pub fn stats(&self) -> Stats {
         let mut total = Stats::default();
-        for s in self.layers.iter().map(|l| l.prefetcher.stats()) {
-            total.prefetches += s.prefetches;
-            total.gathers += s.gathers;
-            total.sync_gathers += s.sync_gathers;
-            total.lookups += s.lookups;
-            total.rows_looked_up += s.rows_looked_up;
-            total.lookup_errors += s.lookup_errors;
-            total.fell_back |= s.fell_back;
+        for layer in &self.layers {
+            total += layer.prefetcher.stats();
         }
         total
     }

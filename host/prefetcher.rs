@@ -78,6 +78,19 @@ pub struct Stats {
     pub fell_back: bool,
 }
 
+impl std::ops::AddAssign for Stats {
+    /// Sums two prefetchers' stats (`fell_back` if either fell back).
+    fn add_assign(&mut self, other: Stats) {
+        self.prefetches += other.prefetches;
+        self.gathers += other.gathers;
+        self.sync_gathers += other.sync_gathers;
+        self.lookups += other.lookups;
+        self.rows_looked_up += other.rows_looked_up;
+        self.lookup_errors += other.lookup_errors;
+        self.fell_back |= other.fell_back;
+    }
+}
+
 /// A staging set and the lookups that fill it.
 struct Stage {
     staging: StagingBuffers,
