@@ -793,3 +793,62 @@ fn two_layers_in_one_graph(completion: Completion) -> Result<()> {
     drop(graph);
     Ok(())
 }
+
+#[test]
+fn zero_rows_and_misuse_are_errors_not_crashes() -> Result<()> {
+    let Some(s) = setup("zero_rows_and_misuse_are_errors_not_crashes")? else {
+        return Ok(());
+    };
+    let table = Arc::new(MemoryRows::generate(1024, DIM, 3)?);
+    let config = PrefetcherConfig {
+        capacity: 16,
+        ..Default::default()
+    };
+    let mut p = new_prefetcher(&s, &table, config)?;
+    let ids = s
+        .main
+        .clone_htod(&[1i64, 2, 3])
+        .map_err(cuda("cuMemcpyHtoD"))?;
+    let out = s
+        .main
+        .alloc_zeros::<u16>(3 * DIM)
+        .map_err(cuda("cuMemAlloc"))?;
+    let (i, o, main) = (addr(&ids, &s.main), addr(&out, &s.main), s.main.cu_stream());
+    // SAFETY: `ids` and `out` hold 3 ids and 3 rows; the null addresses go with zero rows.
+    unsafe {
+        p.prefetch(0, 0, main)?;
+        p.gather_dequant(0, main)?;
+        assert!(matches!(
+            p.gather_dequant(o, main),
+            Err(Error::PrefetchOrder(_))
+        ));
+        assert!(matches!(
+            p.prefetch(i, 17, main),
+            Err(Error::StagingFull { .. })
+        ));
+        assert!(matches!(
+            p.prefetch(i + 4, 3, main),
+            Err(Error::Invalid { .. })
+        ));
+        p.prefetch(i, 3, main)?;
+        assert!(matches!(
+            p.prefetch(i, 3, main),
+            Err(Error::PrefetchOrder(_))
+        ));
+        // A misaligned output is refused and the prefetch stays pending for a good one.
+        assert!(matches!(
+            p.gather_dequant(o + 8, main),
+            Err(Error::Invalid { .. })
+        ));
+        p.gather_dequant(o, main)?;
+    }
+    assert_matches_reference(
+        &read(&s.main, &out, 3 * DIM)?,
+        &table,
+        &[1, 2, 3],
+        "after misuse",
+    );
+    let stats = p.stats();
+    assert_eq!((stats.prefetches, stats.gathers, stats.lookups), (2, 2, 1));
+    Ok(())
+}
