@@ -13,13 +13,16 @@
 // build.rs checks every entry's parameter size against the host's `size_of`.
 #![cfg_attr(target_arch = "nvptx64", allow(improper_gpu_kernel_arg))]
 
+pub mod check;
 pub mod collective;
 pub mod dequant;
 pub mod gather;
 pub mod gemv;
+pub mod hash;
 pub mod l2_prefetch;
 pub mod mxfp8;
 pub mod params;
+pub mod spin;
 
 #[cfg(target_arch = "nvptx64")]
 mod device;
@@ -57,4 +60,9 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
         )
         .chain(gemv::VARIANTS.iter().map(move |v| entry(v.name, gemv)))
         .chain([entry(collective::KERNEL, collective)])
+        .chain([
+            entry(check::KERNEL, size_of::<params::CheckParams>()),
+            entry(hash::KERNEL, size_of::<params::HashParams>()),
+            entry(spin::KERNEL, size_of::<params::SpinParams>()),
+        ])
 }

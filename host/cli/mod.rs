@@ -4,6 +4,7 @@ use std::process::ExitCode;
 use clap::Subcommand;
 
 mod check;
+mod demo;
 mod kernels;
 
 #[derive(Subcommand)]
@@ -18,11 +19,14 @@ pub enum Command {
     },
     /// Run every kernel against the CPU reference on this machine's GPU, with bandwidth.
     Check(check::CheckArgs),
+    /// Simulated decode and prefill steps: hashed ids, side-stream prefetch, compute, gathers;
+    /// GPU idle before the gathers with and without the prefetcher (the default command).
+    Demo(demo::DemoArgs),
 }
 
 impl Default for Command {
     fn default() -> Self {
-        Command::Check(check::CheckArgs::default())
+        Command::Demo(demo::DemoArgs::default())
     }
 }
 
@@ -31,5 +35,6 @@ pub fn run(command: Command) -> fetchahead::Result<ExitCode> {
         Command::Kernels => kernels::list(),
         Command::Ptx { arch } => kernels::print_ptx(&arch),
         Command::Check(args) => check::run(&args),
+        Command::Demo(args) => demo::run(&args),
     }
 }
