@@ -45,6 +45,30 @@ pub enum Error {
         first_id: i64,
     },
 
+    #[error("row {id} is outside the table's {rows} rows")]
+    RowOutOfRange { id: i64, rows: u64 },
+
+    #[error("injected lookup failure at row {id} (fault injection of the in-memory table)")]
+    InjectedFault { id: i64 },
+
+    #[error("the row lookup panicked: {0}")]
+    LookupPanicked(String),
+
+    #[error(
+        "{count} rows do not fit the staging buffers' {capacity} rows; create the prefetcher \
+         with a capacity of at least {count}"
+    )]
+    StagingFull { count: usize, capacity: usize },
+
+    #[error(
+        "{what} was first used inside a CUDA graph capture; call Prefetcher::warm \
+         (fetchahead_prefetcher_warm) on the stream before beginning the capture"
+    )]
+    NotWarmed { what: &'static str },
+
+    #[error("{0}")]
+    PrefetchOrder(&'static str),
+
     #[error("invalid {what}: {why}")]
     Invalid { what: &'static str, why: String },
 

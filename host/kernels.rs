@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, result, sys};
 use fetchahead_gpu::params::{
-    CHUNK_BYTES, CollectiveParams, DequantParams, GEMV_K_STEP, GEMV_ROWS_PER_WARP, GatherParams,
-    GemvParams, MX_BLOCK, PrefetchParams,
+    CHUNK_BYTES, CheckParams, CollectiveParams, DequantParams, GEMV_K_STEP, GEMV_ROWS_PER_WARP,
+    GatherParams, GemvParams, HashParams, MAX_NGRAM, MX_BLOCK, PrefetchParams, SpinParams,
 };
-use fetchahead_gpu::{collective, dequant, gather, gemv, l2_prefetch};
+use fetchahead_gpu::{check, collective, dequant, gather, gemv, hash, l2_prefetch, spin};
 
 use crate::access_policy::AccessWindow;
 use crate::error::CudaCall;
@@ -37,6 +37,9 @@ pub struct Kernels {
     prefetch: Vec<Loaded>,
     gemv: Vec<Loaded>,
     collective: Loaded,
+    check: Loaded,
+    hash: Loaded,
+    spin: Loaded,
 }
 
 impl Kernels {
@@ -78,6 +81,9 @@ impl Kernels {
                 .map(|v| load(v.name))
                 .collect::<Result<_>>()?,
             collective: load(collective::KERNEL)?,
+            check: load(check::KERNEL)?,
+            hash: load(hash::KERNEL)?,
+            spin: load(spin::KERNEL)?,
             _module: module,
             ptx,
             gpu: gpu.clone(),
@@ -223,6 +229,53 @@ impl Kernels {
             )
         }
         .call("cuLaunchKernel")
+    }
+
+    /// Compares `p.a` and `p.b` (`p.chunks` 16-byte chunks each) and adds one to the
+    /// `CheckCounter` at `p.counter` if they differ.
+    ///
+    /// # Safety
+    /// `a` and `b` hold `chunks * 16` bytes each, written by nothing during the launch, and
+    /// `counter` is a live `CheckCounter` used by no concurrent launch.
+    pub unsafe fn launch_check_equal(&self, stream: sys::CUstream, p: CheckParams) -> Result<()> {
+        check_aligned("check a", p.a)?;
+        check_aligned("check b", p.b)?;
+        check_aligned("check counter", p.counter)?;
+        // SAFETY: the caller guarantees the addresses; the kernel reads chunks 0..p.chunks.
+        unsafe { self.launch(&self.check, p.chunks, stream, p, gather::BLOCK_THREADS) }
+    }
+
+    /// Hashes `p.n_tokens` tokens into `p.n_tokens * p.heads` ids.
+    ///
+    /// # Safety
+    /// `tokens` holds `n_tokens` u32 and `ids` holds `n_tokens * heads` i64, written by nothing
+    /// else during the launch.
+    pub unsafe fn launch_hash(&self, stream: sys::CUstream, p: HashParams) -> Result<()> {
+        if p.heads == 0 || p.rows == 0 || p.ngram == 0 || p.ngram > MAX_NGRAM {
+            return Err(Error::invalid(
+                "hash",
+                format!(
+                    "{} heads, {} rows, n-gram {} (heads and rows positive, n-gram 1..={MAX_NGRAM})",
+                    p.heads, p.rows, p.ngram
+                ),
+            ));
+        }
+        check_aligned_to("tokens", p.tokens, 4)?;
+        check_aligned_to("hash ids", p.ids, 8)?;
+        let threads = p.n_tokens * p.heads as u64;
+        // SAFETY: the caller guarantees the addresses; one thread per (token, head).
+        unsafe { self.launch(&self.hash, threads, stream, p, gather::BLOCK_THREADS) }
+    }
+
+    /// Keeps every multiprocessor busy for `nanos` nanoseconds: a stand-in for a layer's compute.
+    ///
+    /// # Safety
+    /// `stream` is a valid stream of this device's context.
+    pub unsafe fn launch_spin(&self, stream: sys::CUstream, nanos: u64) -> Result<()> {
+        let threads = self.gpu.multiprocessors as u64 * gather::BLOCK_THREADS as u64;
+        let p = SpinParams { nanos, _pad: 0 };
+        // SAFETY: the spin kernel touches no memory.
+        unsafe { self.launch(&self.spin, threads, stream, p, gather::BLOCK_THREADS) }
     }
 
     /// K splits for a GEMV of `n x k` weights on this device: enough warps to keep every
@@ -442,7 +495,7 @@ fn check_aligned(what: &'static str, address: u64) -> Result<()> {
     check_aligned_to(what, address, 16)
 }
 
-fn check_aligned_to(what: &'static str, address: u64, align: u64) -> Result<()> {
+pub(crate) fn check_aligned_to(what: &'static str, address: u64, align: u64) -> Result<()> {
     if address == 0 || !address.is_multiple_of(align) {
         return Err(Error::invalid(
             what,

@@ -11,20 +11,35 @@
 //! - [`table`]: row tables in device memory or in pinned host memory mapped for the device.
 //! - [`reference`]: the CPU reference every kernel is checked against.
 //! - [`selfcheck`]: runs every kernel against the reference on this machine's GPU.
+//! - [`lookup`]: the row lookup the prefetcher calls ([`lookup::RowLookup`]), and an in-memory table.
+//! - [`staging`]: pinned host buffers and device mirrors for staged rows.
+//! - [`host_fn`]: enqueuing Rust work on a stream (`cuLaunchHostFunc`).
+//! - [`prefetcher`]: the side-stream prefetcher of one Engram layer.
+//! - [`ffi`]: the C ABI for engines (`include/fetchahead.h`).
+//! - [`forward`]: a simulated forward with Engram layers, for the demo and the bench.
 //! - [`store`]: the NVMe row store for Engram tables (safetensors shards, io_uring, DRAM cache).
 
 pub mod access_policy;
 pub mod error;
+pub mod ffi;
+pub mod flag_worker;
+pub mod forward;
 pub mod gemv;
 pub mod gpu;
+pub mod host_fn;
 pub mod id_check;
 pub mod kernels;
 pub mod l2_plan;
+pub mod lookup;
+pub mod lookup_job;
+pub mod prefetcher;
 pub mod ptx;
 pub mod reference;
 pub mod segments;
 pub mod selfcheck;
+pub mod staging;
 pub mod store;
+pub mod stream;
 pub mod table;
 
 pub use error::{Error, Result};

@@ -40,6 +40,11 @@ pub const VARIANTS: &[Variant] = &[
         about: "E4M3 bits placed in bf16, two packed bf16x2 multiplies",
     },
     Variant {
+        name: "gather_dequant_packed_ahead",
+        conversion: Conversion::Packed,
+        about: "packed, the next id loaded and the next row prefetched into L2 one step ahead",
+    },
+    Variant {
         name: "gather_dequant_bits",
         conversion: Conversion::Bits,
         about: "integer bit manipulation, no float conversion instructions",
@@ -52,7 +57,8 @@ mod kernels {
     use super::ELEMS_PER_THREAD;
     use crate::device::{
         e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads, load_i64,
-        load_stream_16, load_u8, mul_bf16x2, permute_bytes, record_bad_id, store_16,
+        load_i64_early, load_stream_16, load_u8, mul_bf16x2, permute_bytes, prefetch_l2,
+        prefetch_line_l2, record_bad_id, store_16,
     };
     use crate::mxfp8::{E8M0_NAN, e4m3_scaled_to_bf16};
     use crate::params::{DequantParams, MX_BLOCK};
@@ -165,20 +171,49 @@ mod kernels {
     }
 
     #[inline(always)]
-    unsafe fn gather_dequant<const CONVERSION: u8>(p: &DequantParams) {
+    unsafe fn gather_dequant<const CONVERSION: u8, const AHEAD: bool>(p: &DequantParams) {
         // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
         let chunks = (p.dim / ELEMS_PER_THREAD).max(1);
         let scales_per_row = (p.dim / MX_BLOCK) as u64;
         let total = p.n * chunks as u64;
         let stride = grid_threads();
+        // t < n * chunks < 2^32, checked on the host.
+        let split = |t: u64| ((t as u32 / chunks) as u64, t as u32 % chunks);
+        let id_of = |t: u64| {
+            // SAFETY: t < total, so its row is below n and inside the ids array.
+            if t < total {
+                unsafe { load_i64_early(p.ids + 8 * split(t).0) }
+            } else {
+                -1
+            }
+        };
+        let valid = |id: i64| id >= 0 && (id as u64) < p.rows;
         let mut t = global_thread();
+        // With AHEAD: the id of this thread's coming chunk, loaded one step early.
+        let mut next_id_slot = if AHEAD { id_of(t) } else { 0 };
         while t < total {
-            // t < n * chunks < 2^32, checked on the host.
-            let (i, c) = ((t as u32 / chunks) as u64, t as u32 % chunks);
-            // SAFETY: i < n, so ids + 8 i lies in the ids array.
-            let id = unsafe { load_i64(p.ids + 8 * i) };
+            let (i, c) = split(t);
+            let id = if AHEAD {
+                // The next chunk's id now; its row asked of L2 by the thread that will convert
+                // the row's first chunk.
+                let next = t + stride;
+                let next_id = id_of(next);
+                if next < total && split(next).1 == 0 && valid(next_id) {
+                    let row = next_id as u64;
+                    // SAFETY: row < rows: the weight row (a multiple of 32 bytes at a 16-byte
+                    // aligned base) and its scales lie in the table.
+                    unsafe {
+                        prefetch_l2(p.weights + row * p.dim as u64, p.dim);
+                        prefetch_line_l2(p.scales + row * scales_per_row);
+                    }
+                }
+                core::mem::replace(&mut next_id_slot, next_id)
+            } else {
+                // SAFETY: i < n, so ids + 8 i lies in the ids array.
+                unsafe { load_i64(p.ids + 8 * i) }
+            };
             // A bad id converts zero bytes at scale 2^0: a row of +0.0.
-            let (w, s) = if id >= 0 && (id as u64) < p.rows {
+            let (w, s) = if valid(id) {
                 let elem = id as u64 * p.dim as u64 + (c * ELEMS_PER_THREAD) as u64;
                 // SAFETY: id < rows and c < dim / 16, so both reads lie inside row `id`.
                 unsafe {
@@ -211,16 +246,21 @@ mod kernels {
 
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_dequant_cvt(p: DequantParams) {
-        unsafe { gather_dequant::<HARDWARE>(&p) }
+        unsafe { gather_dequant::<HARDWARE, false>(&p) }
     }
 
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_dequant_packed(p: DequantParams) {
-        unsafe { gather_dequant::<PACKED>(&p) }
+        unsafe { gather_dequant::<PACKED, false>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_packed_ahead(p: DequantParams) {
+        unsafe { gather_dequant::<PACKED, true>(&p) }
     }
 
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_dequant_bits(p: DequantParams) {
-        unsafe { gather_dequant::<BITS>(&p) }
+        unsafe { gather_dequant::<BITS, false>(&p) }
     }
 }

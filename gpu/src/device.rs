@@ -63,6 +63,26 @@ pub unsafe fn load_stream_16(addr: u64) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// 16 bytes read through the non-coherent path with no cache hints: the baseline the hinted
+/// [`load_stream_16`] is measured against.
+///
+/// # Safety
+/// As [`load_stream_16`].
+#[inline(always)]
+pub unsafe fn load_plain_16(addr: u64) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees a readable, aligned, read-only address.
+    unsafe {
+        asm!(
+            "ld.global.nc.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];",
+            out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
+            in(reg64) addr,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    [a, b, c, d]
+}
+
 /// 16 bytes written with an ordinary (write-back) store.
 ///
 /// # Safety
@@ -186,6 +206,18 @@ pub unsafe fn prefetch_l2(addr: u64, bytes: u32) {
     unsafe {
         asm!("cp.async.bulk.prefetch.L2.global [{0}], {1};", in(reg64) addr, in(reg32) bytes,
              options(nostack, preserves_flags));
+    }
+}
+
+/// Asks L2 for the 128-byte line holding `addr` (no size or alignment rule).
+///
+/// # Safety
+/// `addr` lies in a valid global allocation.
+#[inline(always)]
+pub unsafe fn prefetch_line_l2(addr: u64) {
+    // SAFETY: the caller guarantees the address is valid; a prefetch never writes.
+    unsafe {
+        asm!("prefetch.global.L2 [{0}];", in(reg64) addr, options(nostack, preserves_flags));
     }
 }
 
@@ -427,6 +459,84 @@ pub unsafe fn store_relaxed_u32(addr: u64, v: u32) {
     // SAFETY: the caller guarantees a writable, aligned address.
     unsafe {
         asm!("st.relaxed.gpu.global.u32 [{0}], {1};", in(reg64) addr, in(reg32) v,
+             options(nostack, preserves_flags));
+    }
+}
+
+/// Whether `pred` holds in any thread of the block. Every thread of the block must call it.
+#[inline(always)]
+pub fn block_any(pred: bool) -> bool {
+    let r: u32;
+    // SAFETY: a block-wide barrier with a reduction; callers reach it from every thread.
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .pred %p_in, %p_out;",
+            "setp.ne.u32 %p_in, {0}, 0;",
+            "bar.red.or.pred %p_out, 0, %p_in;",
+            "selp.u32 {1}, 1, 0, %p_out;",
+            "}}",
+            in(reg32) pred as u32, out(reg32) r,
+            options(nostack, preserves_flags),
+        );
+    }
+    r != 0
+}
+
+/// `*addr += v` at device scope, returning the old value.
+///
+/// # Safety
+/// `addr` is a writable, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn atomic_add_u32(addr: u64, v: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees a writable, aligned address.
+    unsafe {
+        asm!("atom.global.add.u32 {0}, [{1}], {2};", out(reg32) old, in(reg64) addr, in(reg32) v,
+             options(nostack, preserves_flags));
+    }
+    old
+}
+
+/// `*addr = v` at device scope, returning the old value.
+///
+/// # Safety
+/// `addr` is a writable, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn atomic_exch_u32(addr: u64, v: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees a writable, aligned address.
+    unsafe {
+        asm!("atom.global.exch.b32 {0}, [{1}], {2};", out(reg32) old, in(reg64) addr, in(reg32) v,
+             options(nostack, preserves_flags));
+    }
+    old
+}
+
+/// One read-only 4-byte load (a token), through the non-coherent path.
+///
+/// # Safety
+/// `addr` is a readable, 4-byte aligned global address that nothing writes during the kernel.
+#[inline(always)]
+pub unsafe fn load_u32(addr: u64) -> u32 {
+    let v: u32;
+    // SAFETY: the caller guarantees a readable, aligned, read-only address.
+    unsafe {
+        asm!("ld.global.nc.u32 {0}, [{1}];", out(reg32) v, in(reg64) addr,
+             options(pure, readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+/// One 8-byte store.
+///
+/// # Safety
+/// `addr` is a writable, 8-byte aligned global address no other thread writes.
+#[inline(always)]
+pub unsafe fn store_i64(addr: u64, v: i64) {
+    // SAFETY: the caller guarantees a writable, aligned address owned by this thread.
+    unsafe {
+        asm!("st.global.s64 [{0}], {1};", in(reg64) addr, in(reg64) v,
              options(nostack, preserves_flags));
     }
 }

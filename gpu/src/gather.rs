@@ -45,6 +45,16 @@ pub const VARIANTS: &[Variant] = &[
         about: "a thread per 16-byte chunk, the next chunk's id loaded before this chunk's row",
     },
     Variant {
+        name: "gather_chunk16_ahead",
+        shape: Shape::ChunkPerThread { unroll: 1 },
+        about: "as _pipe, and the next row bulk-prefetched into L2 one step ahead",
+    },
+    Variant {
+        name: "gather_chunk16_nohint",
+        shape: Shape::ChunkPerThread { unroll: 1 },
+        about: "a thread per 16-byte chunk, loads without the L1 and L2 cache hints",
+    },
+    Variant {
         name: "gather_chunk16_cs",
         shape: Shape::ChunkPerThread { unroll: 1 },
         about: "a thread per 16-byte chunk, streaming (evict-first) stores",
@@ -73,8 +83,8 @@ pub const EMPTY_KERNEL: &str = "gather_empty";
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
     use crate::device::{
-        global_thread, grid_threads, load_i64, load_i64_early, load_stream_16, record_bad_id,
-        shuffle_i64, store_16, store_16_streaming,
+        global_thread, grid_threads, load_i64, load_i64_early, load_plain_16, load_stream_16,
+        prefetch_l2, record_bad_id, shuffle_i64, store_16, store_16_streaming,
     };
     use crate::params::{CHUNK_BYTES, GatherParams};
 
@@ -160,6 +170,19 @@ mod kernels {
     /// row, so the id's latency overlaps the row's instead of adding to it.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_chunk16_pipe(p: GatherParams) {
+        unsafe { chunk_pipelined::<false>(&p) }
+    }
+
+    /// As `gather_chunk16_pipe`, and the thread that will copy the next row's first chunk asks
+    /// L2 for that whole row now (a bulk prefetch costs no registers), doubling the bytes in
+    /// flight.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_chunk16_ahead(p: GatherParams) {
+        unsafe { chunk_pipelined::<true>(&p) }
+    }
+
+    #[inline(always)]
+    unsafe fn chunk_pipelined<const AHEAD: bool>(p: &GatherParams) {
         let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
         let total = p.n * chunks as u64;
         let stride = grid_threads();
@@ -171,13 +194,20 @@ mod kernels {
                 -1
             }
         };
+        let valid = |id: i64| id >= 0 && (id as u64) < p.rows;
         let mut t = global_thread();
         let mut id = id_of(t);
         while t < total {
-            let next_id = id_of(t + stride);
+            let next = t + stride;
+            let next_id = id_of(next);
+            if AHEAD && next < total && split(next, chunks).1 == 0 && valid(next_id) {
+                // SAFETY: next_id < rows: the whole row lies in the table; rows are 16-byte
+                // multiples at a 16-byte aligned base.
+                unsafe { prefetch_l2(p.table + next_id as u64 * p.row_bytes as u64, p.row_bytes) };
+            }
             let (i, c) = split(t, chunks);
             let mut data = [0u32; 4];
-            if id >= 0 && (id as u64) < p.rows {
+            if valid(id) {
                 let src = p.table + id as u64 * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64;
                 // SAFETY: id < rows and c < chunks: inside row `id`.
                 data = unsafe { load_stream_16(src) };
@@ -193,7 +223,31 @@ mod kernels {
                 )
             };
             id = next_id;
-            t += stride;
+            t = next;
+        }
+    }
+
+    /// Per thread: one chunk, loaded with no cache hints (no L1 bypass, no 256-byte L2 fetch).
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_chunk16_nohint(p: GatherParams) {
+        let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
+        let total = p.n * chunks as u64;
+        let mut t = global_thread();
+        while t < total {
+            let (i, c) = split(t, chunks);
+            let data = match unsafe { source(&p, i, c) } {
+                // SAFETY: `source` returns only addresses inside the table.
+                Some(src) => unsafe { load_plain_16(src) },
+                None => [0; 4],
+            };
+            // SAFETY: chunk c of output row i < n, owned by this thread.
+            unsafe {
+                store_16(
+                    p.out + i * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64,
+                    data,
+                )
+            };
+            t += grid_threads();
         }
     }
 

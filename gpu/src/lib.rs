@@ -13,48 +13,86 @@
 // build.rs checks every entry's parameter size against the host's `size_of`.
 #![cfg_attr(target_arch = "nvptx64", allow(improper_gpu_kernel_arg))]
 
+pub mod check;
 pub mod collective;
 pub mod dequant;
 pub mod gather;
 pub mod gemv;
+pub mod hash;
 pub mod l2_prefetch;
 pub mod mxfp8;
 pub mod params;
+pub mod spin;
 
 #[cfg(target_arch = "nvptx64")]
 mod device;
 
-/// A kernel entry point the host may load, and the size of the one parameter struct it takes.
+/// A kernel entry point the host may load: its name, the size of the one parameter struct it
+/// takes, and what it does (for `fetchahead kernels`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
     pub name: &'static str,
     pub param_bytes: usize,
+    pub about: &'static str,
 }
 
-/// Every kernel entry point, in the order `fetchahead kernels` lists them. `build.rs` checks that
-/// each is an `.entry` of every PTX it builds, taking a parameter block of `param_bytes`.
+/// Every kernel entry point, the one list the host, `build.rs` and `fetchahead kernels` use.
+/// `build.rs` checks that each is an `.entry` of every PTX it builds, taking a parameter block of
+/// `param_bytes`.
 pub fn all_kernels() -> impl Iterator<Item = Entry> {
     use core::mem::size_of;
-    let entry = |name, param_bytes| Entry { name, param_bytes };
+    let entry = |name, param_bytes, about| Entry {
+        name,
+        param_bytes,
+        about,
+    };
     let gather = size_of::<params::GatherParams>();
     let dequant = size_of::<params::DequantParams>();
     let prefetch = size_of::<params::PrefetchParams>();
     let gemv = size_of::<params::GemvParams>();
-    let collective = size_of::<params::CollectiveParams>();
     gather::VARIANTS
         .iter()
-        .map(move |v| entry(v.name, gather))
-        .chain([entry(gather::EMPTY_KERNEL, gather)])
+        .map(move |v| entry(v.name, gather, v.about))
+        .chain([entry(
+            gather::EMPTY_KERNEL,
+            gather,
+            "does nothing: the launch-cost floor for benches",
+        )])
         .chain(
             dequant::VARIANTS
                 .iter()
-                .map(move |v| entry(v.name, dequant)),
+                .map(move |v| entry(v.name, dequant, v.about)),
         )
         .chain(
             l2_prefetch::VARIANTS
                 .iter()
-                .map(move |v| entry(v.name, prefetch)),
+                .map(move |v| entry(v.name, prefetch, v.about)),
         )
-        .chain(gemv::VARIANTS.iter().map(move |v| entry(v.name, gemv)))
-        .chain([entry(collective::KERNEL, collective)])
+        .chain(
+            gemv::VARIANTS
+                .iter()
+                .map(move |v| entry(v.name, gemv, v.about)),
+        )
+        .chain([
+            entry(
+                collective::KERNEL,
+                size_of::<params::CollectiveParams>(),
+                "simulated collective: 1-8 CTAs poll a flag for T ns",
+            ),
+            entry(
+                check::KERNEL,
+                size_of::<params::CheckParams>(),
+                "counts launches whose two bf16 buffers differ (the prefetcher's check mode)",
+            ),
+            entry(
+                hash::KERNEL,
+                size_of::<params::HashParams>(),
+                "hashes token n-grams into Engram row ids (the demo's hasher)",
+            ),
+            entry(
+                spin::KERNEL,
+                size_of::<params::SpinParams>(),
+                "busy-waits on the GPU clock: a layer's compute in the demo and benches",
+            ),
+        ])
 }

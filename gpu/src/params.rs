@@ -87,6 +87,66 @@ pub struct PrefetchParams {
     pub _pad: u32,
 }
 
+/// The device record of a check-mode comparison: how many compared pairs of buffers differed.
+/// The host zeroes it once; launches keep `mismatch` and `blocks_done` at zero between them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CheckCounter {
+    /// Launches whose two buffers differed (what the host reads).
+    pub differed: u32,
+    /// Set by any block of the running launch that saw a difference.
+    pub mismatch: u32,
+    /// Blocks of the running launch that finished; the last one folds `mismatch` into `differed`.
+    pub blocks_done: u32,
+    pub _pad: u32,
+}
+
+/// Compares `a` and `b`, `chunks` 16-byte chunks each, bit for bit, and counts one difference per
+/// launch into the `CheckCounter` at `counter`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CheckParams {
+    /// 16-byte aligned.
+    pub a: u64,
+    /// 16-byte aligned.
+    pub b: u64,
+    pub chunks: u64,
+    /// `*mut CheckCounter`.
+    pub counter: u64,
+}
+
+/// `ids[t * heads + h] = row_start + hash(seed, h, tokens[t + 1 - ngram ..= t]) % rows`, tokens
+/// before the start of the stream read as 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HashParams {
+    /// `*const u32`, `n_tokens` tokens.
+    pub tokens: u64,
+    /// `*mut i64`, `n_tokens * heads` ids.
+    pub ids: u64,
+    pub n_tokens: u64,
+    pub seed: u64,
+    /// First row of this layer's slice of the table.
+    pub row_start: u64,
+    /// Rows in this layer's slice (a zero is read as one).
+    pub rows: u64,
+    pub heads: u32,
+    /// Tokens hashed per id, 1 to [`MAX_NGRAM`].
+    pub ngram: u32,
+}
+
+/// The longest n-gram the hash kernel reads.
+pub const MAX_NGRAM: u32 = 8;
+
+/// Keeps every thread of the grid busy for `nanos` nanoseconds of the device clock: stands in for
+/// the model's compute between Engram layers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SpinParams {
+    pub nanos: u64,
+    pub _pad: u64,
+}
+
 /// `y[m, n] = sum_k x[m, k] * w[n, k]` (bf16 in, f32 accumulate and out), for `m <= 16`.
 ///
 /// With `splits > 1` each split of K writes `partial[s, m, n]`; the last warp of a row group to

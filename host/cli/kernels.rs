@@ -1,40 +1,37 @@
 //! `fetchahead kernels` and `fetchahead ptx --arch ARCH`.
+use std::io::{self, Write};
 use std::process::ExitCode;
 
+use fetchahead::device_abi::all_kernels;
 use fetchahead::ptx;
 
 pub fn list() -> fetchahead::Result<ExitCode> {
-    use fetchahead::device_abi::{collective, dequant, gather, gemv, l2_prefetch};
     let about = |name: &str| {
-        let gathers = gather::VARIANTS.iter().map(|v| (v.name, v.about));
-        let dequants = dequant::VARIANTS.iter().map(|v| (v.name, v.about));
-        let prefetches = l2_prefetch::VARIANTS.iter().map(|v| (v.name, v.about));
-        let gemvs = gemv::VARIANTS.iter().map(|v| (v.name, v.about));
-        gathers
-            .chain(dequants)
-            .chain(prefetches)
-            .chain(gemvs)
-            .chain([(
-                collective::KERNEL,
-                "simulated collective: 1-8 CTAs poll a flag for T ns",
-            )])
-            .chain([(
-                gather::EMPTY_KERNEL,
-                "does nothing: the launch-cost floor for benches",
-            )])
-            .find(|(n, _)| *n == name)
-            .map_or("", |(_, a)| a)
+        all_kernels()
+            .find(|k| k.name == name)
+            .map_or("", |k| k.about)
     };
+    let mut text = String::new();
     for built in ptx::BUILT {
-        println!("{} ({} bytes of PTX)", built.arch, built.text.len());
+        text += &format!("{} ({} bytes of PTX)\n", built.arch, built.text.len());
         for entry in ptx::entries(built.text) {
-            println!("  {entry:<24} {}", about(entry));
+            text += &format!("  {entry:<28} {}\n", about(entry));
         }
     }
-    Ok(ExitCode::SUCCESS)
+    write_stdout(&text)
 }
 
 pub fn print_ptx(arch: &str) -> fetchahead::Result<ExitCode> {
-    print!("{}", ptx::for_arch(arch)?.text);
-    Ok(ExitCode::SUCCESS)
+    write_stdout(ptx::for_arch(arch)?.text)
+}
+
+/// Writes to stdout; a reader that stops early (`| head`) ends the output quietly.
+fn write_stdout(text: &str) -> fetchahead::Result<ExitCode> {
+    match io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+            eprintln!("error: writing to stdout: {e}");
+            Ok(ExitCode::FAILURE)
+        }
+        _ => Ok(ExitCode::SUCCESS),
+    }
 }

@@ -5,6 +5,7 @@ use clap::Subcommand;
 
 mod bench_io;
 mod check;
+mod demo;
 mod inspect;
 mod kernels;
 mod make_table;
@@ -22,6 +23,9 @@ pub enum Command {
     },
     /// Run every kernel against the CPU reference on this machine's GPU, with bandwidth.
     Check(check::CheckArgs),
+    /// Simulated decode and prefill steps: hashed ids, side-stream prefetch, compute, gathers;
+    /// GPU idle before the gathers with and without the prefetcher (the default command).
+    Demo(demo::DemoArgs),
     /// Write a generated Engram table (safetensors shards) for the row store.
     MakeTable(make_table::MakeTableArgs),
     /// Show a table's tensors, rows, bytes, shards and row alignment to 4 KiB pages.
@@ -34,7 +38,7 @@ pub enum Command {
 
 impl Default for Command {
     fn default() -> Self {
-        Command::Check(check::CheckArgs::default())
+        Command::Demo(demo::DemoArgs::default())
     }
 }
 
@@ -43,6 +47,7 @@ pub fn run(command: Command) -> fetchahead::Result<ExitCode> {
         Command::Kernels => kernels::list(),
         Command::Ptx { arch } => kernels::print_ptx(&arch),
         Command::Check(args) => check::run(&args),
+        Command::Demo(args) => demo::run(&args),
         Command::MakeTable(args) => make_table::run(&args),
         Command::Inspect(args) => inspect::run(&args),
         Command::Tune(args) => tune::run(&args),

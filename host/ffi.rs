@@ -1,0 +1,625 @@
+//! The C ABI for engines (`include/fetchahead.h`): open a table, create a prefetcher per Engram
+//! layer, prefetch and gather on the caller's raw `CUstream` with the caller's device pointers,
+//! read errors and counters, close. Every entry catches panics (nothing unwinds into C) and
+//! returns a status code; [`fetchahead_last_error`] gives the calling thread's last message.
+//!
+//! `fetchahead_prefetch` and `fetchahead_gather_dequant` allocate nothing and are capturable into
+//! a CUDA graph. [`fetchahead_lookup`] is a host-function entry for engines that enqueue the
+//! lookup with `cudaLaunchHostFunc` themselves.
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use cudarc::driver::sys;
+
+use crate::gpu::Gpu;
+use crate::kernels::Kernels;
+use crate::lookup::{MemoryRows, RowLookup, lookup_or_zero};
+use crate::prefetcher::{Completion, Prefetcher, PrefetcherConfig};
+use crate::{Error, Result};
+
+pub const FETCHAHEAD_OK: c_int = 0;
+pub const FETCHAHEAD_ERR_INVALID: c_int = 1;
+pub const FETCHAHEAD_ERR_CUDA: c_int = 2;
+pub const FETCHAHEAD_ERR_NO_DEVICE: c_int = 3;
+pub const FETCHAHEAD_ERR_LOOKUP: c_int = 4;
+pub const FETCHAHEAD_ERR_NOT_WARMED: c_int = 5;
+pub const FETCHAHEAD_ERR_ORDER: c_int = 6;
+pub const FETCHAHEAD_ERR_STAGING_FULL: c_int = 7;
+pub const FETCHAHEAD_ERR_PANIC: c_int = 8;
+
+/// Fault kinds for [`fetchahead_table_inject`] (in-memory tables only).
+pub const FETCHAHEAD_FAULT_NONE: u32 = 0;
+pub const FETCHAHEAD_FAULT_FAIL_ON_ID: u32 = 1;
+pub const FETCHAHEAD_FAULT_FAIL_NEXT: u32 = 2;
+pub const FETCHAHEAD_FAULT_CORRUPT_NEXT: u32 = 3;
+pub const FETCHAHEAD_FAULT_LATENCY_US: u32 = 4;
+
+/// Bytes of message kept per lookup error record, NUL included.
+pub const FETCHAHEAD_MESSAGE_BYTES: usize = 256;
+
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+fn code(e: &Error) -> c_int {
+    match e {
+        Error::Cuda { .. } | Error::NoPtxForDevice { .. } | Error::UnknownArch { .. } => {
+            FETCHAHEAD_ERR_CUDA
+        }
+        Error::NoDevice(_) => FETCHAHEAD_ERR_NO_DEVICE,
+        Error::RowOutOfRange { .. }
+        | Error::InjectedFault { .. }
+        | Error::LookupPanicked(_)
+        | Error::RowsOutOfRange { .. }
+        | Error::RowRead { .. } => FETCHAHEAD_ERR_LOOKUP,
+        Error::IdsOutOfRange { .. } | Error::Invalid { .. } => FETCHAHEAD_ERR_INVALID,
+        // Opening a row store: a table that is missing, malformed or unreadable.
+        Error::Io { .. }
+        | Error::TableHeader { .. }
+        | Error::MissingTensor { .. }
+        | Error::BadTensor { .. }
+        | Error::TruncatedShard { .. }
+        | Error::NoSuchLayer { .. }
+        | Error::ReadPathUnavailable { .. } => FETCHAHEAD_ERR_INVALID,
+        Error::StagingFull { .. } => FETCHAHEAD_ERR_STAGING_FULL,
+        Error::NotWarmed { .. } => FETCHAHEAD_ERR_NOT_WARMED,
+        Error::PrefetchOrder(_) => FETCHAHEAD_ERR_ORDER,
+    }
+}
+
+fn set_last_error(message: String) {
+    LAST_ERROR.with(|m| *m.borrow_mut() = message);
+}
+
+/// Runs `body`, turning an error or a panic into a status code and the thread's last message.
+fn guard(body: impl FnOnce() -> Result<()>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => FETCHAHEAD_OK,
+        Ok(Err(e)) => {
+            set_last_error(e.to_string());
+            code(&e)
+        }
+        Err(_) => {
+            set_last_error("fetchahead panicked (a bug); the call did nothing further".into());
+            FETCHAHEAD_ERR_PANIC
+        }
+    }
+}
+
+fn null(what: &'static str) -> Error {
+    Error::invalid(what, "null pointer")
+}
+
+/// Copies `message` into `buf` (`len` bytes, NUL-terminated, truncated) when `buf` is not null.
+///
+/// # Safety
+/// `buf` is null or writable for `len` bytes.
+unsafe fn copy_message(message: &str, buf: *mut c_char, len: usize) {
+    if buf.is_null() || len == 0 {
+        return;
+    }
+    let n = message.len().min(len - 1);
+    // SAFETY: `buf` holds `len > n` bytes (the caller's contract).
+    unsafe {
+        std::ptr::copy_nonoverlapping(message.as_ptr().cast(), buf, n);
+        *buf.add(n) = 0;
+    }
+}
+
+/// The calling thread's last error message, copied NUL-terminated into `buf` (`len` bytes,
+/// truncated); returns its full length in bytes. An empty message means no error yet.
+///
+/// # Safety
+/// `buf` is null or writable for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_last_error(buf: *mut c_char, len: usize) -> usize {
+    catch_unwind(|| {
+        LAST_ERROR.with(|m| {
+            let m = m.borrow();
+            // SAFETY: the caller's contract.
+            unsafe { copy_message(&m, buf, len) };
+            m.len()
+        })
+    })
+    .unwrap_or(0)
+}
+
+/// A row table open for lookups: what the prefetchers and [`fetchahead_lookup`] read.
+pub struct TableHandle {
+    store: Arc<dyn RowLookup>,
+    /// The same table when it is an in-memory one (fault injection works on it).
+    memory: Option<Arc<MemoryRows>>,
+    /// The last failure of [`fetchahead_lookup`], which runs on the driver's thread.
+    lookup_error: Mutex<String>,
+}
+
+/// Opens an in-memory table of `rows` rows of `dim` FP8 elements generated from `seed`.
+///
+/// # Safety
+/// `out` is writable; on success `*out` is a table to close with `fetchahead_table_close`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_open_memory_table(
+    rows: u64,
+    dim: u32,
+    seed: u64,
+    out: *mut *mut TableHandle,
+) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        let memory = Arc::new(MemoryRows::generate(rows, dim as usize, seed)?);
+        let handle = Box::new(TableHandle {
+            store: memory.clone(),
+            memory: Some(memory),
+            lookup_error: Mutex::new(String::new()),
+        });
+        // SAFETY: `out` is writable (checked non-null; the caller's contract).
+        unsafe { *out = Box::into_raw(handle) };
+        Ok(())
+    })
+}
+
+/// Arms a fault on an in-memory table: `FAIL_ON_ID` (arg: the id, -1 disarms), `FAIL_NEXT` and
+/// `CORRUPT_NEXT` (arg: how many lookups), `LATENCY_US` (arg: microseconds per lookup), `NONE`.
+///
+/// # Safety
+/// `table` is a table from `fetchahead_open_*`, not yet closed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_table_inject(
+    table: *const TableHandle,
+    fault: u32,
+    arg: i64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let table = unsafe { table.as_ref() }.ok_or(null("table"))?;
+        let memory = table
+            .memory
+            .as_ref()
+            .ok_or(Error::invalid("table", "faults need an in-memory table"))?;
+        let n = u32::try_from(arg.max(0)).unwrap_or(u32::MAX);
+        match fault {
+            FETCHAHEAD_FAULT_NONE => {
+                memory.fail_on_id(None);
+                memory.fail_next(0);
+                memory.corrupt_next(0);
+                memory.set_latency(Duration::ZERO);
+            }
+            FETCHAHEAD_FAULT_FAIL_ON_ID => memory.fail_on_id((arg >= 0).then_some(arg)),
+            FETCHAHEAD_FAULT_FAIL_NEXT => memory.fail_next(n),
+            FETCHAHEAD_FAULT_CORRUPT_NEXT => memory.corrupt_next(n),
+            FETCHAHEAD_FAULT_LATENCY_US => memory.set_latency(Duration::from_micros(n as u64)),
+            other => return Err(Error::invalid("fault", format!("no fault kind {other}"))),
+        }
+        Ok(())
+    })
+}
+
+/// The table's row width in FP8 elements (0 for a null table).
+///
+/// # Safety
+/// `table` is null or a table from `fetchahead_open_*`, not yet closed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_table_dim(table: *const TableHandle) -> u32 {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the caller's contract.
+        unsafe { table.as_ref() }.map_or(0, |t| t.store.dim() as u32)
+    }))
+    .unwrap_or(0)
+}
+
+/// The last failure of `fetchahead_lookup` on this table, as [`fetchahead_last_error`].
+///
+/// # Safety
+/// `table` is a table from `fetchahead_open_*`; `buf` is null or writable for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_table_lookup_error(
+    table: *const TableHandle,
+    buf: *mut c_char,
+    len: usize,
+) -> usize {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the caller's contract.
+        let Some(table) = (unsafe { table.as_ref() }) else {
+            return 0;
+        };
+        let m = table
+            .lookup_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: the caller's contract.
+        unsafe { copy_message(&m, buf, len) };
+        m.len()
+    }))
+    .unwrap_or(0)
+}
+
+/// Closes a table. Prefetchers created on it keep its rows alive; a `Work` naming it must not
+/// run after this.
+///
+/// # Safety
+/// `table` is null or a table from `fetchahead_open_*`, closed once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_table_close(table: *mut TableHandle) {
+    if !table.is_null() {
+        // SAFETY: the caller's contract: made by Box::into_raw, closed once.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(table) })));
+    }
+}
+
+/// One lookup for an engine's own host function: `fetchahead_lookup(&work)` enqueued with
+/// `cudaLaunchHostFunc`. `ids`, `weights` (`count * dim` bytes) and `scales` (`count * dim / 32`
+/// bytes) are host memory (pinned, for the engine's async copies).
+#[repr(C)]
+pub struct Work {
+    pub table: *const TableHandle,
+    pub ids: *const i64,
+    pub weights: *mut u8,
+    pub scales: *mut u8,
+    pub count: u64,
+    /// Written by the lookup: `FETCHAHEAD_OK`, or an error code (the rows are then zero-filled
+    /// and the message is kept for `fetchahead_table_lookup_error`).
+    pub status: i32,
+}
+
+/// Runs the lookup described by `work` (a `Work *`): the host-function entry. Makes no CUDA call,
+/// never unwinds, and zero-fills the rows on any failure.
+///
+/// # Safety
+/// `work` is null or points at a `Work` whose buffers hold `count` rows, alive for the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the caller's contract.
+        let Some(work) = (unsafe { work.cast::<Work>().as_mut() }) else {
+            return;
+        };
+        // SAFETY: the caller's contract.
+        let Some(table) = (unsafe { work.table.as_ref() }) else {
+            work.status = FETCHAHEAD_ERR_INVALID;
+            return;
+        };
+        let dim = table.store.dim();
+        let count = usize::try_from(work.count)
+            .ok()
+            .filter(|c| c.checked_mul(dim).is_some());
+        let Some(count) = count else {
+            work.status = FETCHAHEAD_ERR_INVALID;
+            return;
+        };
+        if count > 0 && (work.ids.is_null() || work.weights.is_null() || work.scales.is_null()) {
+            work.status = FETCHAHEAD_ERR_INVALID;
+            return;
+        }
+        let (ids, weights, scales): (&[i64], &mut [u8], &mut [u8]) = if count == 0 {
+            (&[], &mut [], &mut [])
+        } else {
+            // SAFETY: non-null, and sized for `count` rows (the caller's contract).
+            unsafe {
+                (
+                    std::slice::from_raw_parts(work.ids, count),
+                    std::slice::from_raw_parts_mut(work.weights, count * dim),
+                    std::slice::from_raw_parts_mut(work.scales, count * dim / 32),
+                )
+            }
+        };
+        work.status = match lookup_or_zero(&*table.store, ids, weights, scales) {
+            Ok(()) => FETCHAHEAD_OK,
+            Err(e) => {
+                *table
+                    .lookup_error
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = e.to_string();
+                code(&e)
+            }
+        };
+    }));
+}
+
+/// How a prefetcher is built (`fetchahead_prefetcher_config` in C).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FfiPrefetcherConfig {
+    /// Most rows per prefetch (rounded up to a power of two).
+    pub capacity: u64,
+    /// Gather + dequant variant, an index into `dequant::VARIANTS` (0: `gather_dequant_cvt`).
+    pub variant: u32,
+    /// Nonzero: check mode.
+    pub check: u32,
+    /// Nonzero: fall back to the synchronous path after a lookup error.
+    pub fallback_on_error: u32,
+    /// `FETCHAHEAD_COMPLETION_HOST_FUNCTION` or `FETCHAHEAD_COMPLETION_FLAG`.
+    pub completion: u32,
+}
+
+/// Lookups run in a host function on the driver's callback thread.
+pub const FETCHAHEAD_COMPLETION_HOST_FUNCTION: u32 = 0;
+/// Lookups run on the prefetcher's own worker thread; the stream waits on a pinned flag.
+pub const FETCHAHEAD_COMPLETION_FLAG: u32 = 1;
+
+/// A prefetcher (it holds its table's rows alive).
+pub struct PrefetcherHandle {
+    prefetcher: Prefetcher,
+}
+
+/// Creates a prefetcher over `table` on CUDA device `device` (its primary context: the one the
+/// CUDA runtime, and so PyTorch, uses). Warm it before capturing a graph.
+///
+/// # Safety
+/// `table` is an open table, `config` readable, `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_prefetcher_create(
+    table: *const TableHandle,
+    device: i32,
+    config: *const FfiPrefetcherConfig,
+    out: *mut *mut PrefetcherHandle,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let (table, config) = unsafe { (table.as_ref(), config.as_ref()) };
+        let (table, config) = (table.ok_or(null("table"))?, config.ok_or(null("config"))?);
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        let ordinal =
+            usize::try_from(device).map_err(|_| Error::invalid("device", format!("{device}")))?;
+        let kernels = kernels_for(ordinal)?;
+        let config = PrefetcherConfig {
+            capacity: usize::try_from(config.capacity).unwrap_or(usize::MAX),
+            variant: config.variant as usize,
+            check: config.check != 0,
+            fallback_on_error: config.fallback_on_error != 0,
+            completion: match config.completion {
+                FETCHAHEAD_COMPLETION_HOST_FUNCTION => Completion::HostFunction,
+                FETCHAHEAD_COMPLETION_FLAG => Completion::Flag,
+                other => {
+                    return Err(Error::invalid(
+                        "completion",
+                        format!("no completion mode {other}"),
+                    ));
+                }
+            },
+        };
+        let prefetcher = Prefetcher::new(kernels, table.store.clone(), config)?;
+        // SAFETY: `out` is writable (checked non-null; the caller's contract).
+        unsafe { *out = Box::into_raw(Box::new(PrefetcherHandle { prefetcher })) };
+        Ok(())
+    })
+}
+
+/// The loaded kernels of device `ordinal`, shared by its live prefetchers: the module is loaded
+/// (and its PTX compiled by the driver) once, not once per Engram layer.
+fn kernels_for(ordinal: usize) -> Result<Arc<Kernels>> {
+    static LOADED: Mutex<Vec<(usize, Weak<Kernels>)>> = Mutex::new(Vec::new());
+    let mut loaded = LOADED.lock().unwrap_or_else(PoisonError::into_inner);
+    loaded.retain(|(_, k)| k.strong_count() > 0);
+    if let Some(kernels) = loaded
+        .iter()
+        .find(|(o, _)| *o == ordinal)
+        .and_then(|(_, k)| k.upgrade())
+    {
+        return Ok(kernels);
+    }
+    let kernels = Arc::new(Kernels::load(&Gpu::open(ordinal)?)?);
+    loaded.push((ordinal, Arc::downgrade(&kernels)));
+    Ok(kernels)
+}
+
+/// # Safety
+/// `p` is null or a live prefetcher used by no other thread during the call.
+unsafe fn prefetcher<'a>(p: *mut PrefetcherHandle) -> Result<&'a mut Prefetcher> {
+    // SAFETY: the caller's contract.
+    unsafe { p.as_mut() }
+        .map(|h| &mut h.prefetcher)
+        .ok_or(null("prefetcher"))
+}
+
+/// First use of every buffer and kernel; call it before capturing a graph.
+///
+/// # Safety
+/// `p` is a live prefetcher.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_prefetcher_warm(p: *mut PrefetcherHandle) -> c_int {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { prefetcher(p) }?.warm())
+}
+
+/// Starts fetching the rows of `count` int64 ids at device address `ids` on a side stream forked
+/// from `stream`. Capturable; allocates nothing.
+///
+/// # Safety
+/// `p` is a live prefetcher; `ids` holds `count` ids on its device, unchanged until the gather
+/// has run; `stream` is a valid stream of the device's primary context (or null, the legacy one).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_prefetch(
+    p: *mut PrefetcherHandle,
+    ids: *const i64,
+    count: u64,
+    stream: sys::CUstream,
+) -> c_int {
+    guard(|| {
+        let count =
+            usize::try_from(count).map_err(|_| Error::invalid("count", format!("{count}")))?;
+        // SAFETY: the caller's contract.
+        unsafe { prefetcher(p)?.prefetch(ids as u64, count, stream) }
+    })
+}
+
+/// Joins the side stream into `stream` and writes the prefetched rows as bf16 to `out`
+/// (`count * dim`, 16-byte aligned). Capturable; allocates nothing.
+///
+/// # Safety
+/// `p` is a live prefetcher; `out` holds `count * dim` bf16 on its device; `stream` as for
+/// `fetchahead_prefetch`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_gather_dequant(
+    p: *mut PrefetcherHandle,
+    out: *mut u16,
+    stream: sys::CUstream,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { prefetcher(p)?.gather_dequant(out as u64, stream) })
+}
+
+/// The synchronous path: looks up and gathers `count` ids into `out`, all on `stream`.
+///
+/// # Safety
+/// As `fetchahead_prefetch` and `fetchahead_gather_dequant`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_gather_dequant_sync(
+    p: *mut PrefetcherHandle,
+    ids: *const i64,
+    count: u64,
+    out: *mut u16,
+    stream: sys::CUstream,
+) -> c_int {
+    guard(|| {
+        let count =
+            usize::try_from(count).map_err(|_| Error::invalid("count", format!("{count}")))?;
+        // SAFETY: the caller's contract.
+        unsafe { prefetcher(p)?.gather_dequant_sync(ids as u64, count, out as u64, stream) }
+    })
+}
+
+/// Counters (`fetchahead_counters` in C).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FfiCounters {
+    pub prefetches: u64,
+    pub gathers: u64,
+    pub sync_gathers: u64,
+    pub lookups: u64,
+    pub rows_looked_up: u64,
+    pub lookup_errors: u64,
+    /// Nonzero while gathers take the synchronous path after a lookup error.
+    pub fell_back: u32,
+    /// Check mode: gathers whose output differed from the synchronous path's; -1 when off.
+    pub check_differed: i32,
+}
+
+/// Reads the counters. In check mode this waits for all work on the device (not capturable).
+///
+/// # Safety
+/// `p` is a live prefetcher; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_read_counters(
+    p: *mut PrefetcherHandle,
+    out: *mut FfiCounters,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let (p, out) = unsafe { (prefetcher(p)?, out.as_mut().ok_or(null("out"))?) };
+        let s = p.stats();
+        *out = FfiCounters {
+            prefetches: s.prefetches,
+            gathers: s.gathers,
+            sync_gathers: s.sync_gathers,
+            lookups: s.lookups,
+            rows_looked_up: s.rows_looked_up,
+            lookup_errors: s.lookup_errors,
+            fell_back: s.fell_back as u32,
+            check_differed: p
+                .check_differed()?
+                .map_or(-1, |n| n.min(i32::MAX as u32) as i32),
+        };
+        Ok(())
+    })
+}
+
+/// One failed lookup (`fetchahead_lookup_error` in C): its ids are
+/// `ids_out[ids_offset .. ids_offset + ids_copied]` of the `fetchahead_take_errors` call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FfiLookupError {
+    /// Ids the failed lookup was asked for.
+    pub id_count: u64,
+    pub ids_offset: u64,
+    /// Of them, those that fitted in `ids_out`.
+    pub ids_copied: u64,
+    pub message: [c_char; FETCHAHEAD_MESSAGE_BYTES],
+}
+
+/// Takes the kept lookup failures (oldest first; up to 16 kept between calls): writes up to
+/// `cap` records to `errors` and their ids, concatenated, to `ids_out` (`ids_cap` ids), and the
+/// number of failures taken to `*taken` (records past `cap` are dropped).
+///
+/// # Safety
+/// `p` is a live prefetcher; `errors` writable for `cap` records (or null with `cap` 0);
+/// `ids_out` writable for `ids_cap` ids (or null with `ids_cap` 0); `taken` writable or null.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_take_errors(
+    p: *mut PrefetcherHandle,
+    errors: *mut FfiLookupError,
+    cap: u32,
+    ids_out: *mut i64,
+    ids_cap: u64,
+    taken: *mut u32,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let p = unsafe { prefetcher(p)? };
+        if (errors.is_null() && cap > 0) || (ids_out.is_null() && ids_cap > 0) {
+            return Err(null("errors or ids_out"));
+        }
+        let failures = p.take_errors();
+        let mut offset = 0usize;
+        for (i, f) in failures.iter().take(cap as usize).enumerate() {
+            let copied = f.ids.len().min((ids_cap as usize).saturating_sub(offset));
+            let mut record = FfiLookupError {
+                id_count: f.ids.len() as u64,
+                ids_offset: offset as u64,
+                ids_copied: copied as u64,
+                message: [0; FETCHAHEAD_MESSAGE_BYTES],
+            };
+            // SAFETY: `message` holds FETCHAHEAD_MESSAGE_BYTES bytes; `ids_out` holds
+            // `ids_cap >= offset + copied` ids and `errors` `cap > i` records (the caller's contract).
+            unsafe {
+                copy_message(
+                    &f.message,
+                    record.message.as_mut_ptr(),
+                    FETCHAHEAD_MESSAGE_BYTES,
+                );
+                if copied > 0 {
+                    std::ptr::copy_nonoverlapping(f.ids.as_ptr(), ids_out.add(offset), copied);
+                }
+                errors.add(i).write(record);
+            }
+            offset += copied;
+        }
+        if !taken.is_null() {
+            // SAFETY: the caller's contract.
+            unsafe { *taken = failures.len().min(u32::MAX as usize) as u32 };
+        }
+        Ok(())
+    })
+}
+
+/// Goes back to prefetching after a fallback to the synchronous path.
+///
+/// # Safety
+/// `p` is a live prefetcher.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_prefetcher_resume(p: *mut PrefetcherHandle) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        unsafe { prefetcher(p)? }.resume();
+        Ok(())
+    })
+}
+
+/// Closes a prefetcher after waiting for the device. Graphs that captured it must be destroyed
+/// first.
+///
+/// # Safety
+/// `p` is null or a prefetcher from `fetchahead_prefetcher_create`, closed once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_prefetcher_close(p: *mut PrefetcherHandle) {
+    if !p.is_null() {
+        // SAFETY: the caller's contract: made by Box::into_raw, closed once.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(p) })));
+    }
+}

@@ -1,0 +1,377 @@
+//! A simulated forward of a model with Engram layers, for the demo and the bench: a hash kernel
+//! turns the step's tokens into each Engram layer's row ids, spin kernels stand in for each
+//! layer's compute, and each Engram layer gathers its rows, one of three ways ([`GatherPath`]).
+//!
+//! Everything is enqueued on one stream with raw device addresses taken at creation, so a whole
+//! forward can be captured into a CUDA graph and replayed.
+use std::sync::Arc;
+
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
+use fetchahead_gpu::hash;
+use fetchahead_gpu::params::{DequantParams, HashParams, MAX_NGRAM};
+
+use crate::error::CudaCall;
+use crate::id_check::IdCheck;
+use crate::kernels::Kernels;
+use crate::lookup::{MemoryRows, RowLookup};
+use crate::prefetcher::{Prefetcher, PrefetcherConfig, Stats};
+use crate::table::{Mxfp8Table, Placement};
+use crate::{Error, Result};
+
+/// The model being simulated.
+#[derive(Clone, Debug)]
+pub struct ForwardShape {
+    /// Layers, each `compute_us` of compute.
+    pub layers: u32,
+    /// The Engram layers (1-based, sorted, distinct), each gathering after its compute.
+    pub engram_layers: Vec<u32>,
+    pub compute_us: u64,
+    /// Ids per token per Engram layer.
+    pub heads: u32,
+    /// Tokens each id hashes (1..=8).
+    pub ngram: u32,
+    pub seed: u64,
+}
+
+impl ForwardShape {
+    /// Checks the shape against a table of `rows` rows, split evenly between the Engram layers.
+    pub fn check(&self, rows: u64) -> Result<()> {
+        let sorted = self.engram_layers.windows(2).all(|w| w[0] < w[1]);
+        if self.engram_layers.is_empty()
+            || !sorted
+            || self
+                .engram_layers
+                .iter()
+                .any(|&l| l == 0 || l > self.layers)
+        {
+            return Err(Error::invalid(
+                "engram layers",
+                format!(
+                    "{:?}: sorted, distinct, each in 1..={}",
+                    self.engram_layers, self.layers
+                ),
+            ));
+        }
+        if self.rows_per_layer(rows) == 0
+            || self.heads == 0
+            || self.ngram == 0
+            || self.ngram > MAX_NGRAM
+        {
+            return Err(Error::invalid(
+                "forward",
+                format!(
+                    "{rows} rows for {} Engram layers, {} heads, n-gram {} (1..={MAX_NGRAM})",
+                    self.engram_layers.len(),
+                    self.heads,
+                    self.ngram
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Rows each Engram layer owns.
+    pub fn rows_per_layer(&self, rows: u64) -> u64 {
+        rows / self.engram_layers.len().max(1) as u64
+    }
+
+    /// The hash seed of Engram layer `k`.
+    pub fn layer_seed(&self, k: usize) -> u64 {
+        self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ k as u64
+    }
+
+    /// The hash kernel's ids for Engram layer `k`, computed on the CPU into `ids`.
+    pub fn hash_on_host(&self, rows: u64, k: usize, tokens: &[u32], ids: &mut Vec<i64>) {
+        ids.clear();
+        let per_layer = self.rows_per_layer(rows);
+        let divisor = hash::divisor(per_layer);
+        let row_start = k as u64 * per_layer;
+        for t in 0..tokens.len() {
+            for h in 0..self.heads {
+                let mut state = hash::start(self.layer_seed(k), h);
+                for j in 0..self.ngram as usize {
+                    state = hash::fold(state, if j <= t { tokens[t - j] } else { 0 });
+                }
+                ids.push(hash::finish(state, row_start, divisor));
+            }
+        }
+    }
+}
+
+/// How the Engram layers get their rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatherPath {
+    /// From the whole table in device memory: the floor, no lookup at all.
+    Resident,
+    /// The synchronous path: lookup and copies on the main stream at the gather.
+    Sync,
+    /// The side-stream prefetcher, started right after the hash.
+    Prefetch,
+}
+
+/// One Engram layer's device buffers and prefetcher.
+struct EngramLayer {
+    prefetcher: Prefetcher,
+    ids: CudaSlice<i64>,
+    out: CudaSlice<u16>,
+    resident_out: CudaSlice<u16>,
+    ids_at: u64,
+    out_at: u64,
+    resident_out_at: u64,
+}
+
+/// The simulated forward's buffers, kernels and prefetchers on one stream.
+pub struct SimulatedForward {
+    kernels: Arc<Kernels>,
+    main: Arc<CudaStream>,
+    shape: ForwardShape,
+    rows: u64,
+    dim: usize,
+    max_tokens: usize,
+    tokens: CudaSlice<u32>,
+    tokens_at: u64,
+    layers: Vec<EngramLayer>,
+    /// The whole table on the device, and its weights' and scales' addresses.
+    _resident: Mxfp8Table,
+    resident_at: (u64, u64),
+    id_check: IdCheck,
+}
+
+impl SimulatedForward {
+    /// Buffers for up to `max_tokens` tokens per step, the table copied to the device for the
+    /// resident path, and one warm prefetcher per Engram layer over `table`, configured as
+    /// `prefetch` (its capacity is set here, from `max_tokens`).
+    pub fn new(
+        kernels: Arc<Kernels>,
+        main: Arc<CudaStream>,
+        table: &Arc<MemoryRows>,
+        shape: ForwardShape,
+        max_tokens: usize,
+        prefetch: PrefetcherConfig,
+    ) -> Result<SimulatedForward> {
+        shape.check(table.rows())?;
+        let dim = table.dim();
+        let max_tokens = max_tokens.max(1);
+        let max_ids = max_tokens * shape.heads as usize;
+        let mut resident = Mxfp8Table::from_bytes(
+            &main,
+            table.weights(),
+            table.scales(),
+            dim as u32,
+            Placement::Device,
+        )?;
+        let resident_at = (
+            resident.weights.address(&main),
+            resident.scales.address(&main),
+        );
+        let config = PrefetcherConfig {
+            capacity: max_ids,
+            ..prefetch
+        };
+        let mut layers = Vec::new();
+        for _ in &shape.engram_layers {
+            let store: Arc<dyn RowLookup> = table.clone();
+            let mut prefetcher = Prefetcher::new(kernels.clone(), store, config)?;
+            prefetcher.warm()?;
+            let ids = main.alloc_zeros::<i64>(max_ids).call("cuMemAlloc")?;
+            let out = main.alloc_zeros::<u16>(max_ids * dim).call("cuMemAlloc")?;
+            let resident_out = main.alloc_zeros::<u16>(max_ids * dim).call("cuMemAlloc")?;
+            let ids_at = ids.device_ptr(&main).0;
+            let out_at = out.device_ptr(&main).0;
+            let resident_out_at = resident_out.device_ptr(&main).0;
+            layers.push(EngramLayer {
+                ids_at,
+                out_at,
+                resident_out_at,
+                prefetcher,
+                ids,
+                out,
+                resident_out,
+            });
+        }
+        let tokens = main.alloc_zeros::<u32>(max_tokens).call("cuMemAlloc")?;
+        let id_check = IdCheck::new(&main)?;
+        let tokens_at = tokens.device_ptr(&main).0;
+        main.synchronize().call("cuStreamSynchronize")?;
+        Ok(SimulatedForward {
+            tokens_at,
+            kernels,
+            main,
+            shape,
+            rows: table.rows(),
+            dim,
+            max_tokens,
+            tokens,
+            layers,
+            _resident: resident,
+            resident_at,
+            id_check,
+        })
+    }
+
+    pub fn shape(&self) -> &ForwardShape {
+        &self.shape
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.main
+    }
+
+    /// Writes the next step's tokens (at most `max_tokens`) into the token buffer.
+    pub fn set_tokens(&mut self, tokens: &[u32]) -> Result<()> {
+        if tokens.len() > self.max_tokens {
+            return Err(Error::StagingFull {
+                count: tokens.len(),
+                capacity: self.max_tokens,
+            });
+        }
+        self.main
+            .memcpy_htod(tokens, &mut self.tokens)
+            .call("cuMemcpyHtoD")
+    }
+
+    /// Enqueues one forward over the first `n_tokens` tokens on the stream: capturable.
+    pub fn enqueue(&mut self, path: GatherPath, n_tokens: usize) -> Result<()> {
+        if n_tokens > self.max_tokens {
+            return Err(Error::StagingFull {
+                count: n_tokens,
+                capacity: self.max_tokens,
+            });
+        }
+        let s = self.main.cu_stream();
+        let shape = &self.shape;
+        let n = n_tokens * shape.heads as usize;
+        let per_layer = shape.rows_per_layer(self.rows);
+        for (k, layer) in self.layers.iter_mut().enumerate() {
+            let p = HashParams {
+                tokens: self.tokens_at,
+                ids: layer.ids_at,
+                n_tokens: n_tokens as u64,
+                seed: shape.layer_seed(k),
+                row_start: k as u64 * per_layer,
+                rows: per_layer,
+                heads: shape.heads,
+                ngram: shape.ngram,
+            };
+            // SAFETY: the token buffer holds max_tokens >= n_tokens tokens and `ids` room for
+            // max_tokens * heads ids.
+            unsafe { self.kernels.launch_hash(s, p)? };
+            if path == GatherPath::Prefetch {
+                // SAFETY: `ids` holds n ids, rewritten only by the next forward's hash, which
+                // comes after this layer's gather on the same stream.
+                unsafe { layer.prefetcher.prefetch(layer.ids_at, n, s)? };
+            }
+        }
+        for l in 1..=shape.layers {
+            // SAFETY: `s` is this forward's own stream.
+            unsafe { self.kernels.launch_spin(s, shape.compute_us * 1000)? };
+            let Some(k) = shape.engram_layers.iter().position(|&e| e == l) else {
+                continue;
+            };
+            let layer = &mut self.layers[k];
+            match path {
+                GatherPath::Resident => {
+                    let p = DequantParams {
+                        weights: self.resident_at.0,
+                        scales: self.resident_at.1,
+                        ids: layer.ids_at,
+                        out: layer.resident_out_at,
+                        status: self.id_check.address(),
+                        n: n as u64,
+                        rows: self.rows,
+                        dim: self.dim as u32,
+                        _pad: 0,
+                    };
+                    // SAFETY: the resident table holds `rows` rows, `ids` n ids, `out` n rows.
+                    unsafe { self.kernels.launch_gather_dequant(s, 0, p)? };
+                }
+                // SAFETY: n ids and n * dim bf16 of output, both this forward's.
+                GatherPath::Sync => unsafe {
+                    layer
+                        .prefetcher
+                        .gather_dequant_sync(layer.ids_at, n, layer.out_at, s)?
+                },
+                // SAFETY: n * dim bf16 of output.
+                GatherPath::Prefetch => unsafe {
+                    layer.prefetcher.gather_dequant(layer.out_at, s)?
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// One eager forward between timing events: its milliseconds.
+    pub fn time(&mut self, path: GatherPath, n_tokens: usize) -> Result<f64> {
+        let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let ctx = self.main.context();
+        let start = ctx.new_event(timed).call("cuEventCreate")?;
+        let end = ctx.new_event(timed).call("cuEventCreate")?;
+        start.record(&self.main).call("cuEventRecord")?;
+        self.enqueue(path, n_tokens)?;
+        end.record(&self.main).call("cuEventRecord")?;
+        end.synchronize().call("cuEventSynchronize")?;
+        Ok(start.elapsed_ms(&end).call("cuEventElapsedTime")? as f64)
+    }
+
+    /// Captures one forward into a graph (launch it on [`SimulatedForward::stream`]). Drop the
+    /// graph before this forward.
+    pub fn capture(&mut self, path: GatherPath, n_tokens: usize) -> Result<CudaGraph> {
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        self.main.begin_capture(mode).call("cuStreamBeginCapture")?;
+        let enqueued = self.enqueue(path, n_tokens);
+        let graph = self
+            .main
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .call("cuStreamEndCapture")?;
+        enqueued?;
+        graph.ok_or_else(|| Error::invalid("graph", "the capture recorded nothing"))
+    }
+
+    /// Engram layer `k`'s ids and output of the last forward of `path`, `n_tokens` tokens.
+    pub fn read(
+        &self,
+        k: usize,
+        path: GatherPath,
+        n_tokens: usize,
+    ) -> Result<(Vec<i64>, Vec<u16>)> {
+        let layer = self
+            .layers
+            .get(k)
+            .ok_or_else(|| Error::invalid("layer", format!("no Engram layer {k}")))?;
+        let n = n_tokens * self.shape.heads as usize;
+        self.main.synchronize().call("cuStreamSynchronize")?;
+        let ids = self.main.clone_dtoh(&layer.ids).call("cuMemcpyDtoH")?;
+        let out = match path {
+            GatherPath::Resident => &layer.resident_out,
+            GatherPath::Sync | GatherPath::Prefetch => &layer.out,
+        };
+        let out = self.main.clone_dtoh(out).call("cuMemcpyDtoH")?;
+        Ok((ids[..n].to_vec(), out[..n * self.dim].to_vec()))
+    }
+
+    /// Engram layers.
+    pub fn engram_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Check mode's counters, summed over the Engram layers (`None` when it is off); waits for
+    /// the device.
+    pub fn check_differed(&self) -> Result<Option<u32>> {
+        let mut total = None;
+        for layer in &self.layers {
+            if let Some(n) = layer.prefetcher.check_differed()? {
+                total = Some(total.unwrap_or(0) + n);
+            }
+        }
+        Ok(total)
+    }
+
+    /// The prefetchers' stats, summed over the Engram layers.
+    pub fn stats(&self) -> Stats {
+        let mut total = Stats::default();
+        for layer in &self.layers {
+            total += layer.prefetcher.stats();
+        }
+        total
+    }
+}

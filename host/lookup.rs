@@ -1,0 +1,211 @@
+//! Where the prefetcher gets its rows: the [`RowLookup`] trait (the row store implements it per
+//! layer), [`MemoryRows`] (a generated table held in RAM, with fault injection), and
+//! [`lookup_or_zero`], the one call every lookup path makes.
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use fetchahead_gpu::params::MX_BLOCK;
+use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
+
+use crate::{Error, Result};
+
+/// A table of MXFP8 rows that copies the rows of `ids` into caller buffers.
+pub trait RowLookup: Send + Sync {
+    /// FP8 elements per row (a multiple of 32).
+    fn dim(&self) -> usize;
+
+    /// Copies row `ids[i]` into `weights_out[i * dim..]` (FP8-E4M3) and its scales into
+    /// `scales_out[i * dim / 32..]` (E8M0). `weights_out` is `ids.len() * dim` bytes and
+    /// `scales_out` `ids.len() * dim / 32` bytes.
+    fn lookup(&self, ids: &[i64], weights_out: &mut [u8], scales_out: &mut [u8]) -> Result<()>;
+}
+
+/// Runs `store.lookup`, turning a panic into an error; on any error the output rows are all
+/// zero-filled (FP8 zero at scale 2^-127: bf16 zeros), so that the gather reads defined bytes.
+pub fn lookup_or_zero(
+    store: &dyn RowLookup,
+    ids: &[i64],
+    weights_out: &mut [u8],
+    scales_out: &mut [u8],
+) -> Result<()> {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        store.lookup(ids, weights_out, scales_out)
+    }))
+    .unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string payload".to_string());
+        Err(Error::LookupPanicked(why))
+    });
+    if outcome.is_err() {
+        weights_out.fill(0);
+        scales_out.fill(0);
+    }
+    outcome
+}
+
+/// Checks the output buffers' sizes for `n` rows of `dim`.
+pub fn check_lookup_sizes(dim: usize, n: usize, weights: usize, scales: usize) -> Result<()> {
+    let want = n.checked_mul(dim);
+    if want != Some(weights) || Some(scales) != want.map(|w| w / MX_BLOCK as usize) {
+        return Err(Error::invalid(
+            "lookup buffers",
+            format!("{weights} weight and {scales} scale bytes for {n} rows of dim {dim}"),
+        ));
+    }
+    Ok(())
+}
+
+/// No id fault armed.
+const NO_FAULT_ID: i64 = i64::MIN;
+
+/// A generated MXFP8 table held in RAM, deterministic from its seed: weights are random E4M3
+/// codes other than NaN, scales random in 2^-7..2^7. Faults can be injected for the failure paths.
+#[derive(Debug)]
+pub struct MemoryRows {
+    rows: u64,
+    dim: usize,
+    weights: Vec<u8>,
+    scales: Vec<u8>,
+    fail_on_id: AtomicI64,
+    fail_next: AtomicU32,
+    corrupt_next: AtomicU32,
+    latency_ns: AtomicU64,
+    lookups: AtomicU64,
+}
+
+impl MemoryRows {
+    /// A table of `rows` rows of `dim` elements generated from `seed`.
+    pub fn generate(rows: u64, dim: usize, seed: u64) -> Result<MemoryRows> {
+        if dim == 0 || !dim.is_multiple_of(MX_BLOCK as usize) {
+            return Err(Error::invalid(
+                "dim",
+                format!("{dim} is not a positive multiple of 32"),
+            ));
+        }
+        let bytes = usize::try_from(rows)
+            .ok()
+            .and_then(|r| r.checked_mul(dim))
+            .filter(|&b| b < isize::MAX as usize)
+            .ok_or_else(|| Error::invalid("table", format!("{rows} rows of dim {dim}")))?;
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut weights = vec![0u8; bytes];
+        rng.fill_bytes(&mut weights);
+        // 0x7F and 0xFF are E4M3 NaN; the table holds numbers only.
+        for w in &mut weights {
+            if *w & 0x7F == 0x7F {
+                *w ^= 1;
+            }
+        }
+        let scales = (0..bytes / MX_BLOCK as usize)
+            .map(|_| rng.random_range(120..135))
+            .collect();
+        Ok(MemoryRows {
+            rows,
+            dim,
+            weights,
+            scales,
+            fail_on_id: AtomicI64::new(NO_FAULT_ID),
+            fail_next: AtomicU32::new(0),
+            corrupt_next: AtomicU32::new(0),
+            latency_ns: AtomicU64::new(0),
+            lookups: AtomicU64::new(0),
+        })
+    }
+
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// `[rows, dim]` E4M3 bytes.
+    pub fn weights(&self) -> &[u8] {
+        &self.weights
+    }
+
+    /// `[rows, dim / 32]` E8M0 bytes.
+    pub fn scales(&self) -> &[u8] {
+        &self.scales
+    }
+
+    /// Lookups served (failed ones included).
+    pub fn lookups(&self) -> u64 {
+        self.lookups.load(Ordering::Relaxed)
+    }
+
+    /// Every lookup that includes row `id` fails (`None` disarms).
+    pub fn fail_on_id(&self, id: Option<i64>) {
+        self.fail_on_id
+            .store(id.unwrap_or(NO_FAULT_ID), Ordering::Relaxed);
+    }
+
+    /// The next `lookups` lookups fail.
+    pub fn fail_next(&self, lookups: u32) {
+        self.fail_next.store(lookups, Ordering::Relaxed);
+    }
+
+    /// The next `lookups` lookups return one wrong byte and no error: what check mode must catch.
+    pub fn corrupt_next(&self, lookups: u32) {
+        self.corrupt_next.store(lookups, Ordering::Relaxed);
+    }
+
+    /// Each lookup blocks its thread this long first, as a storage read would.
+    pub fn set_latency(&self, latency: Duration) {
+        self.latency_ns
+            .store(latency.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Takes one from `counter` if it is positive.
+    fn take_one(counter: &AtomicU32) -> bool {
+        counter
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+impl RowLookup for MemoryRows {
+    fn dim(&self) -> usize {
+        self.dim
+    }
+
+    fn lookup(&self, ids: &[i64], weights_out: &mut [u8], scales_out: &mut [u8]) -> Result<()> {
+        self.lookups.fetch_add(1, Ordering::Relaxed);
+        check_lookup_sizes(self.dim, ids.len(), weights_out.len(), scales_out.len())?;
+        let latency = self.latency_ns.load(Ordering::Relaxed);
+        if latency > 0 {
+            std::thread::sleep(Duration::from_nanos(latency));
+        }
+        if Self::take_one(&self.fail_next) {
+            return Err(Error::InjectedFault {
+                id: ids.first().copied().unwrap_or(-1),
+            });
+        }
+        let fail_on = self.fail_on_id.load(Ordering::Relaxed);
+        let (dim, blocks) = (self.dim, self.dim / MX_BLOCK as usize);
+        let rows = weights_out
+            .chunks_exact_mut(dim)
+            .zip(scales_out.chunks_exact_mut(blocks));
+        for (&id, (w, s)) in ids.iter().zip(rows) {
+            if id == fail_on {
+                return Err(Error::InjectedFault { id });
+            }
+            if !(0..self.rows as i64).contains(&id) {
+                return Err(Error::RowOutOfRange {
+                    id,
+                    rows: self.rows,
+                });
+            }
+            let r = id as usize;
+            w.copy_from_slice(&self.weights[r * dim..(r + 1) * dim]);
+            s.copy_from_slice(&self.scales[r * blocks..(r + 1) * blocks]);
+        }
+        if let Some(first) = weights_out.first_mut()
+            && Self::take_one(&self.corrupt_next)
+        {
+            *first ^= 1;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,548 @@
+//! The side-stream prefetcher of one Engram layer: `prefetch` forks a side stream off the caller's
+//! stream, copies the ids to the host, runs the row lookup in a host function into pinned
+//! staging, and copies the rows to the device; `gather_dequant` joins the side stream back and
+//! launches the fused gather + dequant on the staged rows.
+//!
+//! Every call takes the caller's raw stream, allocates nothing, and is capturable: inside a CUDA
+//! graph capture it records an ordinary fork/join branch with a host node, and each replay looks
+//! up the ids of that replay.
+//!
+//! The synchronous path (ids copy, lookup, row copies and gather all on the caller's stream, with
+//! its own staging set) serves three uses: [`Prefetcher::gather_dequant_sync`], the fallback after
+//! a lookup error, and check mode, which runs it after every prefetched gather and counts on the
+//! device the gathers whose outputs differ.
+use std::sync::Arc;
+
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, sys};
+use fetchahead_gpu::params::{CheckCounter, CheckParams};
+
+use crate::error::CudaCall;
+use crate::flag_worker::FlagWorker;
+use crate::kernels::{Kernels, check_aligned_to};
+use crate::lookup::RowLookup;
+use crate::lookup_job::{FailureLog, LookupFailure, LookupJobs};
+use crate::staging::{StagingBuffers, StagingLayout};
+use crate::{Error, Result, host_fn, stream};
+
+/// How a prefetcher is built.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefetcherConfig {
+    /// Most rows per prefetch (rounded up to a power of two).
+    pub capacity: usize,
+    /// The gather + dequant variant, an index into `fetchahead_gpu::dequant::VARIANTS`.
+    pub variant: usize,
+    /// Run the synchronous path after every prefetched gather and count differing outputs.
+    pub check: bool,
+    /// After a failed lookup, serve later gathers through the synchronous path.
+    pub fallback_on_error: bool,
+    /// How the side stream learns that a lookup is done.
+    pub completion: Completion,
+}
+
+/// How the side stream learns that a prefetch's lookup is done.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Completion {
+    /// The lookup runs in a host function (`cuLaunchHostFunc`), on the driver's one callback
+    /// thread shared by all streams.
+    #[default]
+    HostFunction,
+    /// The lookup runs on a worker thread of this prefetcher; the stream waits on a pinned flag
+    /// (`cuStreamWaitValue32`).
+    Flag,
+}
+
+impl Default for PrefetcherConfig {
+    fn default() -> Self {
+        PrefetcherConfig {
+            capacity: 4096,
+            variant: 0,
+            check: false,
+            fallback_on_error: true,
+            completion: Completion::HostFunction,
+        }
+    }
+}
+
+/// Counts since creation. Host-side counts (`prefetches`, `gathers`, `sync_gathers`) count calls,
+/// so a graph replay adds nothing to them; `lookups` and `rows_looked_up` count lookups run,
+/// replays included.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub prefetches: u64,
+    pub gathers: u64,
+    pub sync_gathers: u64,
+    pub lookups: u64,
+    pub rows_looked_up: u64,
+    pub lookup_errors: u64,
+    /// Whether gathers now take the synchronous path after a lookup error.
+    pub fell_back: bool,
+}
+
+impl std::ops::AddAssign for Stats {
+    /// Sums two prefetchers' stats (`fell_back` if either fell back).
+    fn add_assign(&mut self, other: Stats) {
+        self.prefetches += other.prefetches;
+        self.gathers += other.gathers;
+        self.sync_gathers += other.sync_gathers;
+        self.lookups += other.lookups;
+        self.rows_looked_up += other.rows_looked_up;
+        self.lookup_errors += other.lookup_errors;
+        self.fell_back |= other.fell_back;
+    }
+}
+
+/// A staging set and the lookups that fill it.
+struct Stage {
+    staging: StagingBuffers,
+    jobs: Arc<LookupJobs>,
+}
+
+impl Stage {
+    fn new(
+        stream: &Arc<CudaStream>,
+        layout: StagingLayout,
+        store: &Arc<dyn RowLookup>,
+        failures: &Arc<FailureLog>,
+    ) -> Result<Stage> {
+        let staging = StagingBuffers::new(stream, layout)?;
+        let jobs = Arc::new(LookupJobs::new(
+            store.clone(),
+            staging.host(),
+            layout,
+            failures.clone(),
+        ));
+        Ok(Stage { staging, jobs })
+    }
+
+    /// Enqueues on `s`: the ids to the host, the lookup (a host function, or a request to
+    /// `worker`), the rows to the device.
+    ///
+    /// # Safety
+    /// `ids` holds `count` int64 on the device until `s` has run these copies.
+    unsafe fn enqueue(
+        &self,
+        ids: u64,
+        count: usize,
+        s: sys::CUstream,
+        worker: Option<&FlagWorker>,
+    ) -> Result<()> {
+        let layout = self.staging.layout();
+        let job = self.jobs.job(count).ok_or(Error::StagingFull {
+            count,
+            capacity: layout.capacity(),
+        })?;
+        let (host, device) = (self.staging.host(), self.staging.device());
+        // SAFETY: count <= capacity, so every span lies inside the staging allocations, which
+        // (with the job table) live as long as the prefetcher; the caller vouches for `ids`.
+        unsafe {
+            stream::copy_to_host(host.ids.cast(), ids, 8 * count, s)?;
+            match worker {
+                Some(worker) => worker.enqueue(count, s)?,
+                None => host_fn::enqueue(s, job)?,
+            }
+            stream::copy_to_device(device.weights, host.weights, layout.weight_bytes(count), s)?;
+            stream::copy_to_device(device.scales, host.scales, layout.scale_bytes(count), s)
+        }
+    }
+}
+
+/// Check mode's device state: the synchronous path's output and the differing-gathers counter.
+struct Check {
+    out: CudaSlice<u16>,
+    counter: CudaSlice<u32>,
+}
+
+impl Check {
+    fn addresses(&self, stream: &CudaStream) -> (u64, u64) {
+        (
+            self.out.device_ptr(stream).0,
+            self.counter.device_ptr(stream).0,
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    Ahead,
+    Sync,
+}
+
+/// A prefetch whose gather has not been enqueued yet.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    ids: u64,
+    count: usize,
+    path: Path,
+}
+
+/// Prefetches one Engram layer's rows on a side stream; see the module documentation.
+pub struct Prefetcher {
+    kernels: Arc<Kernels>,
+    config: PrefetcherConfig,
+    dim: usize,
+    side: Arc<CudaStream>,
+    fork: CudaEvent,
+    join: CudaEvent,
+    /// Flag mode's worker; dropped (joined) before the staging it writes.
+    worker: Option<FlagWorker>,
+    ahead: Stage,
+    sync: Stage,
+    check: Option<Check>,
+    check_addresses: (u64, u64),
+    failures: Arc<FailureLog>,
+    /// Failures seen when prefetching last (re)started; more than this means fall back.
+    failures_at_resume: u64,
+    pending: Option<Pending>,
+    fell_back: bool,
+    prefetches: u64,
+    gathers: u64,
+    sync_gathers: u64,
+}
+
+impl Prefetcher {
+    /// A prefetcher over `store` on `kernels`' device, with its own side stream. Not yet warm:
+    /// call [`Prefetcher::warm`] before capturing a graph.
+    pub fn new(
+        kernels: Arc<Kernels>,
+        store: Arc<dyn RowLookup>,
+        config: PrefetcherConfig,
+    ) -> Result<Prefetcher> {
+        let dim = store.dim();
+        let layout = StagingLayout::new(config.capacity, dim)?;
+        fetchahead_gpu::dequant::VARIANTS
+            .get(config.variant)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "gather variant",
+                    format!("no dequant variant {}", config.variant),
+                )
+            })?;
+        let ctx = kernels.gpu().ctx.clone();
+        let side = ctx.new_stream().call("cuStreamCreate")?;
+        let failures = Arc::new(FailureLog::default());
+        let ahead = Stage::new(&side, layout, &store, &failures)?;
+        let sync = Stage::new(&side, layout, &store, &failures)?;
+        let worker = match config.completion {
+            Completion::HostFunction => None,
+            Completion::Flag => Some(FlagWorker::start(
+                &ctx,
+                ahead.jobs.clone(),
+                "fetchahead-lookup".into(),
+            )?),
+        };
+        let check = if config.check {
+            let words = size_of::<CheckCounter>() / 4;
+            Some(Check {
+                out: side
+                    .alloc_zeros::<u16>(layout.capacity() * dim)
+                    .call("cuMemAlloc")?,
+                counter: side.alloc_zeros::<u32>(words).call("cuMemAlloc")?,
+            })
+        } else {
+            None
+        };
+        let check_addresses = check.as_ref().map_or((0, 0), |c| c.addresses(&side));
+        side.synchronize().call("cuStreamSynchronize")?;
+        Ok(Prefetcher {
+            fork: ctx.new_event(None).call("cuEventCreate")?,
+            join: ctx.new_event(None).call("cuEventCreate")?,
+            kernels,
+            config,
+            dim,
+            side,
+            worker,
+            ahead,
+            sync,
+            check,
+            check_addresses,
+            failures,
+            failures_at_resume: 0,
+            pending: None,
+            fell_back: false,
+            prefetches: 0,
+            gathers: 0,
+            sync_gathers: 0,
+        })
+    }
+
+    /// Rows per prefetch (a power of two).
+    pub fn capacity(&self) -> usize {
+        self.ahead.staging.layout().capacity()
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    pub fn config(&self) -> PrefetcherConfig {
+        self.config
+    }
+
+    /// The side stream the prefetches run on.
+    pub fn side_stream(&self) -> &Arc<CudaStream> {
+        &self.side
+    }
+
+    /// First use of every buffer, kernel and the host-function path, eagerly. Call it before
+    /// capturing a graph that prefetches; an eager prefetch warms on first use by itself.
+    pub fn warm(&mut self) -> Result<()> {
+        let (kernels, variant, side) = (&*self.kernels, self.config.variant, &*self.side);
+        self.ahead.staging.warm(kernels, variant, side)?;
+        self.sync.staging.warm(kernels, variant, side)?;
+        let s = side.cu_stream();
+        // One lookup of no rows on each path: the host-function (or flag) machinery's first use.
+        // SAFETY: no ids are read; the stream is synchronized below.
+        unsafe {
+            let arange = self.ahead.staging.device().arange;
+            self.ahead.enqueue(arange, 0, s, self.worker.as_ref())?;
+            self.sync.enqueue(arange, 0, s, None)?;
+        }
+        if self.check.is_some() {
+            let (out, counter) = self.check_addresses;
+            // One chunk of the check output against itself: equal, so the counter stays 0.
+            let p = CheckParams {
+                a: out,
+                b: out,
+                chunks: 1,
+                counter,
+            };
+            // SAFETY: `out` holds at least one 16-byte chunk and `counter` is a live CheckCounter.
+            unsafe { self.kernels.launch_check_equal(s, p)? };
+        }
+        side.synchronize().call("cuStreamSynchronize")
+    }
+
+    fn is_warm(&self) -> bool {
+        self.ahead.staging.is_warm() && self.sync.staging.is_warm()
+    }
+
+    /// Warms on first use, unless `main` is being captured: then that is an error naming the fix.
+    ///
+    /// # Safety
+    /// `main` is a valid stream of this device's context.
+    unsafe fn ensure_warm(&mut self, main: sys::CUstream) -> Result<()> {
+        if self.is_warm() {
+            return Ok(());
+        }
+        // SAFETY: the caller vouches for `main`.
+        if unsafe { stream::is_capturing(&self.kernels.gpu().ctx, main)? } {
+            return Err(Error::NotWarmed {
+                what: "the prefetcher",
+            });
+        }
+        self.warm()
+    }
+
+    /// Starts fetching the rows of the `count` ids at device address `ids`: the side stream waits
+    /// for the work enqueued on `main` so far, then copies the ids, looks them up and stages the
+    /// rows. After a lookup error (with `fallback_on_error`) it only records the ids, and the
+    /// gather takes the synchronous path.
+    ///
+    /// # Safety
+    /// `ids` holds `count` int64 on this device and keeps them unchanged until the matching
+    /// [`Prefetcher::gather_dequant`] has run on `main` (in every replay, when captured); `main`
+    /// is a valid stream of this device's context. A graph captured from these calls must not be
+    /// launched after the prefetcher is dropped.
+    pub unsafe fn prefetch(&mut self, ids: u64, count: usize, main: sys::CUstream) -> Result<()> {
+        self.ahead.staging.layout().check_count(count)?;
+        if self.pending.is_some() {
+            return Err(Error::PrefetchOrder(
+                "prefetch called again before the gather of the previous prefetch",
+            ));
+        }
+        check_ids(ids, count)?;
+        // SAFETY: the caller vouches for `main`.
+        unsafe { self.ensure_warm(main)? };
+        let failed = self.failures.count() - self.failures_at_resume;
+        if self.config.fallback_on_error && failed > 0 && !self.fell_back {
+            self.fell_back = true;
+            log::warn!(
+                "fetchahead: {failed} row lookup(s) failed; gathers now take the synchronous path \
+                 (take_errors() has the failures, resume() goes back to prefetching)"
+            );
+        }
+        let path = if self.fell_back {
+            Path::Sync
+        } else {
+            // SAFETY: `main` (the caller's) and the side stream are streams of this context.
+            unsafe { stream::wait_for(&self.fork, main, self.side.cu_stream())? };
+            // SAFETY: the caller vouches for `ids` until the gather.
+            unsafe {
+                self.ahead
+                    .enqueue(ids, count, self.side.cu_stream(), self.worker.as_ref())?
+            };
+            Path::Ahead
+        };
+        self.pending = Some(Pending { ids, count, path });
+        self.prefetches += 1;
+        Ok(())
+    }
+
+    /// Makes `main` wait for the side stream and writes the prefetched rows, dequantized, to
+    /// `out` (`count * dim` bf16 at a 16-byte aligned device address). In check mode the
+    /// synchronous path then gathers the same ids again and the two outputs are compared.
+    ///
+    /// # Safety
+    /// `out` holds `count * dim` bf16 on this device, written by nothing else until `main` has
+    /// run the gather; `main` is the stream the prefetch was given (or one ordered after it).
+    pub unsafe fn gather_dequant(&mut self, out: u64, main: sys::CUstream) -> Result<()> {
+        let p = self.pending.ok_or(Error::PrefetchOrder(
+            "gather_dequant called without a prefetch",
+        ))?;
+        check_out(out, p.count)?;
+        self.pending = None;
+        match p.path {
+            Path::Ahead => {
+                // SAFETY: `main` (the caller's) and the side stream are streams of this context.
+                unsafe { stream::wait_for(&self.join, self.side.cu_stream(), main)? };
+                if p.count > 0 {
+                    let params = self.ahead.staging.gather_params(out, p.count);
+                    // SAFETY: the staged rows hold `count` rows; the caller vouches for `out`.
+                    unsafe {
+                        self.kernels
+                            .launch_gather_dequant(main, self.config.variant, params)?
+                    };
+                }
+                self.gathers += 1;
+                if self.check.is_some() && p.count > 0 {
+                    let (check_out, counter) = self.check_addresses;
+                    // SAFETY: the check output holds `capacity * dim` bf16, `count <= capacity`;
+                    // the ids are unchanged until now (the prefetch's contract).
+                    unsafe { self.sync_path(p.ids, p.count, check_out, main)? };
+                    let chunks = (p.count * self.dim * 2 / 16) as u64;
+                    let params = CheckParams {
+                        a: out,
+                        b: check_out,
+                        chunks,
+                        counter,
+                    };
+                    // SAFETY: both outputs hold `count * dim` bf16 written before on `main`.
+                    unsafe { self.kernels.launch_check_equal(main, params)? };
+                }
+                Ok(())
+            }
+            // SAFETY: the caller vouches for `ids` (at the prefetch) and for `out`.
+            Path::Sync => unsafe { self.sync_path(p.ids, p.count, out, main) },
+        }
+    }
+
+    /// The synchronous path alone: looks up the `count` ids at `ids` on `main` (ids copy, host
+    /// lookup, row copies) and gathers them into `out`, with no side stream.
+    ///
+    /// # Safety
+    /// As [`Prefetcher::prefetch`] for `ids` and [`Prefetcher::gather_dequant`] for `out`.
+    pub unsafe fn gather_dequant_sync(
+        &mut self,
+        ids: u64,
+        count: usize,
+        out: u64,
+        main: sys::CUstream,
+    ) -> Result<()> {
+        self.sync.staging.layout().check_count(count)?;
+        check_ids(ids, count)?;
+        check_out(out, count)?;
+        // SAFETY: the caller vouches for `main`.
+        unsafe { self.ensure_warm(main)? };
+        // SAFETY: the caller vouches for both addresses.
+        unsafe { self.sync_path(ids, count, out, main) }
+    }
+
+    /// # Safety
+    /// As [`Prefetcher::gather_dequant_sync`], with `count` checked against the capacity.
+    unsafe fn sync_path(
+        &mut self,
+        ids: u64,
+        count: usize,
+        out: u64,
+        main: sys::CUstream,
+    ) -> Result<()> {
+        // SAFETY: the caller vouches for `ids`; the sync staging set is used only on `main`.
+        unsafe { self.sync.enqueue(ids, count, main, None)? };
+        if count > 0 {
+            let params = self.sync.staging.gather_params(out, count);
+            // SAFETY: the staged rows hold `count` rows; the caller vouches for `out`.
+            unsafe {
+                self.kernels
+                    .launch_gather_dequant(main, self.config.variant, params)?
+            };
+        }
+        self.sync_gathers += 1;
+        Ok(())
+    }
+
+    /// The failed lookups kept since the last call (their rows were zero-filled), oldest first.
+    pub fn take_errors(&self) -> Vec<LookupFailure> {
+        self.failures.take()
+    }
+
+    /// Goes back to prefetching after a fallback; a later lookup error falls back again.
+    pub fn resume(&mut self) {
+        self.failures_at_resume = self.failures.count();
+        self.fell_back = false;
+    }
+
+    pub fn stats(&self) -> Stats {
+        let (ahead_lookups, ahead_rows) = self.ahead.jobs.counts();
+        let (sync_lookups, sync_rows) = self.sync.jobs.counts();
+        Stats {
+            prefetches: self.prefetches,
+            gathers: self.gathers,
+            sync_gathers: self.sync_gathers,
+            lookups: ahead_lookups + sync_lookups,
+            rows_looked_up: ahead_rows + sync_rows,
+            lookup_errors: self.failures.count(),
+            fell_back: self.fell_back,
+        }
+    }
+
+    /// Check mode's counter: prefetched gathers whose output differed from the synchronous
+    /// path's (expected 0); `None` when check mode is off. Waits for all work on the device.
+    pub fn check_differed(&self) -> Result<Option<u32>> {
+        let Some(check) = &self.check else {
+            return Ok(None);
+        };
+        self.kernels
+            .gpu()
+            .ctx
+            .synchronize()
+            .call("cuCtxSynchronize")?;
+        let mut words = [0u32; 4];
+        self.side
+            .memcpy_dtoh(&check.counter, &mut words)
+            .call("cuMemcpyDtoH")?;
+        self.side.synchronize().call("cuStreamSynchronize")?;
+        let differed = words[0];
+        if differed > 0 {
+            log::warn!(
+                "fetchahead check mode: {differed} prefetched gathers differed from the \
+                 synchronous path"
+            );
+        } else {
+            log::debug!("fetchahead check mode: no prefetched gather differed");
+        }
+        Ok(Some(differed))
+    }
+}
+
+impl Drop for Prefetcher {
+    /// Lets every enqueued lookup finish before the staging and the jobs go away.
+    fn drop(&mut self) {
+        let _ = self.kernels.gpu().ctx.synchronize();
+    }
+}
+
+/// `count` ids need an 8-byte aligned, non-null address (none for no ids).
+fn check_ids(ids: u64, count: usize) -> Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    check_aligned_to("ids", ids, 8)
+}
+
+/// An output of `count` rows needs a 16-byte aligned, non-null address (none for no rows).
+fn check_out(out: u64, count: usize) -> Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    check_aligned_to("out", out, 16)
+}

@@ -1,0 +1,180 @@
+/* fetchahead: side-stream prefetch of Engram rows, for inference engines.
+ *
+ * Link against libfetchahead.so (cargo build --release: target/release/libfetchahead.so).
+ *
+ * Every call returns FETCHAHEAD_OK (0) or an error code; fetchahead_last_error() gives the
+ * calling thread's message. Nothing unwinds or aborts across this boundary.
+ *
+ * Streams are the caller's raw CUstream / cudaStream_t (torch.cuda.current_stream().cuda_stream),
+ * device pointers the caller's (tensor.data_ptr()). The prefetcher uses the device's primary
+ * context, the one the CUDA runtime (and PyTorch) uses. fetchahead_prefetch and
+ * fetchahead_gather_dequant allocate nothing and can be captured into a CUDA graph (call
+ * fetchahead_prefetcher_warm before the capture); every replay looks up the ids of that replay.
+ *
+ * Per step, per Engram layer:
+ *   fetchahead_prefetch(p, ids, n, stream);      right after the hasher wrote ids
+ *   ... the layers before this one run on stream ...
+ *   fetchahead_gather_dequant(p, out, stream);   out: [n, dim] bf16
+ */
+#ifndef FETCHAHEAD_H
+#define FETCHAHEAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    FETCHAHEAD_OK = 0,
+    FETCHAHEAD_ERR_INVALID = 1,      /* a bad argument: null, misaligned, out of range */
+    FETCHAHEAD_ERR_CUDA = 2,         /* a CUDA call failed (the message names it) */
+    FETCHAHEAD_ERR_NO_DEVICE = 3,
+    FETCHAHEAD_ERR_LOOKUP = 4,       /* a row lookup failed (its rows were zero-filled) */
+    FETCHAHEAD_ERR_NOT_WARMED = 5,   /* first use inside a graph capture: warm first */
+    FETCHAHEAD_ERR_ORDER = 6,        /* gather without prefetch, or two prefetches in a row */
+    FETCHAHEAD_ERR_STAGING_FULL = 7, /* more ids than the prefetcher's capacity */
+    FETCHAHEAD_ERR_PANIC = 8         /* a bug in fetchahead; the call did nothing further */
+};
+
+typedef void *fetchahead_stream; /* a CUstream / cudaStream_t; NULL is the legacy stream */
+
+typedef struct fetchahead_table fetchahead_table;
+typedef struct fetchahead_prefetcher fetchahead_prefetcher;
+
+/* The calling thread's last error message, NUL-terminated into buf (len bytes, truncated);
+ * returns the message's full length. */
+size_t fetchahead_last_error(char *buf, size_t len);
+
+/* ---- tables ---------------------------------------------------------------------------- */
+
+/* A table of `rows` MXFP8 rows of `dim` elements (a multiple of 32) generated in RAM from `seed`:
+ * FP8-E4M3 weights (never NaN) and E8M0 scales in 120..134. Deterministic per seed. */
+int fetchahead_open_memory_table(uint64_t rows, uint32_t dim, uint64_t seed, fetchahead_table **out);
+
+/* Planned with the row store: one Engram layer's slice of an on-disk table.
+ * int fetchahead_open_store(const char *dir, uint32_t layer, uint64_t row_start,
+ *                           uint64_t num_rows, fetchahead_table **out);                     */
+
+enum {
+    FETCHAHEAD_FAULT_NONE = 0,         /* disarm every fault */
+    FETCHAHEAD_FAULT_FAIL_ON_ID = 1,   /* arg: a row id (-1 disarms); lookups including it fail */
+    FETCHAHEAD_FAULT_FAIL_NEXT = 2,    /* arg: the next `arg` lookups fail */
+    FETCHAHEAD_FAULT_CORRUPT_NEXT = 3, /* arg: the next `arg` lookups return one wrong byte */
+    FETCHAHEAD_FAULT_LATENCY_US = 4    /* arg: each lookup first sleeps `arg` microseconds */
+};
+
+/* Fault injection, in-memory tables only. */
+int fetchahead_table_inject(const fetchahead_table *table, uint32_t fault, int64_t arg);
+
+/* Elements per row (0 for NULL). */
+uint32_t fetchahead_table_dim(const fetchahead_table *table);
+
+/* The last failure of fetchahead_lookup on this table, as fetchahead_last_error. */
+size_t fetchahead_table_lookup_error(const fetchahead_table *table, char *buf, size_t len);
+
+/* Prefetchers keep the table's rows alive; a fetchahead_work naming it must not run after this. */
+void fetchahead_table_close(fetchahead_table *table);
+
+/* ---- the host-function entry, for engines that enqueue lookups themselves ------------------- */
+
+typedef struct fetchahead_work {
+    const fetchahead_table *table;
+    const int64_t *ids; /* host memory, count ids */
+    uint8_t *weights;   /* host memory, count * dim bytes (FP8-E4M3), in the order of ids */
+    uint8_t *scales;    /* host memory, count * dim / 32 bytes (E8M0) */
+    uint64_t count;
+    int32_t status;     /* written: FETCHAHEAD_OK, or an error code with the rows zero-filled */
+} fetchahead_work;
+
+/* cudaLaunchHostFunc(stream, fetchahead_lookup, &work): makes no CUDA call, never unwinds. */
+void fetchahead_lookup(void *work);
+
+/* ---- prefetchers, one per Engram layer -------------------------------------------------- */
+
+typedef struct fetchahead_prefetcher_config {
+    uint64_t capacity;          /* most ids per prefetch (rounded up to a power of two) */
+    uint32_t variant;           /* gather + dequant variant index (0: gather_dequant_cvt) */
+    uint32_t check;             /* nonzero: check mode (synchronous path after each gather) */
+    uint32_t fallback_on_error; /* nonzero: after a lookup error, gather synchronously */
+    uint32_t completion;        /* FETCHAHEAD_COMPLETION_* */
+} fetchahead_prefetcher_config;
+
+enum {
+    /* The lookup runs in a host function, on the driver's one callback thread (all streams). */
+    FETCHAHEAD_COMPLETION_HOST_FUNCTION = 0,
+    /* The lookup runs on the prefetcher's own worker thread; the side stream waits on a pinned
+     * flag (cuStreamWaitValue32). Layers' lookups then run in parallel. */
+    FETCHAHEAD_COMPLETION_FLAG = 1
+};
+
+int fetchahead_prefetcher_create(const fetchahead_table *table, int32_t device,
+                                 const fetchahead_prefetcher_config *config,
+                                 fetchahead_prefetcher **out);
+
+/* First use of every buffer and kernel, eagerly; call before capturing a graph. */
+int fetchahead_prefetcher_warm(fetchahead_prefetcher *p);
+
+/* The side stream waits for `stream`, copies the `count` int64 device ids, looks them up in a
+ * host function and copies the rows to the device. `ids` must stay unchanged until the gather. */
+int fetchahead_prefetch(fetchahead_prefetcher *p, const int64_t *ids, uint64_t count,
+                        fetchahead_stream stream);
+
+/* `stream` waits for the side stream; out[i] = bf16 of row ids[i] (count * dim bf16, 16-byte
+ * aligned). In check mode the synchronous path then runs and the outputs are compared. */
+int fetchahead_gather_dequant(fetchahead_prefetcher *p, uint16_t *out, fetchahead_stream stream);
+
+/* The synchronous path: lookup and gather all on `stream`. */
+int fetchahead_gather_dequant_sync(fetchahead_prefetcher *p, const int64_t *ids, uint64_t count,
+                                   uint16_t *out, fetchahead_stream stream);
+
+typedef struct fetchahead_counters {
+    uint64_t prefetches;     /* calls (a graph replay adds none) */
+    uint64_t gathers;        /* prefetched gathers enqueued */
+    uint64_t sync_gathers;   /* synchronous-path gathers enqueued (check mode and fallback too) */
+    uint64_t lookups;        /* lookups run, graph replays included */
+    uint64_t rows_looked_up;
+    uint64_t lookup_errors;
+    uint32_t fell_back;      /* nonzero while gathers take the synchronous path */
+    int32_t check_differed;  /* check mode: gathers that differed (expected 0); -1 when off */
+} fetchahead_counters;
+
+/* Waits for the device when check mode is on (not capturable). */
+int fetchahead_read_counters(fetchahead_prefetcher *p, fetchahead_counters *out);
+
+#define FETCHAHEAD_MESSAGE_BYTES 256
+
+typedef struct fetchahead_lookup_error {
+    uint64_t id_count;   /* ids the failed lookup was asked for */
+    uint64_t ids_offset; /* where its ids start in ids_out */
+    uint64_t ids_copied; /* how many of them fitted */
+    char message[FETCHAHEAD_MESSAGE_BYTES];
+} fetchahead_lookup_error;
+
+/* Takes the kept failures (up to 16 between calls, oldest first): up to `cap` records into
+ * `errors`, their ids concatenated into `ids_out` (`ids_cap` ids), the number taken into *taken. */
+int fetchahead_take_errors(fetchahead_prefetcher *p, fetchahead_lookup_error *errors, uint32_t cap,
+                           int64_t *ids_out, uint64_t ids_cap, uint32_t *taken);
+
+/* Back to prefetching after a fallback. */
+int fetchahead_prefetcher_resume(fetchahead_prefetcher *p);
+
+/* Waits for the device, then frees. Graphs that captured `p` must be destroyed first. */
+void fetchahead_prefetcher_close(fetchahead_prefetcher *p);
+
+/* The layouts the library was built with (checked on the Rust side too). */
+#ifdef __cplusplus
+static_assert(sizeof(fetchahead_work) == 48, "fetchahead_work layout");
+static_assert(sizeof(fetchahead_prefetcher_config) == 24, "fetchahead_prefetcher_config layout");
+static_assert(sizeof(fetchahead_counters) == 56, "fetchahead_counters layout");
+static_assert(sizeof(fetchahead_lookup_error) == 24 + FETCHAHEAD_MESSAGE_BYTES, "fetchahead_lookup_error layout");
+}
+#else
+_Static_assert(sizeof(fetchahead_work) == 48, "fetchahead_work layout");
+_Static_assert(sizeof(fetchahead_prefetcher_config) == 24, "fetchahead_prefetcher_config layout");
+_Static_assert(sizeof(fetchahead_counters) == 56, "fetchahead_counters layout");
+_Static_assert(sizeof(fetchahead_lookup_error) == 24 + FETCHAHEAD_MESSAGE_BYTES, "fetchahead_lookup_error layout");
+#endif
+
+#endif /* FETCHAHEAD_H */
