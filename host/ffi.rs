@@ -163,6 +163,52 @@ pub unsafe extern "C" fn fetchahead_open_memory_table(
     })
 }
 
+/// Opens one Engram layer of an on-disk table (a model directory or one `.safetensors` file):
+/// the rows `row_start..row_start + num_rows` (`num_rows` 0: every row from `row_start`), with the
+/// row store's defaults (read path chosen by `fetchahead tune`, scales resident in DRAM,
+/// O_DIRECT where the filesystem allows it, no DRAM row cache).
+///
+/// # Safety
+/// `dir` is a NUL-terminated path; `out` is writable; on success `*out` is a table to close with
+/// `fetchahead_table_close`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_open_store(
+    dir: *const c_char,
+    layer: u32,
+    row_start: u64,
+    num_rows: u64,
+    out: *mut *mut TableHandle,
+) -> c_int {
+    use crate::store::{LayerRows, RowStore, StoreOptions};
+    use std::os::unix::ffi::OsStrExt;
+    guard(|| {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        if dir.is_null() {
+            return Err(null("dir"));
+        }
+        // SAFETY: `dir` is a NUL-terminated string (the caller's contract).
+        let bytes = unsafe { std::ffi::CStr::from_ptr(dir) }.to_bytes();
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(bytes));
+        let options = StoreOptions {
+            row_start,
+            num_rows: (num_rows > 0).then_some(num_rows),
+            ..StoreOptions::default()
+        };
+        let store = Arc::new(RowStore::open(path, options)?);
+        let rows = LayerRows::new(store, layer)?;
+        let handle = Box::new(TableHandle {
+            store: Arc::new(rows),
+            memory: None,
+            lookup_error: Mutex::new(String::new()),
+        });
+        // SAFETY: `out` is writable (checked non-null; the caller's contract).
+        unsafe { *out = Box::into_raw(handle) };
+        Ok(())
+    })
+}
+
 /// Arms a fault on an in-memory table: `FAIL_ON_ID` (arg: the id, -1 disarms), `FAIL_NEXT` and
 /// `CORRUPT_NEXT` (arg: how many lookups), `LATENCY_US` (arg: microseconds per lookup), `NONE`.
 ///

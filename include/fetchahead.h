@@ -53,9 +53,14 @@ size_t fetchahead_last_error(char *buf, size_t len);
  * FP8-E4M3 weights (never NaN) and E8M0 scales in 120..134. Deterministic per seed. */
 int fetchahead_open_memory_table(uint64_t rows, uint32_t dim, uint64_t seed, fetchahead_table **out);
 
-/* Planned with the row store: one Engram layer's slice of an on-disk table.
- * int fetchahead_open_store(const char *dir, uint32_t layer, uint64_t row_start,
- *                           uint64_t num_rows, fetchahead_table **out);                     */
+/* One Engram layer of an on-disk table (a model directory with model.safetensors.index.json, or
+ * one .safetensors file): rows row_start .. row_start + num_rows (num_rows 0: every row from
+ * row_start), read by the row store with its defaults (read path chosen by `fetchahead tune`,
+ * scales resident in DRAM, O_DIRECT where allowed, no DRAM row cache). Lookups of ids outside
+ * those rows fail with FETCHAHEAD_ERR_LOOKUP; a malformed table fails here with
+ * FETCHAHEAD_ERR_INVALID and a message naming the file and tensor. */
+int fetchahead_open_store(const char *dir, uint32_t layer, uint64_t row_start, uint64_t num_rows,
+                          fetchahead_table **out);
 
 enum {
     FETCHAHEAD_FAULT_NONE = 0,         /* disarm every fault */

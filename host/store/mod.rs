@@ -5,6 +5,7 @@
 //! - [`ReadPath`]: io_uring O_DIRECT batches, a preadv thread pool, mmap + WILLNEED, buffered.
 //! - [`tune`]: `Auto`'s measured choice of path by batch size.
 //! - [`make`]: writing generated tables; [`measure`]: timing lookups and raw reads.
+//! - [`LayerRows`]: one layer of a store as a [`RowLookup`](crate::lookup::RowLookup).
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -25,6 +26,7 @@ mod advise;
 mod aligned;
 mod cache;
 mod fault;
+mod layer_rows;
 pub mod layout;
 pub mod make;
 pub mod measure;
@@ -39,6 +41,7 @@ use cache::RowCache;
 use fault::FaultState;
 #[doc(hidden)]
 pub use fault::ReadFault;
+pub use layer_rows::LayerRows;
 use layout::{MX_BLOCK, TableLayout};
 use plan::{Kind, MAX_EXTENT, OutRows, Plan};
 pub use tune::Tuning;
