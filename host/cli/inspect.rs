@@ -32,7 +32,9 @@ fn describe(span: &TensorSpan) -> String {
 pub fn run(args: &InspectArgs) -> fetchahead::Result<ExitCode> {
     let layout = TableLayout::open(&args.dir)?;
     println!("{} shard file(s):", layout.files.len());
-    for f in &layout.files {
+    let mut files: Vec<_> = layout.files.iter().collect();
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    for f in files {
         println!(
             "  {} ({} B, data from byte {})",
             f.path.display(),
