@@ -95,6 +95,21 @@ fn wrong_dtypes_and_shapes_name_the_tensor() {
             ],
             W,
         ),
+        // Zero rows of absurd width: the row size itself must not overflow.
+        (
+            vec![
+                (W, Dtype::F8_E4M3, vec![0, 1 << 62]),
+                (S, Dtype::U8, vec![0, 8]),
+            ],
+            W,
+        ),
+        (
+            vec![
+                (W, Dtype::F8_E4M3, vec![0, usize::MAX]),
+                (S, Dtype::U8, vec![0, 8]),
+            ],
+            W,
+        ),
     ];
     for (i, (tensors, culprit)) in cases.into_iter().enumerate() {
         let file = dir.path().join(format!("case{i}.safetensors"));

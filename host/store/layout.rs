@@ -306,13 +306,17 @@ fn span(
             end: end_abs,
         });
     }
+    // safetensors checks rows * cols * bits, which says nothing about cols alone when rows is 0.
+    let Some(row_bits) = cols.checked_mul(info.dtype.bitsize()) else {
+        return Err(bad(&shard.path, name, format!("{cols} columns overflow a row's size")));
+    };
     Ok(TensorSpan {
         name: name.to_string(),
         file,
         dtype: info.dtype,
         offset: shard.data_start + start as u64,
         rows: rows as u64,
-        row_bytes: (cols * info.dtype.bitsize() / 8) as u64,
+        row_bytes: (row_bits / 8) as u64,
     })
 }
 
