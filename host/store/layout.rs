@@ -308,7 +308,11 @@ fn span(
     }
     // safetensors checks rows * cols * bits, which says nothing about cols alone when rows is 0.
     let Some(row_bits) = cols.checked_mul(info.dtype.bitsize()) else {
-        return Err(bad(&shard.path, name, format!("{cols} columns overflow a row's size")));
+        return Err(bad(
+            &shard.path,
+            name,
+            format!("{cols} columns overflow a row's size"),
+        ));
     };
     Ok(TensorSpan {
         name: name.to_string(),
