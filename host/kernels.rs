@@ -214,21 +214,8 @@ impl Kernels {
         }
         check_aligned_to("segments", p.segments, 16)?;
         let kernel = pick(&self.prefetch, variant, "l2_prefetch")?;
-        let mut params = p;
-        let mut args = [&mut params as *mut PrefetchParams as *mut c_void];
-        self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-        // SAFETY: one argument of the struct type the kernel takes (build.rs checked its size).
-        unsafe {
-            result::launch_kernel(
-                kernel.function.cu_function(),
-                (blocks, 1, 1),
-                (threads, 1, 1),
-                0,
-                stream,
-                &mut args,
-            )
-        }
-        .call("cuLaunchKernel")
+        // SAFETY: the caller guarantees the segments; the checks above bound the launch.
+        unsafe { self.launch_exact(&kernel.function, blocks, threads, stream, p) }
     }
 
     /// Compares `p.a` and `p.b` (`p.chunks` 16-byte chunks each) and adds one to the
@@ -284,7 +271,9 @@ impl Kernels {
         let groups = (n / GEMV_ROWS_PER_WARP).max(1);
         // Enough warps for 16 per multiprocessor: a warp holds only 4 KiB of weight loads in
         // flight, and a cold weight-bound GEMV needs tens of KiB in flight per multiprocessor.
-        let want = (16 * self.gpu.multiprocessors).div_ceil(groups).clamp(1, 64);
+        let want = (16 * self.gpu.multiprocessors)
+            .div_ceil(groups)
+            .clamp(1, 64);
         let steps = k / GEMV_K_STEP;
         (1..=want)
             .rev()
@@ -369,21 +358,10 @@ impl Kernels {
                 format!("{flag:#x} is not 4-byte aligned"),
             ));
         }
-        let mut params = CollectiveParams { ns, flag };
-        let mut args = [&mut params as *mut CollectiveParams as *mut c_void];
-        self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-        // SAFETY: one argument of the struct type the kernel takes; the caller guarantees `flag`.
-        unsafe {
-            result::launch_kernel(
-                self.collective.function.cu_function(),
-                (blocks, 1, 1),
-                (collective::BLOCK_THREADS, 1, 1),
-                0,
-                stream,
-                &mut args,
-            )
-        }
-        .call("cuLaunchKernel")
+        let p = CollectiveParams { ns, flag };
+        let (function, threads) = (&self.collective.function, collective::BLOCK_THREADS);
+        // SAFETY: the caller guarantees `flag`; the checks above bound the launch.
+        unsafe { self.launch_exact(function, blocks, threads, stream, p) }
     }
 
     /// One launch of `threads` threads in blocks of `BLOCK_THREADS`, the grid capped at what fits
@@ -401,6 +379,23 @@ impl Kernels {
         }
         let resident = self.gpu.multiprocessors as u64 * kernel.blocks_per_sm as u64;
         let blocks = threads.div_ceil(block_threads as u64).min(resident) as u32;
+        // SAFETY: the caller guarantees the addresses inside `p`.
+        unsafe { self.launch_exact(&kernel.function, blocks, block_threads, stream, p) }
+    }
+
+    /// One `cuLaunchKernel` of `blocks x threads` with `p` as the kernel's one argument, by value.
+    ///
+    /// # Safety
+    /// `P` is the parameter struct `function` takes, and the addresses inside `p` are valid for
+    /// the launch.
+    unsafe fn launch_exact<P: Copy>(
+        &self,
+        function: &CudaFunction,
+        blocks: u32,
+        threads: u32,
+        stream: sys::CUstream,
+        p: P,
+    ) -> Result<()> {
         let mut params = p;
         let mut args = [&mut params as *mut P as *mut c_void];
         self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
@@ -408,9 +403,9 @@ impl Kernels {
         // the caller guarantees the addresses inside it.
         unsafe {
             result::launch_kernel(
-                kernel.function.cu_function(),
+                function.cu_function(),
                 (blocks, 1, 1),
-                (block_threads, 1, 1),
+                (threads, 1, 1),
                 0,
                 stream,
                 &mut args,

@@ -63,26 +63,6 @@ pub unsafe fn load_stream_16(addr: u64) -> [u32; 4] {
     [a, b, c, d]
 }
 
-/// 16 bytes read through the non-coherent path with no cache hints: the baseline the hinted
-/// [`load_stream_16`] is measured against.
-///
-/// # Safety
-/// As [`load_stream_16`].
-#[inline(always)]
-pub unsafe fn load_plain_16(addr: u64) -> [u32; 4] {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    // SAFETY: the caller guarantees a readable, aligned, read-only address.
-    unsafe {
-        asm!(
-            "ld.global.nc.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];",
-            out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
-            in(reg64) addr,
-            options(pure, readonly, nostack, preserves_flags),
-        );
-    }
-    [a, b, c, d]
-}
-
 /// 16 bytes written with an ordinary (write-back) store.
 ///
 /// # Safety

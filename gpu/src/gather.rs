@@ -83,7 +83,7 @@ pub const EMPTY_KERNEL: &str = "gather_empty";
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
     use crate::device::{
-        global_thread, grid_threads, load_i64, load_i64_early, load_plain_16, load_stream_16,
+        global_thread, grid_threads, load_16, load_i64, load_i64_early, load_stream_16,
         prefetch_l2, record_bad_id, shuffle_i64, store_16, store_16_streaming,
     };
     use crate::params::{CHUNK_BYTES, GatherParams};
@@ -237,7 +237,7 @@ mod kernels {
             let (i, c) = split(t, chunks);
             let data = match unsafe { source(&p, i, c) } {
                 // SAFETY: `source` returns only addresses inside the table.
-                Some(src) => unsafe { load_plain_16(src) },
+                Some(src) => unsafe { load_16(src) },
                 None => [0; 4],
             };
             // SAFETY: chunk c of output row i < n, owned by this thread.
