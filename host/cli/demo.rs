@@ -572,8 +572,9 @@ struct PhaseResult {
     store: Option<Stats>,
 }
 
-/// One warm-up and `steps` timed forwards of each path on the same token streams; then the last
-/// stream's prefetched output against the resident gather, and the GPU hash against the CPU's.
+/// One warm-up and `steps` timed forwards of each path, each path on fresh token streams (so that
+/// the row cache holds no row for the prefetcher that the synchronous path just read); then the
+/// last prefetched stream's output against the resident gather, and the GPU hash against the CPU's.
 fn run_phase(
     args: &DemoArgs,
     forward: &mut SimulatedForward,
@@ -581,13 +582,14 @@ fn run_phase(
     phase: &Phase,
     rng: &mut SmallRng,
 ) -> Result<PhaseResult> {
-    let streams: Vec<Vec<u32>> = (0..=args.steps)
-        .map(|_| token_stream(rng, phase.tokens))
-        .collect();
     let paths = [GatherPath::Resident, GatherPath::Sync, GatherPath::Prefetch];
     let mut ms = [0f64; 3];
     let mut store = None;
+    let mut streams: Vec<Vec<u32>> = Vec::new();
     for (i, &path) in paths.iter().enumerate() {
+        streams = (0..=args.steps)
+            .map(|_| token_stream(rng, phase.tokens))
+            .collect();
         let mut before = None;
         for (step, tokens) in streams.iter().enumerate() {
             forward.set_tokens(tokens)?;
