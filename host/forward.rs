@@ -1,6 +1,8 @@
 //! A simulated forward of a model with Engram layers, for the demo and the bench: a hash kernel
 //! turns the step's tokens into each Engram layer's row ids, spin kernels stand in for each
 //! layer's compute, and each Engram layer gathers its rows, one of three ways ([`GatherPath`]).
+//! Each Engram layer reads its own table ([`LayerTable`]): the row store's layer
+//! ([`LayerRows`]) or a generated table in RAM ([`MemoryRows`]).
 //!
 //! Everything is enqueued on one stream with raw device addresses taken at creation, so a whole
 //! forward can be captured into a CUDA graph and replayed.
@@ -15,6 +17,7 @@ use crate::id_check::IdCheck;
 use crate::kernels::Kernels;
 use crate::lookup::{MemoryRows, RowLookup};
 use crate::prefetcher::{Prefetcher, PrefetcherConfig, Stats};
+use crate::store::LayerRows;
 use crate::table::{Mxfp8Table, Placement};
 use crate::{Error, Result};
 
@@ -34,7 +37,7 @@ pub struct ForwardShape {
 }
 
 impl ForwardShape {
-    /// Checks the shape against a table of `rows` rows, split evenly between the Engram layers.
+    /// Checks the shape against Engram tables of `rows` rows each.
     pub fn check(&self, rows: u64) -> Result<()> {
         let sorted = self.engram_layers.windows(2).all(|w| w[0] < w[1]);
         if self.engram_layers.is_empty()
@@ -52,27 +55,16 @@ impl ForwardShape {
                 ),
             ));
         }
-        if self.rows_per_layer(rows) == 0
-            || self.heads == 0
-            || self.ngram == 0
-            || self.ngram > MAX_NGRAM
-        {
+        if rows == 0 || self.heads == 0 || self.ngram == 0 || self.ngram > MAX_NGRAM {
             return Err(Error::invalid(
                 "forward",
                 format!(
-                    "{rows} rows for {} Engram layers, {} heads, n-gram {} (1..={MAX_NGRAM})",
-                    self.engram_layers.len(),
-                    self.heads,
-                    self.ngram
+                    "{rows} rows per Engram layer, {} heads, n-gram {} (1..={MAX_NGRAM})",
+                    self.heads, self.ngram
                 ),
             ));
         }
         Ok(())
-    }
-
-    /// Rows each Engram layer owns.
-    pub fn rows_per_layer(&self, rows: u64) -> u64 {
-        rows / self.engram_layers.len().max(1) as u64
     }
 
     /// The hash seed of Engram layer `k`.
@@ -80,21 +72,55 @@ impl ForwardShape {
         self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ k as u64
     }
 
-    /// The hash kernel's ids for Engram layer `k`, computed on the CPU into `ids`.
+    /// The hash kernel's ids (in `0..rows`) for Engram layer `k`, computed on the CPU into `ids`.
     pub fn hash_on_host(&self, rows: u64, k: usize, tokens: &[u32], ids: &mut Vec<i64>) {
         ids.clear();
-        let per_layer = self.rows_per_layer(rows);
-        let divisor = hash::divisor(per_layer);
-        let row_start = k as u64 * per_layer;
+        let divisor = hash::divisor(rows);
         for t in 0..tokens.len() {
             for h in 0..self.heads {
                 let mut state = hash::start(self.layer_seed(k), h);
                 for j in 0..self.ngram as usize {
                     state = hash::fold(state, if j <= t { tokens[t - j] } else { 0 });
                 }
-                ids.push(hash::finish(state, row_start, divisor));
+                ids.push(hash::finish(state, 0, divisor));
             }
         }
+    }
+}
+
+/// What [`LayerTable::with_bytes`] calls with a table's weights and scales.
+pub type TableBytes<'a> = dyn FnMut(&[u8], &[u8]) -> Result<()> + 'a;
+
+/// One Engram layer's table as the simulated forward reads it: lookups of row ids `0..rows`,
+/// and the whole table's bytes for the resident path.
+pub trait LayerTable: RowLookup {
+    fn rows(&self) -> u64;
+
+    /// Calls `f` with the layer's `[rows, dim]` E4M3 and `[rows, dim / 32]` E8M0 bytes.
+    fn with_bytes(&self, f: &mut TableBytes<'_>) -> Result<()>;
+}
+
+impl LayerTable for MemoryRows {
+    fn rows(&self) -> u64 {
+        MemoryRows::rows(self)
+    }
+
+    fn with_bytes(&self, f: &mut TableBytes<'_>) -> Result<()> {
+        f(self.weights(), self.scales())
+    }
+}
+
+/// For a store opened from row 0 (a whole layer): ids below `row_range().start` are not its rows.
+impl LayerTable for LayerRows {
+    fn rows(&self) -> u64 {
+        self.store().row_range().end
+    }
+
+    /// Read from the shard files around the store's cache and counters, so that the resident
+    /// path leaves the store's stats to the lookups.
+    fn with_bytes(&self, f: &mut TableBytes<'_>) -> Result<()> {
+        let (weights, scales) = self.read_all()?;
+        f(&weights, &scales)
     }
 }
 
@@ -118,6 +144,9 @@ struct EngramLayer {
     ids_at: u64,
     out_at: u64,
     resident_out_at: u64,
+    /// The layer's whole table on the device, and its weights' and scales' addresses.
+    _resident: Mxfp8Table,
+    resident_at: (u64, u64),
 }
 
 /// The simulated forward's buffers, kernels and prefetchers on one stream.
@@ -131,45 +160,64 @@ pub struct SimulatedForward {
     tokens: CudaSlice<u32>,
     tokens_at: u64,
     layers: Vec<EngramLayer>,
-    /// The whole table on the device, and its weights' and scales' addresses.
-    _resident: Mxfp8Table,
-    resident_at: (u64, u64),
     id_check: IdCheck,
 }
 
 impl SimulatedForward {
-    /// Buffers for up to `max_tokens` tokens per step, the table copied to the device for the
-    /// resident path, and one warm prefetcher per Engram layer over `table`, configured as
-    /// `prefetch` (its capacity is set here, from `max_tokens`).
+    /// Buffers for up to `max_tokens` tokens per step, and per Engram layer (`tables[k]` for
+    /// `shape.engram_layers[k]`, all of one row count and dim) its table copied to the device
+    /// for the resident path and one warm prefetcher over it, configured as `prefetch` (its
+    /// capacity is set here, from `max_tokens`).
     pub fn new(
         kernels: Arc<Kernels>,
         main: Arc<CudaStream>,
-        table: &Arc<MemoryRows>,
+        tables: &[Arc<dyn LayerTable>],
         shape: ForwardShape,
         max_tokens: usize,
         prefetch: PrefetcherConfig,
     ) -> Result<SimulatedForward> {
-        shape.check(table.rows())?;
-        let dim = table.dim();
+        let (rows, dim) = match tables.first() {
+            Some(t) => (t.rows(), t.dim()),
+            None => (0, 0),
+        };
+        if tables.len() != shape.engram_layers.len()
+            || tables.iter().any(|t| t.rows() != rows || t.dim() != dim)
+        {
+            return Err(Error::invalid(
+                "forward tables",
+                format!(
+                    "{} tables for {} Engram layers; each needs {rows} rows of dim {dim}",
+                    tables.len(),
+                    shape.engram_layers.len()
+                ),
+            ));
+        }
+        shape.check(rows)?;
         let max_tokens = max_tokens.max(1);
         let max_ids = max_tokens * shape.heads as usize;
-        let mut resident = Mxfp8Table::from_bytes(
-            &main,
-            table.weights(),
-            table.scales(),
-            dim as u32,
-            Placement::Device,
-        )?;
-        let resident_at = (
-            resident.weights.address(&main),
-            resident.scales.address(&main),
-        );
         let config = PrefetcherConfig {
             capacity: max_ids,
             ..prefetch
         };
         let mut layers = Vec::new();
-        for _ in &shape.engram_layers {
+        for table in tables {
+            let mut resident = None;
+            table.with_bytes(&mut |weights, scales| {
+                resident = Some(Mxfp8Table::from_bytes(
+                    &main,
+                    weights,
+                    scales,
+                    dim as u32,
+                    Placement::Device,
+                )?);
+                Ok(())
+            })?;
+            let mut resident = resident
+                .ok_or_else(|| Error::invalid("forward tables", "a table gave no bytes"))?;
+            let resident_at = (
+                resident.weights.address(&main),
+                resident.scales.address(&main),
+            );
             let store: Arc<dyn RowLookup> = table.clone();
             let mut prefetcher = Prefetcher::new(kernels.clone(), store, config)?;
             prefetcher.warm()?;
@@ -187,6 +235,8 @@ impl SimulatedForward {
                 ids,
                 out,
                 resident_out,
+                _resident: resident,
+                resident_at,
             });
         }
         let tokens = main.alloc_zeros::<u32>(max_tokens).call("cuMemAlloc")?;
@@ -198,13 +248,11 @@ impl SimulatedForward {
             kernels,
             main,
             shape,
-            rows: table.rows(),
+            rows,
             dim,
             max_tokens,
             tokens,
             layers,
-            _resident: resident,
-            resident_at,
             id_check,
         })
     }
@@ -241,15 +289,14 @@ impl SimulatedForward {
         let s = self.main.cu_stream();
         let shape = &self.shape;
         let n = n_tokens * shape.heads as usize;
-        let per_layer = shape.rows_per_layer(self.rows);
         for (k, layer) in self.layers.iter_mut().enumerate() {
             let p = HashParams {
                 tokens: self.tokens_at,
                 ids: layer.ids_at,
                 n_tokens: n_tokens as u64,
                 seed: shape.layer_seed(k),
-                row_start: k as u64 * per_layer,
-                rows: per_layer,
+                row_start: 0,
+                rows: self.rows,
                 heads: shape.heads,
                 ngram: shape.ngram,
             };
@@ -272,8 +319,8 @@ impl SimulatedForward {
             match path {
                 GatherPath::Resident => {
                     let p = DequantParams {
-                        weights: self.resident_at.0,
-                        scales: self.resident_at.1,
+                        weights: layer.resident_at.0,
+                        scales: layer.resident_at.1,
                         ids: layer.ids_at,
                         out: layer.resident_out_at,
                         status: self.id_check.address(),
@@ -282,7 +329,8 @@ impl SimulatedForward {
                         dim: self.dim as u32,
                         _pad: 0,
                     };
-                    // SAFETY: the resident table holds `rows` rows, `ids` n ids, `out` n rows.
+                    // SAFETY: the layer's resident table holds `rows` rows, `ids` n ids, `out` n
+                    // rows.
                     unsafe { self.kernels.launch_gather_dequant(s, 0, p)? };
                 }
                 // SAFETY: n ids and n * dim bf16 of output, both this forward's.

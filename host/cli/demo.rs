@@ -3,31 +3,53 @@
 //! kernels stand in for the layers, and the gathers consume the rows, three ways: rows resident
 //! on the device (the floor), the synchronous lookup path, and the side-stream prefetcher. GPU
 //! idle before the gathers is each way's step time minus the resident one's.
+//!
+//! The rows come from the row store: a generated table under `--data-dir` (written once, reused
+//! while it matches the options), one [`LayerRows`] per Engram layer. `--memory` reads a
+//! generated table in RAM instead, with a simulated storage latency.
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser};
-use fetchahead::forward::{ForwardShape, GatherPath, SimulatedForward};
+use fetchahead::forward::{ForwardShape, GatherPath, LayerTable, SimulatedForward};
 use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
-use fetchahead::lookup::{MemoryRows, RowLookup};
+use fetchahead::lookup::MemoryRows;
 use fetchahead::prefetcher::{Completion, PrefetcherConfig};
+use fetchahead::store::make::{TableSpec, write_table};
+use fetchahead::store::{LayerRows, ReadPath, RowStore, Stats, StoreOptions};
 use fetchahead::{Error, Result};
+use indicatif::{ProgressBar, ProgressStyle};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
 #[derive(Args, Clone, Debug)]
 pub struct DemoArgs {
-    /// Rows in the table, split evenly between the Engram layers.
-    #[arg(long, default_value_t = 1 << 20)]
+    /// Where the demo's table lives (relative to the working directory); written when absent or
+    /// not matching --rows, --dim, --engram-layers and --seed, reused otherwise.
+    #[arg(long, default_value = "data/demo-table")]
+    pub data_dir: PathBuf,
+    /// Use a generated table in RAM with a simulated lookup latency instead of the row store.
+    #[arg(long)]
+    pub memory: bool,
+    /// Rows of each Engram layer's table (the default, 2 layers of 256 + 8 bytes a row, is
+    /// 264 MiB).
+    #[arg(long, default_value_t = 1 << 19)]
     pub rows: u64,
     /// FP8 elements per row.
     #[arg(long, default_value_t = 256)]
     pub dim: usize,
+    /// The row store's read path for rows that miss its DRAM cache.
+    #[arg(long, default_value = "auto")]
+    pub read_path: ReadPath,
+    /// The row store's DRAM row cache, MiB (0: off).
+    #[arg(long, default_value_t = 64)]
+    pub cache_mib: u64,
     /// Layers in the simulated model.
     #[arg(long, default_value_t = 14)]
     pub layers: u32,
-    /// Which layers (1-based) are Engram layers.
+    /// Which layers (1-based) are Engram layers: the table holds one tensor pair for each.
     #[arg(long, value_delimiter = ',', default_value = "1,14")]
     pub engram_layers: Vec<u32>,
     /// Simulated compute per layer, microseconds.
@@ -45,7 +67,7 @@ pub struct DemoArgs {
     /// Tokens per prefill step.
     #[arg(long, default_value_t = 1024)]
     pub prefill_tokens: usize,
-    /// Simulated storage latency of each lookup of the in-memory table, microseconds.
+    /// With --memory: simulated storage latency of each lookup, microseconds.
     #[arg(long, default_value_t = 1500)]
     pub lookup_latency_us: u64,
     /// Timed steps per phase and path (after one warm-up step).
@@ -63,15 +85,29 @@ pub struct DemoArgs {
 
 impl DemoArgs {
     fn shape(&self) -> ForwardShape {
-        let mut engram_layers = self.engram_layers.clone();
-        engram_layers.sort_unstable();
-        engram_layers.dedup();
         ForwardShape {
             layers: self.layers,
-            engram_layers,
+            engram_layers: self.engram_layer_ids(),
             compute_us: self.compute_us,
             heads: self.heads,
             ngram: self.ngram,
+            seed: self.seed,
+        }
+    }
+
+    fn engram_layer_ids(&self) -> Vec<u32> {
+        let mut layers = self.engram_layers.clone();
+        layers.sort_unstable();
+        layers.dedup();
+        layers
+    }
+
+    fn spec(&self) -> TableSpec {
+        TableSpec {
+            rows: self.rows,
+            layers: self.engram_layer_ids(),
+            dim: self.dim,
+            shards: 1,
             seed: self.seed,
         }
     }
@@ -92,31 +128,192 @@ impl Default for DemoArgs {
 
 const VOCAB: u32 = 128 * 1024;
 
+/// The generator's seed, written beside the table so that a reused table is the one asked for.
+const SEED_FILE: &str = "fetchahead-demo-seed";
+
 /// One phase of the demo: its name and tokens per step.
 struct Phase {
     name: &'static str,
     tokens: usize,
 }
 
+/// The Engram layers' tables, in `engram_layers` order, and the store they read (none in memory).
+struct Tables {
+    layers: Vec<Arc<dyn LayerTable>>,
+    store: Option<Arc<RowStore>>,
+}
+
+impl Tables {
+    fn stats(&self) -> Option<Stats> {
+        self.store.as_ref().map(|s| s.stats())
+    }
+}
+
+/// Why the table in `dir` is not the one `spec` describes (`None`: it is).
+fn table_mismatch(dir: &Path, spec: &TableSpec) -> Option<String> {
+    let store = match RowStore::open(dir, StoreOptions::default()) {
+        Ok(store) => store,
+        Err(e) => return Some(e.to_string()),
+    };
+    let seed = std::fs::read_to_string(dir.join(SEED_FILE)).ok();
+    let have = (
+        store.layers().to_vec(),
+        store.row_range().end,
+        store.dim(),
+        seed.as_deref().map(str::trim),
+    );
+    let want = (
+        spec.layers.clone(),
+        spec.rows,
+        spec.dim,
+        Some(spec.seed.to_string()),
+    );
+    (have.0 != want.0 || have.1 != want.1 || have.2 != want.2 || have.3 != want.3.as_deref()).then(
+        || {
+            format!(
+                "it has layers {:?}, {} rows of dim {}, seed {}; want layers {:?}, {} rows of dim \
+                 {}, seed {}",
+                have.0,
+                have.1,
+                have.2,
+                have.3.unwrap_or("unknown"),
+                want.0,
+                want.1,
+                want.2,
+                spec.seed
+            )
+        },
+    )
+}
+
+fn io_error(file: &Path, op: &'static str, source: std::io::Error) -> Error {
+    Error::Io {
+        file: file.to_path_buf(),
+        op,
+        source,
+    }
+}
+
+/// Writes the demo's table into `args.data_dir` with a progress bar unless a matching one is
+/// there; true when it was reused.
+fn prepare_table(args: &DemoArgs) -> Result<bool> {
+    let dir = &args.data_dir;
+    let spec = args.spec();
+    let shown = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+    if dir.exists() {
+        match table_mismatch(dir, &spec) {
+            None => {
+                println!("table: reusing {}", shown.display());
+                return Ok(true);
+            }
+            Some(why) => println!("table: rewriting {} ({why})", shown.display()),
+        }
+    } else {
+        println!("table: writing {}", shown.display());
+    }
+    let seed_file = dir.join(SEED_FILE);
+    // A table left half-written is never taken for the seed's table.
+    match std::fs::remove_file(&seed_file) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(io_error(&seed_file, "remove", e));
+        }
+        _ => {}
+    }
+    let bar = ProgressBar::new(spec.data_bytes());
+    bar.set_style(
+        ProgressStyle::with_template(
+            "  {bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let t = Instant::now();
+    write_table(dir, &spec, |done| bar.set_position(done))?;
+    bar.finish_and_clear();
+    std::fs::write(&seed_file, spec.seed.to_string())
+        .map_err(|e| io_error(&seed_file, "write", e))?;
+    println!(
+        "  wrote {:.0} MiB in {:.1} s",
+        spec.data_bytes() as f64 / (1u64 << 20) as f64,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(false)
+}
+
+/// Opens the Engram layers' tables: the row store under `args.data_dir` (written first when
+/// needed), or generated tables in RAM.
+fn open_tables(args: &DemoArgs) -> Result<Tables> {
+    let layers = args.engram_layer_ids();
+    if args.memory {
+        let latency = Duration::from_micros(args.lookup_latency_us);
+        let tables = layers
+            .iter()
+            .map(|&l| {
+                let t = MemoryRows::generate(args.rows, args.dim, args.seed ^ u64::from(l))?;
+                t.set_latency(latency);
+                Ok(Arc::new(t) as Arc<dyn LayerTable>)
+            })
+            .collect::<Result<_>>()?;
+        return Ok(Tables {
+            layers: tables,
+            store: None,
+        });
+    }
+    prepare_table(args)?;
+    let options = StoreOptions {
+        read_path: args.read_path,
+        cache_bytes: args.cache_mib << 20,
+        ..Default::default()
+    };
+    let store = Arc::new(RowStore::open(&args.data_dir, options)?);
+    let tables = layers
+        .iter()
+        .map(|&l| Ok(Arc::new(LayerRows::new(store.clone(), l)?) as Arc<dyn LayerTable>))
+        .collect::<Result<_>>()?;
+    Ok(Tables {
+        layers: tables,
+        store: Some(store),
+    })
+}
+
+fn describe(args: &DemoArgs, tables: &Tables) {
+    let per_layer_mib = args.rows as f64 * (args.dim + args.dim / 32) as f64 / (1u64 << 20) as f64;
+    match &tables.store {
+        None => println!(
+            "table: in memory, {} Engram layers of {} rows x {} FP8 (+ E8M0 scales), {:.0} MiB \
+             each, seed {}; each lookup sleeps {} us first (simulated storage)",
+            tables.layers.len(),
+            args.rows,
+            args.dim,
+            per_layer_mib,
+            args.seed,
+            args.lookup_latency_us
+        ),
+        Some(store) => {
+            let direct = match store.direct_io() {
+                Ok(()) => "O_DIRECT".to_string(),
+                Err(why) => format!("page cache (no O_DIRECT: {why})"),
+            };
+            println!(
+                "row store: layers {:?} of {} rows x {} FP8 (+ E8M0 scales), {:.0} MiB each; \
+                 read path {} (batch of {} rows: {}), {direct}; DRAM row cache {} MiB",
+                store.layers(),
+                store.row_range().end,
+                store.dim(),
+                per_layer_mib,
+                store.read_path(),
+                args.decode_tokens * args.heads as usize,
+                store.auto_path(args.decode_tokens * args.heads as usize),
+                args.cache_mib
+            );
+        }
+    }
+}
+
 pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     let shape = args.shape();
     shape.check(args.rows)?;
-    println!(
-        "table: {} rows x {} FP8 (+ E8M0 scales), in memory, seed {}; {} Engram layers of {} \
-         rows; each lookup sleeps {} us first (simulated storage)",
-        args.rows,
-        args.dim,
-        args.seed,
-        shape.engram_layers.len(),
-        shape.rows_per_layer(args.rows),
-        args.lookup_latency_us
-    );
-    println!(
-        "  (the row store of issue 4, with its data directory, cache hit rate and IOPS, is not on \
-         this branch: this demo runs on the in-memory table)"
-    );
-    let table = Arc::new(MemoryRows::generate(args.rows, args.dim, args.seed)?);
-    table.set_latency(Duration::from_micros(args.lookup_latency_us));
+    let tables = open_tables(args)?;
+    describe(args, &tables);
     let phases = [
         Phase {
             name: "decode",
@@ -132,12 +329,29 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         Ok(gpu) => gpu,
         Err(Error::NoDevice(why)) => {
             println!("\nno GPU here ({why}); running the host half only");
-            host_half(args, &shape, &table, &phases, &mut rng)?;
+            let results = host_half(args, &shape, &tables, &phases, &mut rng)?;
+            print_host_half(&phases, &results);
+            let wrong: usize = results.iter().map(|r| r.wrong_rows).sum();
             println!(
-                "skipped: the hash kernel, row copies, compute, gathers and GPU idle times (they \
-                 need a CUDA device)"
+                "\nlookups equal the table's own bytes{}: {}\n\
+                 skipped: the hash kernel, row copies, compute, gathers and GPU idle times (they \
+                 need a CUDA device)",
+                if tables.store.is_some() {
+                    " (read straight from its files)"
+                } else {
+                    ""
+                },
+                if wrong == 0 {
+                    "yes".to_string()
+                } else {
+                    format!("NO ({wrong} rows differ)")
+                }
             );
-            return Ok(ExitCode::SUCCESS);
+            return Ok(if wrong == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
         }
         Err(e) => return Err(e),
     };
@@ -168,9 +382,10 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         check: args.check,
         ..Default::default()
     };
-    let mut forward = SimulatedForward::new(kernels, main, &table, shape, max_tokens, config)?;
+    let mut forward =
+        SimulatedForward::new(kernels, main, &tables.layers, shape, max_tokens, config)?;
     println!(
-        "\n{:<8} {:>7} {:>10} {:>12} {:>9} {:>12} {:>13} {:>17} {:>11}",
+        "\n{:<8} {:>7} {:>10} {:>12} {:>9} {:>12} {:>13} {:>17} {:>11} {:>6} {:>9}",
         "phase",
         "tokens",
         "rows/step",
@@ -179,16 +394,20 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         "prefetch ms",
         "idle sync ms",
         "idle prefetch ms",
-        "rows/s"
+        "rows/s",
+        "hit %",
+        "IOPS"
     );
     let mut all_match = true;
     for phase in &phases {
-        let r = run_phase(args, &mut forward, phase, &mut rng)?;
+        let r = run_phase(args, &mut forward, &tables, phase, &mut rng)?;
         all_match &= r.outputs_match;
         let differed = forward.check_differed()?;
         all_match &= differed.unwrap_or(0) == 0;
+        let (hit, iops) = store_columns(r.store.as_ref(), r.prefetch_ms * args.steps as f64);
         println!(
-            "{:<8} {:>7} {:>10} {:>12.2} {:>9.2} {:>12.2} {:>13.2} {:>17.2} {:>11.0}",
+            "{:<8} {:>7} {:>10} {:>12.2} {:>9.2} {:>12.2} {:>13.2} {:>17.2} {:>11.0} {hit:>6} \
+             {iops:>9}",
             phase.name,
             phase.tokens,
             r.rows_per_step,
@@ -197,7 +416,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
             r.prefetch_ms,
             r.sync_ms - r.resident_ms,
             r.prefetch_ms - r.resident_ms,
-            r.rows_per_s
+            r.rows_per_s,
         );
         if let Some(n) = differed {
             println!(
@@ -208,7 +427,8 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     }
     let errors = forward.stats().lookup_errors;
     println!(
-        "\nidle = step time minus the resident step time (the GPU waiting on lookups)\n\
+        "\nidle = step time minus the resident step time (the GPU waiting on lookups); hit % and \
+         IOPS: the row store's counters over the prefetched steps (reads / their time)\n\
          prefetched outputs equal the resident gathers and the GPU hash equals the CPU hash: {}; \
          lookup errors: {errors}",
         if all_match { "yes" } else { "NO" }
@@ -220,45 +440,120 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     })
 }
 
-/// Without a GPU: hashes on the CPU and times the lookups the prefetcher would run.
+/// The store's hit rate and reads per second over `ms` milliseconds, as table cells.
+fn store_columns(delta: Option<&Stats>, ms: f64) -> (String, String) {
+    match delta {
+        None => ("-".into(), "-".into()),
+        Some(d) => (
+            format!(
+                "{:.1}",
+                100.0 * d.hits as f64 / (d.hits + d.misses).max(1) as f64
+            ),
+            format!("{:.0}", d.reads as f64 / (ms / 1e3).max(1e-9)),
+        ),
+    }
+}
+
+/// `after - before`, field by field.
+fn delta(before: Option<Stats>, after: Option<Stats>) -> Option<Stats> {
+    let (b, a) = (before?, after?);
+    Some(Stats {
+        hits: a.hits - b.hits,
+        misses: a.misses - b.misses,
+        reads: a.reads - b.reads,
+        bytes: a.bytes - b.bytes,
+        advised: a.advised - b.advised,
+        advise_dropped: a.advise_dropped - b.advise_dropped,
+        advise_failed: a.advise_failed - b.advise_failed,
+    })
+}
+
+/// What the host half measured in one phase.
+struct HostPhase {
+    rows_per_step: usize,
+    /// Lookup time per step, all Engram layers.
+    lookup_ms: f64,
+    /// Lookup time over the phase.
+    total_ms: f64,
+    /// The store's counters over the phase (`None` in memory).
+    store: Option<Stats>,
+    /// Looked-up rows that differ from the table's bytes.
+    wrong_rows: usize,
+}
+
+/// Without a GPU: hashes on the CPU, runs the lookups the prefetcher would run through the
+/// Engram layers' tables, and checks each looked-up row against the table's own bytes.
 fn host_half(
     args: &DemoArgs,
     shape: &ForwardShape,
-    table: &MemoryRows,
+    tables: &Tables,
     phases: &[Phase],
     rng: &mut SmallRng,
-) -> Result<()> {
-    println!(
-        "{:<8} {:>7} {:>10} {:>16} {:>11}",
-        "phase", "tokens", "rows/step", "lookup ms/step", "rows/s"
-    );
+) -> Result<Vec<HostPhase>> {
+    let (dim, sdim) = (args.dim, args.dim / 32);
+    let steps = args.steps.max(1);
+    let mut results = Vec::with_capacity(phases.len());
     for phase in phases {
         let n = phase.tokens * args.heads as usize;
+        let streams: Vec<Vec<u32>> = (0..steps)
+            .map(|_| token_stream(rng, phase.tokens))
+            .collect();
         let mut ids = Vec::with_capacity(n);
-        let mut weights = vec![0u8; n * args.dim];
-        let mut scales = vec![0u8; n * args.dim / 32];
+        let mut weights = vec![0u8; n * dim];
+        let mut scales = vec![0u8; n * sdim];
         let mut busy = Duration::ZERO;
-        for _ in 0..args.steps.max(1) {
-            let tokens = token_stream(rng, phase.tokens);
-            for k in 0..shape.engram_layers.len() {
-                shape.hash_on_host(args.rows, k, &tokens, &mut ids);
-                let start = Instant::now();
-                table.lookup(&ids, &mut weights, &mut scales)?;
-                busy += start.elapsed();
-            }
+        let mut wrong_rows = 0;
+        let before = tables.stats();
+        for (k, table) in tables.layers.iter().enumerate() {
+            table.with_bytes(&mut |all_w, all_s| {
+                for tokens in &streams {
+                    shape.hash_on_host(args.rows, k, tokens, &mut ids);
+                    let start = Instant::now();
+                    table.lookup(&ids, &mut weights, &mut scales)?;
+                    busy += start.elapsed();
+                    for (i, &id) in ids.iter().enumerate() {
+                        let r = id as usize;
+                        wrong_rows += usize::from(
+                            weights[i * dim..(i + 1) * dim] != all_w[r * dim..(r + 1) * dim]
+                                || scales[i * sdim..(i + 1) * sdim]
+                                    != all_s[r * sdim..(r + 1) * sdim],
+                        );
+                    }
+                }
+                Ok(())
+            })?;
         }
-        let rows = n * shape.engram_layers.len();
-        let ms = busy.as_secs_f64() * 1e3 / args.steps.max(1) as f64;
+        results.push(HostPhase {
+            rows_per_step: n * tables.layers.len(),
+            lookup_ms: busy.as_secs_f64() * 1e3 / steps as f64,
+            total_ms: busy.as_secs_f64() * 1e3,
+            store: delta(before, tables.stats()),
+            wrong_rows,
+        });
+    }
+    Ok(results)
+}
+
+fn print_host_half(phases: &[Phase], results: &[HostPhase]) {
+    println!(
+        "{:<8} {:>7} {:>10} {:>16} {:>11} {:>6} {:>9}",
+        "phase", "tokens", "rows/step", "lookup ms/step", "rows/s", "hit %", "IOPS"
+    );
+    for (phase, r) in phases.iter().zip(results) {
+        let (hit, iops) = store_columns(r.store.as_ref(), r.total_ms);
         println!(
-            "{:<8} {:>7} {:>10} {:>16.2} {:>11.0}",
+            "{:<8} {:>7} {:>10} {:>16.2} {:>11.0} {hit:>6} {iops:>9}",
             phase.name,
             phase.tokens,
-            rows,
-            ms,
-            rows as f64 / (ms / 1e3).max(1e-9)
+            r.rows_per_step,
+            r.lookup_ms,
+            r.rows_per_step as f64 / (r.lookup_ms / 1e3).max(1e-9)
         );
     }
-    Ok(())
+    println!(
+        "lookup ms/step: every Engram layer's lookup of one step, one after another on this \
+         thread; hit % and IOPS: the row store's counters over the phase (reads / lookup time)"
+    );
 }
 
 fn token_stream(rng: &mut SmallRng, n: usize) -> Vec<u32> {
@@ -273,28 +568,41 @@ struct PhaseResult {
     prefetch_ms: f64,
     rows_per_s: f64,
     outputs_match: bool,
+    /// The store's counters over the prefetched steps (`None` in memory).
+    store: Option<Stats>,
 }
 
-/// One warm-up and `steps` timed forwards of each path on the same token streams; then the last
-/// stream's prefetched output against the resident gather, and the GPU hash against the CPU's.
+/// One warm-up and `steps` timed forwards of each path, each path on fresh token streams (so that
+/// the row cache holds no row for the prefetcher that the synchronous path just read); then the
+/// last prefetched stream's output against the resident gather, and the GPU hash against the CPU's.
 fn run_phase(
     args: &DemoArgs,
     forward: &mut SimulatedForward,
+    tables: &Tables,
     phase: &Phase,
     rng: &mut SmallRng,
 ) -> Result<PhaseResult> {
-    let streams: Vec<Vec<u32>> = (0..=args.steps)
-        .map(|_| token_stream(rng, phase.tokens))
-        .collect();
     let paths = [GatherPath::Resident, GatherPath::Sync, GatherPath::Prefetch];
     let mut ms = [0f64; 3];
+    let mut store = None;
+    let mut streams: Vec<Vec<u32>> = Vec::new();
     for (i, &path) in paths.iter().enumerate() {
+        streams = (0..=args.steps)
+            .map(|_| token_stream(rng, phase.tokens))
+            .collect();
+        let mut before = None;
         for (step, tokens) in streams.iter().enumerate() {
             forward.set_tokens(tokens)?;
+            if step == 1 {
+                before = tables.stats();
+            }
             let elapsed = forward.time(path, phase.tokens)?;
             if step > 0 {
                 ms[i] += elapsed / args.steps.max(1) as f64;
             }
+        }
+        if path == GatherPath::Prefetch {
+            store = delta(before, tables.stats());
         }
     }
     let last = streams.last().map_or(&[][..], |t| t);
@@ -318,5 +626,103 @@ fn run_phase(
         prefetch_ms: ms[2],
         rows_per_s: rows_per_step as f64 / (ms[2] / 1e3).max(1e-9),
         outputs_match,
+        store,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small(dir: &Path) -> DemoArgs {
+        DemoArgs {
+            data_dir: dir.join("demo-table"),
+            rows: 3000,
+            dim: 64,
+            cache_mib: 1,
+            decode_tokens: 16,
+            prefill_tokens: 128,
+            steps: 3,
+            lookup_latency_us: 0,
+            ..DemoArgs::default()
+        }
+    }
+
+    fn phases(args: &DemoArgs) -> [Phase; 2] {
+        [
+            Phase {
+                name: "decode",
+                tokens: args.decode_tokens,
+            },
+            Phase {
+                name: "prefill",
+                tokens: args.prefill_tokens,
+            },
+        ]
+    }
+
+    /// The demo's host half on a small row store: the table is written once and reused, every
+    /// looked-up row equals the file's bytes, and the store's counters move with the lookups.
+    #[test]
+    fn host_half_reads_the_row_store() {
+        let tmp = tempfile::tempdir().unwrap();
+        let args = small(tmp.path());
+        assert!(
+            !prepare_table(&args).unwrap(),
+            "a fresh directory is written"
+        );
+        assert!(prepare_table(&args).unwrap(), "a matching table is reused");
+        let tables = open_tables(&args).unwrap();
+        let store = tables.store.clone().expect("the row store, not memory");
+        assert_eq!(store.layers(), &[1, 14]);
+        assert_eq!(store.row_range(), 0..args.rows);
+        let phases = phases(&args);
+        let mut rng = SmallRng::seed_from_u64(3);
+        let results = host_half(&args, &args.shape(), &tables, &phases, &mut rng).unwrap();
+        for (phase, r) in phases.iter().zip(&results) {
+            assert_eq!(
+                r.wrong_rows, 0,
+                "{}: rows differ from the table",
+                phase.name
+            );
+            assert_eq!(r.rows_per_step, phase.tokens * args.heads as usize * 2);
+            let d = r.store.expect("store counters");
+            assert_eq!(
+                d.hits + d.misses,
+                (r.rows_per_step * args.steps) as u64,
+                "{}: every looked-up row is a hit or a miss",
+                phase.name
+            );
+            assert!(
+                d.reads > 0 && d.bytes > 0,
+                "{}: no reads counted",
+                phase.name
+            );
+        }
+        // A different seed is a different table: rewritten, not reused.
+        let reseeded = DemoArgs {
+            seed: 2,
+            ..small(tmp.path())
+        };
+        assert!(!prepare_table(&reseeded).unwrap());
+    }
+
+    #[test]
+    fn host_half_reads_memory_tables() {
+        let tmp = tempfile::tempdir().unwrap();
+        let args = DemoArgs {
+            memory: true,
+            ..small(tmp.path())
+        };
+        let tables = open_tables(&args).unwrap();
+        assert!(tables.store.is_none());
+        assert!(!args.data_dir.exists(), "--memory writes no table");
+        let mut rng = SmallRng::seed_from_u64(3);
+        let results = host_half(&args, &args.shape(), &tables, &phases(&args), &mut rng).unwrap();
+        assert!(
+            results
+                .iter()
+                .all(|r| r.wrong_rows == 0 && r.store.is_none())
+        );
+    }
 }

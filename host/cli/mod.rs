@@ -23,8 +23,9 @@ pub enum Command {
     },
     /// Run every kernel against the CPU reference on this machine's GPU, with bandwidth.
     Check(check::CheckArgs),
-    /// Simulated decode and prefill steps: hashed ids, side-stream prefetch, compute, gathers;
-    /// GPU idle before the gathers with and without the prefetcher (the default command).
+    /// Simulated decode and prefill steps on a row-store table under --data-dir (written once):
+    /// hashed ids, side-stream prefetch, compute, gathers; GPU idle before the gathers with and
+    /// without the prefetcher, hit rate and IOPS (the default command).
     Demo(demo::DemoArgs),
     /// Write a generated Engram table (safetensors shards) for the row store.
     MakeTable(make_table::MakeTableArgs),

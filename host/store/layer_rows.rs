@@ -1,5 +1,7 @@
 //! One Engram layer of a [`RowStore`] as the prefetcher and the C ABI read rows
 //! ([`RowLookup`]).
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use super::RowStore;
@@ -31,6 +33,30 @@ impl LayerRows {
 
     pub fn layer(&self) -> u32 {
         self.layer
+    }
+
+    /// The layer's rows `0..row_range().end` as `[rows, dim]` E4M3 and `[rows, dim / 32]` E8M0
+    /// bytes, read straight from the shard files: no cache, no counters (for a resident copy
+    /// beside the lookups, and for checking them).
+    pub fn read_all(&self) -> Result<(Vec<u8>, Vec<u8>)> {
+        let layout = self.store.layout();
+        let spans = layout
+            .layer(self.layer)
+            .map(|l| [&l.weight, &l.scale])
+            .ok_or_else(|| Error::NoSuchLayer {
+                layer: self.layer,
+                have: self.store.layers().to_vec(),
+            })?;
+        let rows = self.store.row_range().end;
+        let [weights, scales] = spans.map(|span| {
+            let path = layout.path(span.file);
+            let mut bytes = vec![0u8; (rows * span.row_bytes) as usize];
+            File::open(path)
+                .and_then(|f| f.read_exact_at(&mut bytes, span.row_offset(0)))
+                .map_err(|e| Error::io(path, "read a whole layer", e))?;
+            Ok::<_, Error>(bytes)
+        });
+        Ok((weights?, scales?))
     }
 }
 
