@@ -40,6 +40,16 @@ pub const VARIANTS: &[Variant] = &[
         about: "E4M3 bits placed in bf16, two packed bf16x2 multiplies",
     },
     Variant {
+        name: "gather_dequant_packed_nohint",
+        conversion: Conversion::Packed,
+        about: "packed, weight loads without cache hints",
+    },
+    Variant {
+        name: "gather_dequant_cvt_nohint",
+        conversion: Conversion::Hardware,
+        about: "hardware conversion, weight loads without cache hints",
+    },
+    Variant {
         name: "gather_dequant_packed_ahead",
         conversion: Conversion::Packed,
         about: "packed, the next id loaded and the next row prefetched into L2 one step ahead",
@@ -56,8 +66,8 @@ mod kernels {
     use super::Conversion;
     use super::ELEMS_PER_THREAD;
     use crate::device::{
-        e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads, load_i64,
-        load_i64_early, load_stream_16, load_u8, mul_bf16x2, permute_bytes, prefetch_l2,
+        e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads, hint,
+        load_hinted_16, load_i64, load_i64_early, load_u8, mul_bf16x2, permute_bytes, prefetch_l2,
         prefetch_line_l2, record_bad_id, store_16,
     };
     use crate::mxfp8::{E8M0_NAN, e4m3_scaled_to_bf16};
@@ -171,7 +181,9 @@ mod kernels {
     }
 
     #[inline(always)]
-    unsafe fn gather_dequant<const CONVERSION: u8, const AHEAD: bool>(p: &DequantParams) {
+    unsafe fn gather_dequant<const CONVERSION: u8, const AHEAD: bool, const HINT: u8>(
+        p: &DequantParams,
+    ) {
         // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
         let chunks = (p.dim / ELEMS_PER_THREAD).max(1);
         let scales_per_row = (p.dim / MX_BLOCK) as u64;
@@ -218,7 +230,7 @@ mod kernels {
                 // SAFETY: id < rows and c < dim / 16, so both reads lie inside row `id`.
                 unsafe {
                     (
-                        load_stream_16(p.weights + elem),
+                        load_hinted_16::<HINT>(p.weights + elem),
                         load_u8(p.scales + id as u64 * scales_per_row + (c / 2) as u64),
                     )
                 }
@@ -246,21 +258,31 @@ mod kernels {
 
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_dequant_cvt(p: DequantParams) {
-        unsafe { gather_dequant::<HARDWARE, false>(&p) }
+        unsafe { gather_dequant::<HARDWARE, false, { hint::STREAM }>(&p) }
     }
 
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_dequant_packed(p: DequantParams) {
-        unsafe { gather_dequant::<PACKED, false>(&p) }
+        unsafe { gather_dequant::<PACKED, false, { hint::STREAM }>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_packed_nohint(p: DequantParams) {
+        unsafe { gather_dequant::<PACKED, false, { hint::PLAIN }>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_cvt_nohint(p: DequantParams) {
+        unsafe { gather_dequant::<HARDWARE, false, { hint::PLAIN }>(&p) }
     }
 
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_dequant_packed_ahead(p: DequantParams) {
-        unsafe { gather_dequant::<PACKED, true>(&p) }
+        unsafe { gather_dequant::<PACKED, true, { hint::STREAM }>(&p) }
     }
 
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_dequant_bits(p: DequantParams) {
-        unsafe { gather_dequant::<BITS, false>(&p) }
+        unsafe { gather_dequant::<BITS, false, { hint::STREAM }>(&p) }
     }
 }

@@ -63,6 +63,41 @@ pub unsafe fn load_stream_16(addr: u64) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// Cache hints for a 16-byte table read; the benches decide which pays.
+pub mod hint {
+    /// `ld.global.nc`, no hints.
+    pub const PLAIN: u8 = 0;
+    /// `.L1::no_allocate`: the line is not kept in L1.
+    pub const L1_BYPASS: u8 = 1;
+    /// `.L1::no_allocate.L2::256B`: not kept in L1, and L2 fetches the whole 256-byte block.
+    pub const STREAM: u8 = 2;
+}
+
+/// 16 bytes read through the non-coherent path with the cache hints `HINT` (see [`hint`]).
+///
+/// # Safety
+/// As [`load_stream_16`].
+#[inline(always)]
+pub unsafe fn load_hinted_16<const HINT: u8>(addr: u64) -> [u32; 4] {
+    // SAFETY: the caller guarantees a readable, aligned, read-only address.
+    unsafe {
+        match HINT {
+            hint::PLAIN => load_16(addr),
+            hint::L1_BYPASS => {
+                let (a, b, c, d): (u32, u32, u32, u32);
+                asm!(
+                    "ld.global.nc.L1::no_allocate.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];",
+                    out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
+                    in(reg64) addr,
+                    options(pure, readonly, nostack, preserves_flags),
+                );
+                [a, b, c, d]
+            }
+            _ => load_stream_16(addr),
+        }
+    }
+}
+
 /// 16 bytes written with an ordinary (write-back) store.
 ///
 /// # Safety

@@ -55,6 +55,21 @@ pub const VARIANTS: &[Variant] = &[
         about: "a thread per 16-byte chunk, loads without the L1 and L2 cache hints",
     },
     Variant {
+        name: "gather_chunk16_l1bypass",
+        shape: Shape::ChunkPerThread { unroll: 1 },
+        about: "a thread per 16-byte chunk, loads bypassing L1 only (no 256-byte L2 fetch)",
+    },
+    Variant {
+        name: "gather_chunk16_nohint_cs",
+        shape: Shape::ChunkPerThread { unroll: 1 },
+        about: "a thread per 16-byte chunk, unhinted loads, streaming stores",
+    },
+    Variant {
+        name: "gather_chunk16_nohint_pipe",
+        shape: Shape::ChunkPerThread { unroll: 1 },
+        about: "a thread per 16-byte chunk, unhinted loads, the next chunk's id loaded early",
+    },
+    Variant {
         name: "gather_chunk16_cs",
         shape: Shape::ChunkPerThread { unroll: 1 },
         about: "a thread per 16-byte chunk, streaming (evict-first) stores",
@@ -83,8 +98,8 @@ pub const EMPTY_KERNEL: &str = "gather_empty";
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
     use crate::device::{
-        global_thread, grid_threads, load_16, load_i64, load_i64_early, load_stream_16,
-        prefetch_l2, record_bad_id, shuffle_i64, store_16, store_16_streaming,
+        global_thread, grid_threads, hint, load_hinted_16, load_i64, load_i64_early,
+        load_stream_16, prefetch_l2, record_bad_id, shuffle_i64, store_16, store_16_streaming,
     };
     use crate::params::{CHUNK_BYTES, GatherParams};
 
@@ -118,7 +133,9 @@ mod kernels {
     }
 
     #[inline(always)]
-    unsafe fn chunk_per_thread<const UNROLL: usize, const STREAMING: bool>(p: &GatherParams) {
+    unsafe fn chunk_per_thread<const UNROLL: usize, const STREAMING: bool, const HINT: u8>(
+        p: &GatherParams,
+    ) {
         // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
         let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
         let total = p.n * chunks as u64;
@@ -134,7 +151,7 @@ mod kernels {
                     dest[j] = p.out + i * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64;
                     // SAFETY: `source` returns only addresses of rows inside the table.
                     if let Some(src) = unsafe { source(p, i, c) } {
-                        data[j] = unsafe { load_stream_16(src) };
+                        data[j] = unsafe { load_hinted_16::<HINT>(src) };
                     }
                 }
             }
@@ -157,20 +174,20 @@ mod kernels {
     /// Per thread: one 16-byte chunk at a time; a warp covers two 256-byte rows.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_chunk16(p: GatherParams) {
-        unsafe { chunk_per_thread::<1, false>(&p) }
+        unsafe { chunk_per_thread::<1, false, { hint::STREAM }>(&p) }
     }
 
     /// Per thread: one chunk, stored with evict-first priority (output read once, later).
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_chunk16_cs(p: GatherParams) {
-        unsafe { chunk_per_thread::<1, true>(&p) }
+        unsafe { chunk_per_thread::<1, true, { hint::STREAM }>(&p) }
     }
 
     /// Per thread: one chunk at a time, the id of the next chunk requested before this chunk's
     /// row, so the id's latency overlaps the row's instead of adding to it.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_chunk16_pipe(p: GatherParams) {
-        unsafe { chunk_pipelined::<false>(&p) }
+        unsafe { chunk_pipelined::<false, { hint::STREAM }>(&p) }
     }
 
     /// As `gather_chunk16_pipe`, and the thread that will copy the next row's first chunk asks
@@ -178,11 +195,11 @@ mod kernels {
     /// flight.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_chunk16_ahead(p: GatherParams) {
-        unsafe { chunk_pipelined::<true>(&p) }
+        unsafe { chunk_pipelined::<true, { hint::STREAM }>(&p) }
     }
 
     #[inline(always)]
-    unsafe fn chunk_pipelined<const AHEAD: bool>(p: &GatherParams) {
+    unsafe fn chunk_pipelined<const AHEAD: bool, const HINT: u8>(p: &GatherParams) {
         let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
         let total = p.n * chunks as u64;
         let stride = grid_threads();
@@ -210,7 +227,7 @@ mod kernels {
             if valid(id) {
                 let src = p.table + id as u64 * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64;
                 // SAFETY: id < rows and c < chunks: inside row `id`.
-                data = unsafe { load_stream_16(src) };
+                data = unsafe { load_hinted_16::<HINT>(src) };
             } else if c == 0 {
                 // SAFETY: the host passes the address of a live IdStatus.
                 unsafe { record_bad_id(p.status, i) };
@@ -230,31 +247,31 @@ mod kernels {
     /// Per thread: one chunk, loaded with no cache hints (no L1 bypass, no 256-byte L2 fetch).
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_chunk16_nohint(p: GatherParams) {
-        let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
-        let total = p.n * chunks as u64;
-        let mut t = global_thread();
-        while t < total {
-            let (i, c) = split(t, chunks);
-            let data = match unsafe { source(&p, i, c) } {
-                // SAFETY: `source` returns only addresses inside the table.
-                Some(src) => unsafe { load_16(src) },
-                None => [0; 4],
-            };
-            // SAFETY: chunk c of output row i < n, owned by this thread.
-            unsafe {
-                store_16(
-                    p.out + i * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64,
-                    data,
-                )
-            };
-            t += grid_threads();
-        }
+        unsafe { chunk_per_thread::<1, false, { hint::PLAIN }>(&p) }
+    }
+
+    /// Per thread: one chunk, loaded bypassing L1 only (no 256-byte L2 fetch).
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_chunk16_l1bypass(p: GatherParams) {
+        unsafe { chunk_per_thread::<1, false, { hint::L1_BYPASS }>(&p) }
+    }
+
+    /// Per thread: one chunk, no cache hints, streaming stores.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_chunk16_nohint_cs(p: GatherParams) {
+        unsafe { chunk_per_thread::<1, true, { hint::PLAIN }>(&p) }
+    }
+
+    /// Per thread: one chunk, no cache hints, the next chunk's id loaded early.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_chunk16_nohint_pipe(p: GatherParams) {
+        unsafe { chunk_pipelined::<false, { hint::PLAIN }>(&p) }
     }
 
     /// Per thread: four chunks loaded before any store, for more bytes in flight per thread.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_chunk16_x4(p: GatherParams) {
-        unsafe { chunk_per_thread::<4, false>(&p) }
+        unsafe { chunk_per_thread::<4, false, { hint::STREAM }>(&p) }
     }
 
     /// Per warp: 32 rows, 4 chunks in flight per lane.
