@@ -71,6 +71,10 @@ pub mod hint {
     pub const L1_BYPASS: u8 = 1;
     /// `.L1::no_allocate.L2::256B`: not kept in L1, and L2 fetches the whole 256-byte block.
     pub const STREAM: u8 = 2;
+    /// `ld.global` (the coherent path, through L1), no hints.
+    pub const COHERENT: u8 = 3;
+    /// `ld.global.nc.L2::128B`: L2 fetches the whole 128-byte line.
+    pub const L2_128: u8 = 4;
 }
 
 /// 16 bytes read through the non-coherent path with the cache hints `HINT` (see [`hint`]).
@@ -87,6 +91,26 @@ pub unsafe fn load_hinted_16<const HINT: u8>(addr: u64) -> [u32; 4] {
                 let (a, b, c, d): (u32, u32, u32, u32);
                 asm!(
                     "ld.global.nc.L1::no_allocate.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];",
+                    out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
+                    in(reg64) addr,
+                    options(pure, readonly, nostack, preserves_flags),
+                );
+                [a, b, c, d]
+            }
+            hint::COHERENT => {
+                let (a, b, c, d): (u32, u32, u32, u32);
+                asm!(
+                    "ld.global.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];",
+                    out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
+                    in(reg64) addr,
+                    options(pure, readonly, nostack, preserves_flags),
+                );
+                [a, b, c, d]
+            }
+            hint::L2_128 => {
+                let (a, b, c, d): (u32, u32, u32, u32);
+                asm!(
+                    "ld.global.nc.L2::128B.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];",
                     out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
                     in(reg64) addr,
                     options(pure, readonly, nostack, preserves_flags),

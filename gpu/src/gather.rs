@@ -55,6 +55,21 @@ pub const VARIANTS: &[Variant] = &[
         about: "a thread per 16-byte chunk, loads without the L1 and L2 cache hints",
     },
     Variant {
+        name: "gather_chunk16_nohint_x2",
+        shape: Shape::ChunkPerThread { unroll: 2 },
+        about: "a thread per 16-byte chunk, 2 unhinted loads in flight per thread",
+    },
+    Variant {
+        name: "gather_chunk16_coherent",
+        shape: Shape::ChunkPerThread { unroll: 1 },
+        about: "a thread per 16-byte chunk, loads through the coherent path (ld.global)",
+    },
+    Variant {
+        name: "gather_chunk16_l2_128",
+        shape: Shape::ChunkPerThread { unroll: 1 },
+        about: "a thread per 16-byte chunk, loads asking L2 for whole 128-byte lines",
+    },
+    Variant {
         name: "gather_chunk16_l1bypass",
         shape: Shape::ChunkPerThread { unroll: 1 },
         about: "a thread per 16-byte chunk, loads bypassing L1 only (no 256-byte L2 fetch)",
@@ -248,6 +263,24 @@ mod kernels {
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_chunk16_nohint(p: GatherParams) {
         unsafe { chunk_per_thread::<1, false, { hint::PLAIN }>(&p) }
+    }
+
+    /// Per thread: two unhinted chunks in flight.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_chunk16_nohint_x2(p: GatherParams) {
+        unsafe { chunk_per_thread::<2, false, { hint::PLAIN }>(&p) }
+    }
+
+    /// Per thread: one chunk through the coherent (L1) path.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_chunk16_coherent(p: GatherParams) {
+        unsafe { chunk_per_thread::<1, false, { hint::COHERENT }>(&p) }
+    }
+
+    /// Per thread: one chunk, L2 fetching whole 128-byte lines.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_chunk16_l2_128(p: GatherParams) {
+        unsafe { chunk_per_thread::<1, false, { hint::L2_128 }>(&p) }
     }
 
     /// Per thread: one chunk, loaded bypassing L1 only (no 256-byte L2 fetch).
