@@ -309,12 +309,9 @@ fn describe(args: &DemoArgs, tables: &Tables) {
     }
 }
 
-pub fn run(args: &DemoArgs) -> Result<ExitCode> {
-    let shape = args.shape();
-    shape.check(args.rows)?;
-    let tables = open_tables(args)?;
-    describe(args, &tables);
-    let phases = [
+/// The demo's two phases: decode steps, then prefill steps.
+fn phases(args: &DemoArgs) -> [Phase; 2] {
+    [
         Phase {
             name: "decode",
             tokens: args.decode_tokens,
@@ -323,7 +320,15 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
             name: "prefill",
             tokens: args.prefill_tokens,
         },
-    ];
+    ]
+}
+
+pub fn run(args: &DemoArgs) -> Result<ExitCode> {
+    let shape = args.shape();
+    shape.check(args.rows)?;
+    let tables = open_tables(args)?;
+    describe(args, &tables);
+    let phases = phases(args);
     let mut rng = SmallRng::seed_from_u64(args.seed);
     let gpu = match Gpu::open(0) {
         Ok(gpu) => gpu,
@@ -646,19 +651,6 @@ mod tests {
             lookup_latency_us: 0,
             ..DemoArgs::default()
         }
-    }
-
-    fn phases(args: &DemoArgs) -> [Phase; 2] {
-        [
-            Phase {
-                name: "decode",
-                tokens: args.decode_tokens,
-            },
-            Phase {
-                name: "prefill",
-                tokens: args.prefill_tokens,
-            },
-        ]
     }
 
     /// The demo's host half on a small row store: the table is written once and reused, every
