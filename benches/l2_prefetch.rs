@@ -15,9 +15,9 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead::access_policy::{AccessWindow, PersistingL2};
-use fetchahead::device_abi::l2_prefetch;
 use fetchahead::device_abi::params::PrefetchParams;
-use fetchahead::gemv::Gemv;
+use fetchahead::device_abi::{gemv, l2_prefetch};
+use fetchahead::gemv::{Gemv, GemvLaunch};
 use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
 use fetchahead::l2_plan::{L2Plan, PlanConfig, Replay, Signature, default_budget};
@@ -38,15 +38,17 @@ const WINDOWS_US: [u64; 3] = [5, 20, 50];
 enum Mode {
     None,
     Prefetch,
+    PrefetchWide,
     PrefetchDefaultBudget,
     EvictLast,
     AccessPolicy,
 }
 
 impl Mode {
-    const ALL: [Mode; 5] = [
+    const ALL: [Mode; 6] = [
         Mode::None,
         Mode::Prefetch,
+        Mode::PrefetchWide,
         Mode::PrefetchDefaultBudget,
         Mode::EvictLast,
         Mode::AccessPolicy,
@@ -56,6 +58,7 @@ impl Mode {
         match self {
             Mode::None => "none",
             Mode::Prefetch => "prefetch",
+            Mode::PrefetchWide => "prefetch_wide",
             Mode::PrefetchDefaultBudget => "prefetch_default_budget",
             Mode::EvictLast => "evict_last",
             Mode::AccessPolicy => "access_policy",
@@ -203,6 +206,10 @@ fn setup(bench: &Bench, gemv: &Gemv, mode: Mode, ns: u64, graph: bool) -> Result
     let plan = match mode {
         Mode::None | Mode::AccessPolicy => None,
         Mode::Prefetch => Some(config),
+        Mode::PrefetchWide => Some(PlanConfig {
+            max_blocks: gpu.multiprocessors,
+            ..config
+        }),
         Mode::PrefetchDefaultBudget => Some(PlanConfig::for_l2(gpu.l2_bytes)),
         Mode::EvictLast => Some(PlanConfig {
             replay: Replay::Prefetch { variant: 1 },
@@ -310,7 +317,19 @@ fn run(c: &mut Criterion) -> Result<()> {
     // streams without the plan's own fork and join.
     unsafe { gpu.ctx.disable_event_tracking() };
 
+    let sections = Sections::from_env()?;
     let mut rng = SmallRng::seed_from_u64(7);
+    if sections.sweep {
+        gemv_sweep(&bench, &mut rng)?;
+    }
+    if !sections.plan {
+        if sections.rest {
+            issue_time(&bench)?;
+            slack(&bench, &mut rng)?;
+            spark(&bench);
+        }
+        return Ok(());
+    }
     let mut samples: BTreeMap<Key, Samples> = BTreeMap::new();
     let mut graphs_work = true;
     let mut group = c.benchmark_group("l2_prefetch");
@@ -390,10 +409,157 @@ fn run(c: &mut Criterion) -> Result<()> {
     group.finish();
     summary(&mut samples);
     copy_peer(&bench, &samples)?;
-    issue_time(&bench)?;
-    slack(&bench, &mut rng)?;
-    spark(&bench);
+    if sections.rest {
+        issue_time(&bench)?;
+        slack(&bench, &mut rng)?;
+        spark(&bench);
+    }
     Ok(())
+}
+
+/// Which parts run: `FETCHAHEAD_L2_BENCH` lists them (comma-separated `plan`, `sweep`, `rest`;
+/// all when unset). `plan` is the criterion run with its summary and peer, `sweep` the GEMV
+/// launch sweep, `rest` the issue time, slack and DGX Spark figures.
+struct Sections {
+    plan: bool,
+    sweep: bool,
+    rest: bool,
+}
+
+impl Sections {
+    fn from_env() -> Result<Sections> {
+        let Ok(list) = std::env::var("FETCHAHEAD_L2_BENCH") else {
+            return Ok(Sections {
+                plan: true,
+                sweep: true,
+                rest: true,
+            });
+        };
+        let mut s = Sections {
+            plan: false,
+            sweep: false,
+            rest: false,
+        };
+        for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "plan" => s.plan = true,
+                "sweep" => s.sweep = true,
+                "rest" => s.rest = true,
+                other => {
+                    return Err(Error::Invalid {
+                        what: "FETCHAHEAD_L2_BENCH",
+                        why: format!("unknown part {other:?}; want plan, sweep or rest"),
+                    });
+                }
+            }
+        }
+        Ok(s)
+    }
+}
+
+/// The GEMV alone over every variant and K split: cold (after an L2 flush) and warm (after the
+/// same GEMV, its weights in L2), each behind a 20 us idle collective, median of 15 each,
+/// event-timed. The ratio cold / warm bounds
+/// what a perfect prefetch can give; the host's default launch is marked.
+fn gemv_sweep(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
+    // Each timed launch follows a 20 us idle collective, as in the plan bench, so that the GPU
+    // is busy while the host enqueues the timed launch and the events time the GPU alone.
+    let idle = || {
+        // SAFETY: no flag is polled.
+        unsafe {
+            bench
+                .kernels
+                .launch_collective(bench.stream.cu_stream(), 1, 20_000, 0)
+        }
+    };
+    let mut us = Vec::new();
+    for _ in 0..15 {
+        idle()?;
+        bench.mark(1)?;
+        // SAFETY: the spin kernel touches no memory.
+        unsafe { bench.kernels.launch_spin(bench.stream.cu_stream(), 0) }?;
+        bench.mark(2)?;
+        us.push(event_us(bench)?);
+    }
+    println!(
+        "\n== GEMV launch sweep (K = {K}); an empty kernel over every SM takes {:.2} us the same way",
+        median(&mut us)
+    );
+    println!(
+        "{:>3} {:>5} {:<22} {:>6} {:>6} {:>9} {:>9} {:>10} {:>10} {:>7}",
+        "M",
+        "WMiB",
+        "variant",
+        "splits",
+        "warps",
+        "cold us",
+        "warm us",
+        "cold GB/s",
+        "warm GB/s",
+        "c / w"
+    );
+    let steps = K / 32;
+    for m in MS {
+        for w_mib in WEIGHTS_MIB {
+            let rows = (w_mib * MIB / (2 * K as u64)) as usize;
+            let x = random_bf16(rng, m as usize * K as usize);
+            let w = random_bf16(rng, rows * K as usize);
+            let default = GemvLaunch::default_for(&bench.kernels, m, rows as u32, K)?;
+            for (variant, v) in gemv::VARIANTS.iter().enumerate() {
+                if m > v.max_m {
+                    continue;
+                }
+                for splits in [1, 2, 4, 8, 16, 32, 64]
+                    .into_iter()
+                    .filter(|s| steps % s == 0)
+                {
+                    let launch = GemvLaunch { variant, splits };
+                    let gemv = Gemv::with_launch(&bench.stream, &x, &w, m, K, launch)?;
+                    let mut cold = Vec::new();
+                    let mut warm = Vec::new();
+                    for _ in 0..15 {
+                        bench.flush_l2()?;
+                        idle()?;
+                        bench.mark(1)?;
+                        gemv.launch(&bench.kernels, &bench.stream, None)?;
+                        bench.mark(2)?;
+                        cold.push(event_us(bench)?);
+                        gemv.launch(&bench.kernels, &bench.stream, None)?;
+                        idle()?;
+                        bench.mark(1)?;
+                        gemv.launch(&bench.kernels, &bench.stream, None)?;
+                        bench.mark(2)?;
+                        warm.push(event_us(bench)?);
+                    }
+                    let (c, wm) = (median(&mut cold), median(&mut warm));
+                    let gbs = |t: f64| (w_mib * MIB) as f64 / (t * 1e-6) / 1e9;
+                    println!(
+                        "{:>3} {:>5} {:<22} {:>6} {:>6} {:>9.2} {:>9.2} {:>10.0} {:>10.0} {:>7.2}{}",
+                        m,
+                        w_mib,
+                        v.name,
+                        splits,
+                        rows as u32 / 16 * splits,
+                        c,
+                        wm,
+                        gbs(c),
+                        gbs(wm),
+                        c / wm,
+                        if launch == default { "  (default)" } else { "" }
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Microseconds between events 1 and 2 (waits for event 2).
+fn event_us(bench: &Bench) -> Result<f64> {
+    let ms = bench.events[1]
+        .elapsed_ms(&bench.events[2])
+        .map_err(cuda("cuEventElapsedTime"))?;
+    Ok(ms as f64 * 1e3)
 }
 
 /// The table: per configuration the medians of GEMV and window + GEMV, ratios to no prefetch.
@@ -434,23 +600,30 @@ fn summary(samples: &mut BTreeMap<Key, Samples>) {
             t0 / total,
             spread0
         );
-        if mode == Mode::Prefetch && t >= 20 && w <= 32 {
+        if matches!(mode, Mode::Prefetch | Mode::PrefetchWide) && t >= 20 && w <= 32 {
             goal_gemv.push((key, g0 / g));
         }
         if mode != Mode::None && total - t0 > spread0 {
             slower.push((key, total - t0, spread0));
         }
     }
-    let met = goal_gemv.iter().filter(|(_, r)| *r >= 1.3).count();
-    println!(
-        "goal, GEMV >= 1.3x faster after a window >= 20 us (plain prefetch, budget W): {met} of {} configurations",
-        goal_gemv.len()
-    );
-    for ((m, w, t, graph, _), r) in goal_gemv.iter().filter(|(_, r)| *r < 1.3) {
+    for goal_mode in [Mode::Prefetch, Mode::PrefetchWide] {
+        let of_mode: Vec<_> = goal_gemv
+            .iter()
+            .filter(|((.., mode), _)| *mode == goal_mode)
+            .collect();
+        let met = of_mode.iter().filter(|(_, r)| *r >= 1.3).count();
         println!(
-            "  missed: M{m} W{w}MiB T{t}us {}: {r:.2}x",
-            if *graph { "graph" } else { "eager" }
+            "goal, GEMV >= 1.3x faster after a window >= 20 us ({}, budget W): {met} of {} configurations",
+            goal_mode.name(),
+            of_mode.len()
         );
+        for ((m, w, t, graph, _), r) in of_mode.iter().filter(|(_, r)| *r < 1.3) {
+            println!(
+                "  missed: M{m} W{w}MiB T{t}us {}: {r:.2}x",
+                if *graph { "graph" } else { "eager" }
+            );
+        }
     }
     println!(
         "configurations whose window + GEMV is slower than none by more than none's spread: {}",

@@ -11,6 +11,25 @@ use crate::error::CudaCall;
 use crate::kernels::Kernels;
 use crate::{Error, Result};
 
+/// Which GEMV kernel runs and how K is split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvLaunch {
+    /// An index into `fetchahead_gpu::gemv::VARIANTS`.
+    pub variant: usize,
+    /// K splits: `k` must be a multiple of `32 * splits`.
+    pub splits: u32,
+}
+
+impl GemvLaunch {
+    /// What the host picks for `m x k` activations and `n` weight rows on `kernels`' device.
+    pub fn default_for(kernels: &Kernels, m: u32, n: u32, k: u32) -> Result<GemvLaunch> {
+        Ok(GemvLaunch {
+            variant: Kernels::gemv_variant(m)?,
+            splits: kernels.gemv_splits(n, k),
+        })
+    }
+}
+
 /// `y[m, n] = sum_k x[m, k] * w[n, k]`: bf16 `x` and `w`, f32 `y`, in device memory.
 #[derive(Debug)]
 pub struct Gemv {
@@ -21,11 +40,12 @@ pub struct Gemv {
     _counters: CudaSlice<u32>,
     y: CudaSlice<f32>,
     params: GemvParams,
+    variant: usize,
 }
 
 impl Gemv {
-    /// Copies `x` (`m x k`) and `w` (`n x k`) to the device on `stream`, with output buffers
-    /// and the K split [`Kernels::gemv_splits`] picks.
+    /// Copies `x` (`m x k`) and `w` (`n x k`) to the device on `stream`, with output buffers,
+    /// launched as [`GemvLaunch::default_for`] picks.
     pub fn new(
         kernels: &Kernels,
         stream: &Arc<CudaStream>,
@@ -33,6 +53,24 @@ impl Gemv {
         w: &[bf16],
         m: u32,
         k: u32,
+    ) -> Result<Gemv> {
+        let n = if k == 0 {
+            0
+        } else {
+            (w.len() / k as usize) as u32
+        };
+        let launch = GemvLaunch::default_for(kernels, m, n, k)?;
+        Gemv::with_launch(stream, x, w, m, k, launch)
+    }
+
+    /// As [`Gemv::new`], launched as `launch` says.
+    pub fn with_launch(
+        stream: &Arc<CudaStream>,
+        x: &[bf16],
+        w: &[bf16],
+        m: u32,
+        k: u32,
+        launch: GemvLaunch,
     ) -> Result<Gemv> {
         let (mu, ku) = (m as usize, k as usize);
         if ku == 0 || x.len() != mu * ku || !w.len().is_multiple_of(ku) {
@@ -47,7 +85,7 @@ impl Gemv {
         }
         let n = u32::try_from(w.len() / ku)
             .map_err(|_| Error::invalid("gemv", format!("{} weight rows", w.len() / ku)))?;
-        let splits = kernels.gemv_splits(n, k);
+        let GemvLaunch { variant, splits } = launch;
         let bits = |v: &[bf16]| v.iter().map(|b| b.to_bits()).collect::<Vec<u16>>();
         let x = stream.clone_htod(&bits(x)).call("cuMemcpyHtoD")?;
         let w = stream.clone_htod(&bits(w)).call("cuMemcpyHtoD")?;
@@ -81,6 +119,7 @@ impl Gemv {
             _counters: counters,
             y,
             params,
+            variant,
         })
     }
 
@@ -93,6 +132,13 @@ impl Gemv {
         self.params
     }
 
+    pub fn launch_config(&self) -> GemvLaunch {
+        GemvLaunch {
+            variant: self.variant,
+            splits: self.params.splits,
+        }
+    }
+
     /// Launches the GEMV on `stream` (raw addresses, nothing allocated or recorded: capturable).
     pub fn launch(
         &self,
@@ -102,7 +148,7 @@ impl Gemv {
     ) -> Result<()> {
         // SAFETY: the buffers are this struct's own allocations of the sizes the params name,
         // alive while it is; y and partial are written only by this GEMV's launches.
-        unsafe { kernels.launch_gemv(stream.cu_stream(), self.params, policy) }
+        unsafe { kernels.launch_gemv(stream.cu_stream(), self.variant, self.params, policy) }
     }
 
     /// Fills `y` with NaN bits (0xFF bytes) so that an unwritten element shows.

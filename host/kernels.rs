@@ -18,6 +18,11 @@ use crate::gpu::Gpu;
 use crate::ptx::{self, BuiltPtx};
 use crate::{Error, Result};
 
+/// GEMV warps a multiprocessor that [`Kernels::gemv_splits`] aims for.
+pub const GEMV_WARPS_PER_SM: u32 = 8;
+/// The most K splits [`Kernels::gemv_splits`] picks.
+pub const GEMV_MAX_SPLITS: u32 = 16;
+
 /// A loaded kernel and how many of its blocks fit on one multiprocessor.
 #[derive(Debug)]
 struct Loaded {
@@ -266,12 +271,13 @@ impl Kernels {
     }
 
     /// K splits for a GEMV of `n x k` weights on this device: enough warps to keep every
-    /// multiprocessor's loads in flight (8 warps each), each split a whole number of 32-K steps.
+    /// multiprocessor's loads in flight ([`GEMV_WARPS_PER_SM`] each, at most
+    /// [`GEMV_MAX_SPLITS`] splits), each split a whole number of 32-K steps.
     pub fn gemv_splits(&self, n: u32, k: u32) -> u32 {
         let groups = (n / GEMV_ROWS_PER_WARP).max(1);
-        // 8 warps a multiprocessor and at most 16 splits: measured on the H200 (2026-11-29),
-        // 16 warps and up to 64 splits made the 4 MiB cold GEMV slower (10.6 us against 8.4).
-        let want = (8 * self.gpu.multiprocessors).div_ceil(groups).clamp(1, 16);
+        let want = (GEMV_WARPS_PER_SM * self.gpu.multiprocessors)
+            .div_ceil(groups)
+            .clamp(1, GEMV_MAX_SPLITS);
         let steps = k / GEMV_K_STEP;
         (1..=want)
             .rev()
@@ -279,9 +285,19 @@ impl Kernels {
             .unwrap_or(1)
     }
 
-    /// Launches the bf16 GEMV `y = x w^T` on `stream` (the variant for `p.m` rows); with
-    /// `p.splits > 1` the same launch sums the K splits. With `policy`, the GEMV launch carries an
-    /// access-policy window (a launch attribute, so a captured graph keeps it on the node).
+    /// The GEMV variant the host launches for `m` activation rows: the first with
+    /// `gemv::DEFAULT_LOADS` that covers `m` (an index into `gemv::VARIANTS`).
+    pub fn gemv_variant(m: u32) -> Result<usize> {
+        gemv::VARIANTS
+            .iter()
+            .position(|v| m <= v.max_m && v.loads == gemv::DEFAULT_LOADS)
+            .ok_or_else(|| Error::invalid("gemv", format!("m = {m}, want 1..=16")))
+    }
+
+    /// Launches bf16 GEMV `variant` (an index into `gemv::VARIANTS`), `y = x w^T`, on `stream`;
+    /// with `p.splits > 1` the same launch sums the K splits. With `policy`, the GEMV launch
+    /// carries an access-policy window (a launch attribute, so a captured graph keeps it on the
+    /// node).
     ///
     /// # Safety
     /// `x` holds `m x k` bf16, `w` holds `n x k` bf16, `y` holds `m x n` f32 and, with splits,
@@ -290,14 +306,20 @@ impl Kernels {
     pub unsafe fn launch_gemv(
         &self,
         stream: sys::CUstream,
+        variant: usize,
         p: GemvParams,
         policy: Option<AccessWindow>,
     ) -> Result<()> {
         check_gemv(&p)?;
-        let variant = gemv::VARIANTS
-            .iter()
-            .position(|v| p.m <= v.max_m)
-            .ok_or_else(|| Error::invalid("gemv", format!("m = {} above 16", p.m)))?;
+        let v = gemv::VARIANTS
+            .get(variant)
+            .ok_or_else(|| Error::invalid("gemv", format!("no GEMV variant {variant}")))?;
+        if p.m > v.max_m {
+            return Err(Error::invalid(
+                "gemv",
+                format!("m = {} above {}'s {}", p.m, v.name, v.max_m),
+            ));
+        }
         let warps = (p.n / GEMV_ROWS_PER_WARP) as u64 * p.splits as u64;
         let blocks = (warps * 32).div_ceil(gemv::BLOCK_THREADS as u64) as u32;
         let mut params = p;

@@ -4,9 +4,9 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaStream, sys};
-use fetchahead::device_abi::l2_prefetch;
 use fetchahead::device_abi::params::Segment;
-use fetchahead::gemv::Gemv;
+use fetchahead::device_abi::{gemv, l2_prefetch};
+use fetchahead::gemv::{Gemv, GemvLaunch};
 use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
 use fetchahead::l2_plan::{
@@ -376,34 +376,68 @@ fn gemv_matches_the_cpu_reference() -> Result<()> {
     ] {
         let x = random_bf16(&mut rng, (m * k) as usize);
         let w = random_bf16(&mut rng, (n * k) as usize);
-        let mut gemv = Gemv::new(&kernels, &stream, &x, &w, m, k)?;
         let want = reference::gemv(&x, &w, m as usize, k as usize);
-        let mut first = None;
-        // Twice: the split-K epilogue must leave its arrival counters ready for the next launch,
-        // and the result must not change.
-        for launch in 0..2 {
-            gemv.poison(&stream)?;
-            gemv.launch(&kernels, &stream, None)?;
-            let got = gemv.read_y(&stream)?;
-            assert_eq!(got.len(), want.len());
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                // f32 accumulation of k products of magnitude < 1, in k / 16 + splits steps.
-                let tolerance = 1e-5 * (k as f64).sqrt() * 4.0 + 1e-6;
-                assert!(
-                    (*g as f64 - w).abs() <= tolerance,
-                    "m {m} n {n} k {k} splits {}, launch {launch}: y[{}, {}] = {g}, want {w}",
-                    gemv.params().splits,
-                    i / n as usize,
-                    i % n as usize
-                );
+        let default = Gemv::new(&kernels, &stream, &x, &w, m, k)?.launch_config();
+        // The host's choice, then every variant that covers m at one split, at the most splits
+        // K allows up to 64, and at a count that leaves a partial reduction batch.
+        let steps = k / 32;
+        let most = (1..=64.min(steps))
+            .rev()
+            .find(|s| steps % s == 0)
+            .unwrap_or(1);
+        let mut launches = vec![default];
+        for (variant, v) in gemv::VARIANTS.iter().enumerate() {
+            if m > v.max_m {
+                continue;
             }
-            let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
-            assert_eq!(
-                first.get_or_insert_with(|| got.clone()),
-                &got,
-                "m {m} n {n} k {k}"
+            for splits in [1, most, if steps % 17 == 0 { 17 } else { 1 }] {
+                launches.push(GemvLaunch { variant, splits });
+            }
+        }
+        launches.dedup();
+        for config in launches {
+            let mut gemv = Gemv::with_launch(&stream, &x, &w, m, k, config)?;
+            check_gemv(&kernels, &stream, &mut gemv, &want, (m, n, k))?;
+        }
+    }
+    Ok(())
+}
+
+/// Launches `gemv` twice against `want`: the split-K epilogue must leave its arrival counters
+/// ready for the next launch, and the result must not change.
+fn check_gemv(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    gemv: &mut Gemv,
+    want: &[f64],
+    (m, n, k): (u32, u32, u32),
+) -> Result<()> {
+    let config = gemv.launch_config();
+    let name = gemv::VARIANTS[config.variant].name;
+    let mut first = None;
+    for launch in 0..2 {
+        gemv.poison(stream)?;
+        gemv.launch(kernels, stream, None)?;
+        let got = gemv.read_y(stream)?;
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            // f32 accumulation of k products of magnitude < 1, in k / 16 + splits steps.
+            let tolerance = 1e-5 * (k as f64).sqrt() * 4.0 + 1e-6;
+            assert!(
+                (*g as f64 - w).abs() <= tolerance,
+                "{name} m {m} n {n} k {k} splits {}, launch {launch}: y[{}, {}] = {g}, want {w}",
+                config.splits,
+                i / n as usize,
+                i % n as usize
             );
         }
+        let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(
+            first.get_or_insert_with(|| got.clone()),
+            &got,
+            "{name} m {m} n {n} k {k} splits {}",
+            config.splits
+        );
     }
     Ok(())
 }
@@ -416,8 +450,19 @@ fn gemv_refuses_bad_shapes() -> Result<()> {
     let mut rng = SmallRng::seed_from_u64(1);
     let x = random_bf16(&mut rng, 17 * 64);
     let w = random_bf16(&mut rng, 16 * 64);
-    let gemv = Gemv::new(&kernels, &stream, &x[..17 * 64], &w, 17, 64)?;
-    assert!(gemv.launch(&kernels, &stream, None).is_err(), "m = 17");
+    let m17 = Gemv::new(&kernels, &stream, &x[..17 * 64], &w, 17, 64)
+        .and_then(|gemv| gemv.launch(&kernels, &stream, None));
+    assert!(m17.is_err(), "m = 17");
+    let m9_on_m8 = GemvLaunch {
+        variant: 0,
+        splits: 1,
+    };
+    assert_eq!(gemv::VARIANTS[0].max_m, 8);
+    let gemv = Gemv::with_launch(&stream, &x[..9 * 64], &w, 9, 64, m9_on_m8)?;
+    assert!(
+        gemv.launch(&kernels, &stream, None).is_err(),
+        "m = 9 on an M <= 8 variant"
+    );
     let gemv = Gemv::new(&kernels, &stream, &x[..64], &w[..8 * 64], 1, 64)?;
     assert!(gemv.launch(&kernels, &stream, None).is_err(), "n = 8");
     let gemv = Gemv::new(&kernels, &stream, &x[..48], &w[..16 * 48], 1, 48)?;

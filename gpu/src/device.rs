@@ -75,6 +75,8 @@ pub mod hint {
     pub const COHERENT: u8 = 3;
     /// `ld.global.nc.L2::128B`: L2 fetches the whole 128-byte line.
     pub const L2_128: u8 = 4;
+    /// `ld.global.nc.L2::256B`: L2 fetches the whole 256-byte block; L1 as usual.
+    pub const L2_256: u8 = 5;
 }
 
 /// 16 bytes read through the non-coherent path with the cache hints `HINT` (see [`hint`]).
@@ -111,6 +113,16 @@ pub unsafe fn load_hinted_16<const HINT: u8>(addr: u64) -> [u32; 4] {
                 let (a, b, c, d): (u32, u32, u32, u32);
                 asm!(
                     "ld.global.nc.L2::128B.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];",
+                    out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
+                    in(reg64) addr,
+                    options(pure, readonly, nostack, preserves_flags),
+                );
+                [a, b, c, d]
+            }
+            hint::L2_256 => {
+                let (a, b, c, d): (u32, u32, u32, u32);
+                asm!(
+                    "ld.global.nc.L2::256B.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];",
                     out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
                     in(reg64) addr,
                     options(pure, readonly, nostack, preserves_flags),

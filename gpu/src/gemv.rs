@@ -3,52 +3,111 @@
 //! One warp owns 16 weight rows and a split of K, and multiplies with `mma.m16n8k16` (bf16 in,
 //! f32 accumulate): the weights are the 16x16 A tile, the activations the 16x8 B tile. K is
 //! permuted inside each 32-element step so that every lane reads its A and B fragments as single
-//! 16-byte loads: lane (g, t) loads weight rows g and g + 8 at elements 8t..8t+8 (streaming,
-//! no L1) and activation row g (or 8 + g) at the same elements (cached: every warp re-reads x).
-//! Four steps are loaded before any is multiplied, for eight 16-byte weight loads in flight per
-//! lane. Splits of K write f32 partials; the last warp of a row group to finish sums them in
-//! split order (so the result is deterministic) in the same launch.
+//! 16-byte loads: lane (g, t) loads weight rows g and g + 8 at elements 8t..8t+8 and activation
+//! row g (or 8 + g) at the same elements (cached: every warp re-reads x). Four steps are loaded
+//! before any is multiplied, for eight 16-byte weight loads in flight per lane. Splits of K write
+//! f32 partials; the last warp of a row group to finish sums them in split order (so the result
+//! is deterministic) in the same launch, loading [`REDUCE_BATCH`] splits' partials at a time.
 
 /// Activation rows handled per 8-row MMA tile.
 pub const M_TILE: u32 = 8;
 /// Steps of [`GEMV_K_STEP`](crate::params::GEMV_K_STEP) loaded before any is multiplied.
 pub const UNROLL: u32 = 4;
+/// The `_deep` variants' steps loaded before any is multiplied (16 weight loads per lane).
+pub const DEEP_UNROLL: u32 = 8;
 /// Threads per GEMV block (4 warps).
 pub const BLOCK_THREADS: u32 = 128;
+/// Split partials the reducing lane loads before it adds any (one memory round trip each batch).
+pub const REDUCE_BATCH: usize = 16;
+
+/// How a GEMV variant reads its weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightLoads {
+    /// `ld.global.nc.v4`, no cache hints.
+    Plain,
+    /// `ld.global.nc.L1::no_allocate.L2::256B.v4`: not kept in L1, 256-byte L2 fetches.
+    Stream,
+    /// `ld.global.nc.L2::256B.v4`: 256-byte L2 fetches (a lane group's four steps of one row).
+    Fetch256,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {
     pub name: &'static str,
     /// The most activation rows the variant handles.
     pub max_m: u32,
+    pub loads: WeightLoads,
     pub about: &'static str,
 }
 
+/// The weight loads of the variants the host launches (the first whose `max_m` covers M); the
+/// others stay for the benches.
+pub const DEFAULT_LOADS: WeightLoads = WeightLoads::Fetch256;
+
+/// Every GEMV kernel.
 pub const VARIANTS: &[Variant] = &[
     Variant {
         name: "gemv_bf16_m8",
         max_m: 8,
-        about: "bf16 GEMV, M <= 8: one mma.m16n8k16 per 16 K, 16-byte loads",
+        loads: WeightLoads::Plain,
+        about: "bf16 GEMV, M <= 8: one mma.m16n8k16 per 16 K, unhinted 16-byte loads",
     },
     Variant {
         name: "gemv_bf16_m16",
         max_m: 16,
-        about: "bf16 GEMV, M <= 16: two mma.m16n8k16 per 16 K, 16-byte loads",
+        loads: WeightLoads::Plain,
+        about: "bf16 GEMV, M <= 16: two mma.m16n8k16 per 16 K, unhinted 16-byte loads",
+    },
+    Variant {
+        name: "gemv_bf16_m8_deep",
+        max_m: 8,
+        loads: WeightLoads::Plain,
+        about: "bf16 GEMV, M <= 8, 16 weight loads in flight per lane",
+    },
+    Variant {
+        name: "gemv_bf16_m16_deep",
+        max_m: 16,
+        loads: WeightLoads::Plain,
+        about: "bf16 GEMV, M <= 16, 16 weight loads in flight per lane",
+    },
+    Variant {
+        name: "gemv_bf16_m8_fetch256",
+        max_m: 8,
+        loads: WeightLoads::Fetch256,
+        about: "bf16 GEMV, M <= 8, weights read with 256-byte L2 fetches",
+    },
+    Variant {
+        name: "gemv_bf16_m16_fetch256",
+        max_m: 16,
+        loads: WeightLoads::Fetch256,
+        about: "bf16 GEMV, M <= 16, weights read with 256-byte L2 fetches",
+    },
+    Variant {
+        name: "gemv_bf16_m8_stream",
+        max_m: 8,
+        loads: WeightLoads::Stream,
+        about: "bf16 GEMV, M <= 8, weights read with L1 bypass and 256-byte L2 fetches",
+    },
+    Variant {
+        name: "gemv_bf16_m16_stream",
+        max_m: 16,
+        loads: WeightLoads::Stream,
+        about: "bf16 GEMV, M <= 16, weights read with L1 bypass and 256-byte L2 fetches",
     },
 ];
 
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
-    use super::{M_TILE, UNROLL};
+    use super::{DEEP_UNROLL, M_TILE, REDUCE_BATCH, UNROLL};
     use crate::device::{
-        atomic_inc_acq_rel, fence_gpu, global_thread, load_16, load_relaxed_f32, load_stream_16,
+        atomic_inc_acq_rel, global_thread, hint, load_16, load_hinted_16, load_relaxed_f32,
         mma_16x8x16_bf16, store_f32, store_relaxed_u32, warp_broadcast_lane0, warp_sync,
     };
     use crate::params::{GEMV_K_STEP, GEMV_ROWS_PER_WARP, GemvParams};
 
     /// One warp: rows `16 r .. 16 r + 16` of `w`, split `s` of K, `TILES` tiles of 8 x rows.
     #[inline(always)]
-    unsafe fn gemv<const TILES: usize>(p: &GemvParams) {
+    unsafe fn gemv<const TILES: usize, const HINT: u8, const U: usize>(p: &GemvParams) {
         let warp = global_thread() / 32;
         let lane = (global_thread() % 32) as u32;
         let (g, t) = ((lane / 4) as u64, (lane % 4) as u64);
@@ -78,22 +137,18 @@ mod kernels {
         let step_bytes = GEMV_K_STEP as u64 * 2;
         let mut step = 0u64;
         while step < steps {
-            let batch = if steps - step < UNROLL as u64 {
-                1
-            } else {
-                UNROLL as usize
-            };
-            let mut lo = [[0u32; 4]; UNROLL as usize];
-            let mut hi = [[0u32; 4]; UNROLL as usize];
-            let mut xs = [[[0u32; 4]; TILES]; UNROLL as usize];
-            for j in 0..UNROLL as usize {
+            let batch = (steps - step).min(U as u64) as usize;
+            let mut lo = [[0u32; 4]; U];
+            let mut hi = [[0u32; 4]; U];
+            let mut xs = [[[0u32; 4]; TILES]; U];
+            for j in 0..U {
                 if j < batch {
                     let off = (step + j as u64) * step_bytes;
                     // SAFETY: rows row_lo and row_lo + 8 < n and elements < k (the host checked
                     // n % 16 == 0 and k % (32 splits) == 0); nothing writes w or x.
                     unsafe {
-                        lo[j] = load_stream_16(w_lo + off);
-                        hi[j] = load_stream_16(w_hi + off);
+                        lo[j] = load_hinted_16::<HINT>(w_lo + off);
+                        hi[j] = load_hinted_16::<HINT>(w_hi + off);
                     }
                     for q in 0..TILES {
                         if x_live[q] {
@@ -103,7 +158,7 @@ mod kernels {
                     }
                 }
             }
-            for j in 0..UNROLL as usize {
+            for j in 0..U {
                 if j < batch {
                     for q in 0..TILES {
                         let (a, b, x) = (lo[j], hi[j], xs[j][q]);
@@ -142,8 +197,10 @@ mod kernels {
     #[inline(always)]
     unsafe fn reduce_if_last(p: &GemvParams, group: u64, splits: u64, lane: u32) {
         let counter = p.counters + group * 4;
-        // Every lane's partial stores, then the warp, then one count: the release half.
-        fence_gpu();
+        // The warp barrier orders every lane's partial stores before lane 0's count, whose
+        // release publishes them all (as CUTLASS's barrier arrives: sync, then one release op);
+        // its acquire, followed by the second barrier, makes the other splits' partials visible
+        // to every lane of the last warp.
         warp_sync();
         let mut arrived = 0;
         if lane == 0 {
@@ -155,19 +212,30 @@ mod kernels {
         if arrived != splits {
             return;
         }
-        // The acquire half: every other split's partials are visible from here on.
-        fence_gpu();
         let (m_rows, n) = (p.m as u64, p.n as u64);
         let mut e = lane as u64;
         while e < GEMV_ROWS_PER_WARP as u64 * m_rows {
             let (row, m) = (e % GEMV_ROWS_PER_WARP as u64, e / GEMV_ROWS_PER_WARP as u64);
             let i = m * n + group * GEMV_ROWS_PER_WARP as u64 + row;
             let mut sum = 0f32;
-            let mut s = 0u64;
-            while s < splits {
-                // SAFETY: s < splits, m < p.m and the row < p.n index the [splits, m, n] partials.
-                sum += unsafe { load_relaxed_f32(p.partial + (s * m_rows * n + i) * 4) };
-                s += 1;
+            let mut first = 0u64;
+            while first < splits {
+                // Every load of a batch is issued before the first add waits on one.
+                let mut part = [0f32; REDUCE_BATCH];
+                for (j, v) in part.iter_mut().enumerate() {
+                    let s = first + j as u64;
+                    if s < splits {
+                        // SAFETY: s < splits, m < p.m and the row < p.n index the
+                        // [splits, m, n] partials.
+                        *v = unsafe { load_relaxed_f32(p.partial + (s * m_rows * n + i) * 4) };
+                    }
+                }
+                for (j, v) in part.iter().enumerate() {
+                    if first + (j as u64) < splits {
+                        sum += *v;
+                    }
+                }
+                first += REDUCE_BATCH as u64;
             }
             // SAFETY: i indexes y[m, n]; only this warp writes row group `group` of y.
             unsafe { store_f32(p.y + i * 4, sum) };
@@ -183,13 +251,55 @@ mod kernels {
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gemv_bf16_m8(p: GemvParams) {
         // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
-        unsafe { gemv::<1>(&p) }
+        unsafe { gemv::<1, { hint::PLAIN }, { UNROLL as usize }>(&p) }
     }
 
     /// Per lane: two 16-byte weight loads and two 16-byte activation loads per 32 K, two tiles.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gemv_bf16_m16(p: GemvParams) {
         // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
-        unsafe { gemv::<2>(&p) }
+        unsafe { gemv::<2, { hint::PLAIN }, { UNROLL as usize }>(&p) }
+    }
+
+    /// As `gemv_bf16_m8` with [`DEEP_UNROLL`] steps loaded before any is multiplied.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gemv_bf16_m8_deep(p: GemvParams) {
+        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
+        unsafe { gemv::<1, { hint::PLAIN }, { DEEP_UNROLL as usize }>(&p) }
+    }
+
+    /// As `gemv_bf16_m16` with [`DEEP_UNROLL`] steps loaded before any is multiplied.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gemv_bf16_m16_deep(p: GemvParams) {
+        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
+        unsafe { gemv::<2, { hint::PLAIN }, { DEEP_UNROLL as usize }>(&p) }
+    }
+
+    /// As `gemv_bf16_m8`, the weights read with 256-byte L2 fetches.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gemv_bf16_m8_fetch256(p: GemvParams) {
+        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
+        unsafe { gemv::<1, { hint::L2_256 }, { UNROLL as usize }>(&p) }
+    }
+
+    /// As `gemv_bf16_m16`, the weights read with 256-byte L2 fetches.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gemv_bf16_m16_fetch256(p: GemvParams) {
+        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
+        unsafe { gemv::<2, { hint::L2_256 }, { UNROLL as usize }>(&p) }
+    }
+
+    /// As `gemv_bf16_m8`, the weights read with L1 bypass and 256-byte L2 fetches.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gemv_bf16_m8_stream(p: GemvParams) {
+        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
+        unsafe { gemv::<1, { hint::STREAM }, { UNROLL as usize }>(&p) }
+    }
+
+    /// As `gemv_bf16_m16`, the weights read with L1 bypass and 256-byte L2 fetches.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gemv_bf16_m16_stream(p: GemvParams) {
+        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
+        unsafe { gemv::<2, { hint::STREAM }, { UNROLL as usize }>(&p) }
     }
 }
