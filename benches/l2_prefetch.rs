@@ -511,7 +511,7 @@ fn gemv_sweep(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
                 }
                 for splits in [1, 2, 4, 8, 16, 32, 64]
                     .into_iter()
-                    .filter(|s| steps % s == 0)
+                    .filter(|s| steps.is_multiple_of(*s))
                 {
                     let launch = GemvLaunch { variant, splits };
                     let gemv = Gemv::with_launch(&bench.stream, &x, &w, m, K, launch)?;
