@@ -1,13 +1,19 @@
-//! Flag-mode completion: a host worker thread of its own runs a staging set's lookups, and the
-//! side stream waits for them on a pinned flag with `cuStreamWaitValue32` instead of running a
-//! host function. Host functions of every stream run on the driver's one callback thread, so
-//! several layers' lookups serialize there; each flag worker runs in parallel with the others.
+//! Flag-mode completion: a lookup thread (a [`FlagLane`]) runs staging sets' lookups, and each
+//! side stream waits for its own with `cuStreamWaitValue32` on a pinned flag pair (a
+//! [`FlagSlot`]) instead of running a host function. Host functions of every stream run on the
+//! driver's one callback thread; a lane is a thread of the crate's own, woken by a flag.
 //!
-//! Per prefetch the stream publishes `count + 1` in `request` (after the ids copy), waits for
-//! `done == 1`, clears `done` and copies the rows. The values are the same at every replay, so
-//! the sequence can be captured into a graph.
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+//! A lane runs one lookup at a time. Prefetchers whose lookups read one disk share a lane, so
+//! that two lookups do not split the disk between them: among the requests waiting, the lane
+//! runs the one of the lowest rank first (a forward ranks its Engram layers in gather order, so
+//! the lookup needed first never waits for a later layer's). A prefetcher made alone gets a lane
+//! of its own.
+//!
+//! Per prefetch the stream publishes `count + 1` in its slot's `request` word (after the ids
+//! copy), waits for `done == 1`, clears `done` and copies the rows. The values are the same at
+//! every replay, so the sequence can be captured into a graph.
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,15 +24,14 @@ use crate::lookup_job::LookupJobs;
 use crate::table::TableMemory;
 use crate::{Error, Result};
 
-/// How long the worker spins after its last lookup before it polls with short sleeps.
+/// How long a lane spins after its last lookup before it polls with short sleeps.
 const SPIN: Duration = Duration::from_millis(2);
 /// The sleep between polls once idle.
 const IDLE_POLL: Duration = Duration::from_micros(20);
 
-/// The two flag words in pinned host memory.
+/// A slot's two flag words, `[request, done]`.
 #[derive(Clone, Copy)]
 struct Flags {
-    /// `[request, done]`, cached pinned memory mapped for the device.
     host: *mut u32,
 }
 
@@ -35,8 +40,8 @@ unsafe impl Send for Flags {}
 
 impl Flags {
     fn request(&self) -> &AtomicU32 {
-        // SAFETY: `host` points at two aligned u32 of a pinned allocation that outlives the
-        // worker (the FlagWorker joins its thread before freeing it); only atomics touch them.
+        // SAFETY: `host` points at two aligned u32 that outlive the slot's registration (a
+        // FlagSlot leaves its lane before freeing them); only atomics touch them on the host.
         unsafe { AtomicU32::from_ptr(self.host) }
     }
 
@@ -46,21 +51,131 @@ impl Flags {
     }
 }
 
-/// A lookup thread and its flags, for one staging set.
-pub struct FlagWorker {
-    device: u64,
-    stop: Arc<AtomicBool>,
+/// The lookup a slot's request runs, given the request's row count.
+type RunJob = Box<dyn Fn(usize) + Send + Sync>;
+
+/// One registered slot, as the lane's thread sees it.
+struct Entry {
+    id: u64,
+    rank: u32,
+    flags: Flags,
+    run: RunJob,
+}
+
+/// What a lane's thread and its slots share.
+#[derive(Default)]
+struct LaneState {
+    /// Held while a lookup runs, so that a slot leaves only between lookups.
+    slots: Mutex<Vec<Entry>>,
+    stop: AtomicBool,
+    next_id: AtomicU64,
+}
+
+impl LaneState {
+    fn register(&self, rank: u32, flags: Flags, run: RunJob) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        slots.push(Entry {
+            id,
+            rank,
+            flags,
+            run,
+        });
+        id
+    }
+
+    /// Removes slot `id`, waiting for a lookup that is running.
+    fn deregister(&self, id: u64) {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        slots.retain(|e| e.id != id);
+    }
+
+    /// Runs the waiting request of the lowest rank (the first registered among equal ranks);
+    /// false when no request waits.
+    fn run_next(&self) -> bool {
+        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let next = slots
+            .iter()
+            .filter_map(|e| {
+                let request = e.flags.request().load(Ordering::Acquire);
+                (request != 0).then_some((e, request))
+            })
+            .min_by_key(|(e, _)| e.rank);
+        let Some((entry, request)) = next else {
+            return false;
+        };
+        entry.flags.request().store(0, Ordering::Relaxed);
+        (entry.run)(request as usize - 1);
+        entry.flags.done().store(1, Ordering::Release);
+        true
+    }
+}
+
+/// A lookup thread serving the flag slots registered with it, one lookup at a time.
+pub struct FlagLane {
+    state: Arc<LaneState>,
     thread: Option<JoinHandle<()>>,
+}
+
+impl FlagLane {
+    /// Starts the lane's thread, named `name`.
+    pub fn start(name: String) -> Result<Arc<FlagLane>> {
+        let state = Arc::new(LaneState::default());
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn({
+                let state = state.clone();
+                move || serve(&state)
+            })
+            .map_err(|e| Error::invalid("flag lane", format!("cannot start its thread: {e}")))?;
+        Ok(Arc::new(FlagLane {
+            state,
+            thread: Some(thread),
+        }))
+    }
+}
+
+impl Drop for FlagLane {
+    /// Runs when the last slot and owner are gone: no request can be waiting.
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The lane's loop: run the waiting request of the lowest rank, or wait for one.
+fn serve(state: &LaneState) {
+    let mut last_work = Instant::now();
+    while !state.stop.load(Ordering::Relaxed) {
+        if state.run_next() {
+            last_work = Instant::now();
+        } else if last_work.elapsed() < SPIN {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(IDLE_POLL);
+        }
+    }
+}
+
+/// One staging set's place in a lane: its pinned flag words and its registration.
+pub struct FlagSlot {
+    lane: Arc<FlagLane>,
+    id: u64,
+    device: u64,
     _flags: TableMemory,
 }
 
-impl FlagWorker {
-    /// Starts the thread that runs `jobs` when the stream asks.
-    pub fn start(
+impl FlagSlot {
+    /// Registers `jobs` with `lane` at `rank` (lower runs first), with flag words in pinned
+    /// memory of `ctx` mapped for the device.
+    pub fn new(
         ctx: &Arc<CudaContext>,
+        lane: &Arc<FlagLane>,
+        rank: u32,
         jobs: Arc<LookupJobs>,
-        name: String,
-    ) -> Result<FlagWorker> {
+    ) -> Result<FlagSlot> {
         let mut memory = TableMemory::pinned_host(ctx, 8)?;
         let TableMemory::PinnedHost {
             host,
@@ -75,23 +190,22 @@ impl FlagWorker {
         };
         flags.request().store(0, Ordering::Relaxed);
         flags.done().store(0, Ordering::Relaxed);
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn({
-                let stop = stop.clone();
-                move || serve(flags, &jobs, &stop)
-            })
-            .map_err(|e| Error::invalid("flag worker", format!("cannot start its thread: {e}")))?;
-        Ok(FlagWorker {
+        let run: RunJob = Box::new(move |count| {
+            // SAFETY: in flag mode the stream runs no host-function job of this table, and it
+            // copies nothing to or from the staging set between publishing the request and
+            // seeing `done`; the lane runs one job at a time.
+            unsafe { jobs.run(count) }
+        });
+        let id = lane.state.register(rank, flags, run);
+        Ok(FlagSlot {
+            lane: lane.clone(),
+            id,
             device,
-            stop,
-            thread: Some(thread),
             _flags: memory,
         })
     }
 
-    /// Enqueues on `s`: publish the request for `count` rows, wait for the worker, re-arm.
+    /// Enqueues on `s`: publish the request for `count` rows, wait for the lane, re-arm.
     ///
     /// # Safety
     /// `s` is a valid stream of the flags' context; the ids copy the lookup reads was enqueued
@@ -117,33 +231,124 @@ impl FlagWorker {
     }
 }
 
-impl Drop for FlagWorker {
+impl Drop for FlagSlot {
+    /// Leaves the lane (after a lookup of any slot that is running) before the flags are freed.
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        self.lane.state.deregister(self.id);
     }
 }
 
-/// The worker's loop: wait for a request, run it, signal done.
-fn serve(flags: Flags, jobs: &LookupJobs, stop: &AtomicBool) {
-    let mut last_work = Instant::now();
-    while !stop.load(Ordering::Relaxed) {
-        let request = flags.request().load(Ordering::Acquire);
-        if request == 0 {
-            if last_work.elapsed() < SPIN {
-                std::hint::spin_loop();
-            } else {
-                std::thread::sleep(IDLE_POLL);
-            }
-            continue;
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+
+    /// Flag words in ordinary memory; the test plays the stream's part.
+    struct Words(Box<[AtomicU32; 2]>);
+
+    impl Words {
+        fn new() -> Words {
+            Words(Box::new([AtomicU32::new(0), AtomicU32::new(0)]))
         }
-        flags.request().store(0, Ordering::Relaxed);
-        // SAFETY: in flag mode the stream runs no host-function job of this table, and it copies
-        // nothing to or from the staging set between publishing the request and seeing `done`.
-        unsafe { jobs.run(request as usize - 1) };
-        flags.done().store(1, Ordering::Release);
-        last_work = Instant::now();
+
+        fn flags(&self) -> Flags {
+            Flags {
+                host: self.0.as_ptr().cast_mut().cast::<u32>(),
+            }
+        }
+
+        fn request(&self, count: u32) {
+            self.0[1].store(0, Ordering::Relaxed);
+            self.0[0].store(count + 1, Ordering::Release);
+        }
+
+        /// Waits for `done`, failing after a minute (a lane that never answers).
+        fn wait_done(&self) {
+            let t = Instant::now();
+            while self.0[1].load(Ordering::Acquire) != 1 {
+                assert!(
+                    t.elapsed() < Duration::from_secs(60),
+                    "the lane never answered"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    type Order = Arc<Mutex<Vec<(&'static str, usize)>>>;
+
+    fn recorder(order: &Order, name: &'static str) -> RunJob {
+        let order = order.clone();
+        Box::new(move |count| order.lock().unwrap().push((name, count)))
+    }
+
+    /// Two requests that wait together run in rank order, not in the order they arrived.
+    #[test]
+    fn waiting_requests_run_lowest_rank_first() {
+        // Declared before the lane: the lane's thread stops before the words go.
+        let (first, second, blocker) = (Words::new(), Words::new(), Words::new());
+        let lane = FlagLane::start("test-lane".into()).unwrap();
+        let order = Order::default();
+        // The blocker's lookup holds the lane until released, so that both requests wait.
+        let (started_tx, started_rx) = mpsc::channel::<()>();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let (started_tx, release_rx) = (Mutex::new(started_tx), Mutex::new(release_rx));
+        let blocked = {
+            let order = order.clone();
+            Box::new(move |count| {
+                started_tx.lock().unwrap().send(()).unwrap();
+                release_rx.lock().unwrap().recv().unwrap();
+                order.lock().unwrap().push(("blocker", count));
+            })
+        };
+        lane.state.register(7, blocker.flags(), blocked);
+        lane.state
+            .register(1, second.flags(), recorder(&order, "second"));
+        lane.state
+            .register(0, first.flags(), recorder(&order, "first"));
+
+        blocker.request(2);
+        started_rx.recv().unwrap();
+        second.request(5);
+        first.request(3);
+        release_tx.send(()).unwrap();
+        for w in [&blocker, &first, &second] {
+            w.wait_done();
+        }
+        assert_eq!(
+            *order.lock().unwrap(),
+            [("blocker", 2), ("first", 3), ("second", 5)]
+        );
+        assert!(
+            [&blocker, &first, &second]
+                .iter()
+                .all(|w| w.0[0].load(Ordering::Relaxed) == 0),
+            "every request is taken"
+        );
+    }
+
+    /// A slot that left the lane is never run; the others still are.
+    #[test]
+    fn a_slot_that_left_is_not_run() {
+        let (gone, stays) = (Words::new(), Words::new());
+        let lane = FlagLane::start("test-lane".into()).unwrap();
+        let order = Order::default();
+        let id = lane
+            .state
+            .register(0, gone.flags(), recorder(&order, "gone"));
+        lane.state
+            .register(1, stays.flags(), recorder(&order, "stays"));
+        lane.state.deregister(id);
+        gone.request(4);
+        stays.request(6);
+        stays.wait_done();
+        assert_eq!(*order.lock().unwrap(), [("stays", 6)]);
+        assert_eq!(
+            gone.0[0].load(Ordering::Relaxed),
+            5,
+            "the request is left unread"
+        );
+        assert_eq!(gone.0[1].load(Ordering::Relaxed), 0);
     }
 }

@@ -6,17 +6,27 @@
 //!
 //! Everything is enqueued on one stream with raw device addresses taken at creation, so a whole
 //! forward can be captured into a CUDA graph and replayed.
+//!
+//! A timed step ([`SimulatedForward::time`], [`SimulatedForward::time_replay`]) starts with a
+//! lead-in kernel ([`LEAD_IN_US`]) ahead of its start event, so that the CPU enqueues the step
+//! while the GPU is busy, as an engine's CPU runs ahead of its GPU: the step's GPU time holds no
+//! wait for the CPU's launches, and the CPU time of those launches is measured on its own.
+//!
+//! In flag mode the Engram layers' lookups run on one shared lookup lane, layer by layer in
+//! gather order ([`FlagLanes::Shared`]), or each on a lane of its own ([`FlagLanes::PerLayer`]).
 use std::sync::Arc;
+use std::time::Instant;
 
-use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead_gpu::hash;
 use fetchahead_gpu::params::{DequantParams, HashParams, MAX_NGRAM};
 
 use crate::error::CudaCall;
+use crate::flag_worker::FlagLane;
 use crate::id_check::IdCheck;
 use crate::kernels::Kernels;
 use crate::lookup::{MemoryRows, RowLookup};
-use crate::prefetcher::{Prefetcher, PrefetcherConfig, Stats};
+use crate::prefetcher::{Completion, Prefetcher, PrefetcherConfig, Stats};
 use crate::store::LayerRows;
 use crate::table::{Mxfp8Table, Placement};
 use crate::{Error, Result};
@@ -135,6 +145,35 @@ pub enum GatherPath {
     Prefetch,
 }
 
+/// In flag mode, which lookup threads the Engram layers' prefetchers use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FlagLanes {
+    /// One lane for the forward: one lookup at a time, the earliest-gathered layer's first among
+    /// those waiting ([`Prefetcher::in_lane`], ranked in gather order).
+    #[default]
+    Shared,
+    /// A lane per layer: the layers' lookups run at the same time, sharing the disk.
+    PerLayer,
+}
+
+/// The GPU's lead-in before a timed step's start event, microseconds: a spin kernel longer than
+/// the CPU's enqueue of one step (the bench and the demo print that enqueue time, and
+/// [`StepTime::lead_in_overrun`] says when the lead-in was not long enough).
+pub const LEAD_IN_US: u64 = 500;
+
+/// One timed step.
+#[derive(Clone, Copy, Debug)]
+pub struct StepTime {
+    /// GPU milliseconds from the start event (after the lead-in) to the end of the step.
+    pub gpu_ms: f64,
+    /// Host wall-clock milliseconds of the step's enqueue (eager) or graph launch: the CPU cost
+    /// of its launches, not part of `gpu_ms`.
+    pub enqueue_ms: f64,
+    /// The GPU had passed the start event before the enqueue returned: the lead-in ran out, and
+    /// `gpu_ms` may hold time the GPU waited for the CPU.
+    pub lead_in_overrun: bool,
+}
+
 /// One Engram layer's device buffers and prefetcher.
 struct EngramLayer {
     prefetcher: Prefetcher,
@@ -161,13 +200,17 @@ pub struct SimulatedForward {
     tokens_at: u64,
     layers: Vec<EngramLayer>,
     id_check: IdCheck,
+    /// Timing events of [`SimulatedForward::time`] and [`SimulatedForward::time_replay`].
+    start: CudaEvent,
+    end: CudaEvent,
 }
 
 impl SimulatedForward {
     /// Buffers for up to `max_tokens` tokens per step, and per Engram layer (`tables[k]` for
     /// `shape.engram_layers[k]`, all of one row count and dim) its table copied to the device
     /// for the resident path and one warm prefetcher over it, configured as `prefetch` (its
-    /// capacity is set here, from `max_tokens`).
+    /// capacity is set here, from `max_tokens`); in flag mode the prefetchers' lookup threads
+    /// are as `lanes` says.
     pub fn new(
         kernels: Arc<Kernels>,
         main: Arc<CudaStream>,
@@ -175,6 +218,7 @@ impl SimulatedForward {
         shape: ForwardShape,
         max_tokens: usize,
         prefetch: PrefetcherConfig,
+        lanes: FlagLanes,
     ) -> Result<SimulatedForward> {
         let (rows, dim) = match tables.first() {
             Some(t) => (t.rows(), t.dim()),
@@ -199,8 +243,14 @@ impl SimulatedForward {
             capacity: max_ids,
             ..prefetch
         };
+        let shared_lane = match (config.completion, lanes) {
+            (Completion::Flag, FlagLanes::Shared) => {
+                Some(FlagLane::start("fetchahead-lookup".into())?)
+            }
+            _ => None,
+        };
         let mut layers = Vec::new();
-        for table in tables {
+        for (k, table) in tables.iter().enumerate() {
             let mut resident = None;
             table.with_bytes(&mut |weights, scales| {
                 resident = Some(Mxfp8Table::from_bytes(
@@ -219,7 +269,11 @@ impl SimulatedForward {
                 resident.scales.address(&main),
             );
             let store: Arc<dyn RowLookup> = table.clone();
-            let mut prefetcher = Prefetcher::new(kernels.clone(), store, config)?;
+            let mut prefetcher = match &shared_lane {
+                // Ranked in gather order: `engram_layers` is sorted.
+                Some(lane) => Prefetcher::in_lane(kernels.clone(), store, config, lane, k as u32)?,
+                None => Prefetcher::new(kernels.clone(), store, config)?,
+            };
             prefetcher.warm()?;
             let ids = main.alloc_zeros::<i64>(max_ids).call("cuMemAlloc")?;
             let out = main.alloc_zeros::<u16>(max_ids * dim).call("cuMemAlloc")?;
@@ -242,8 +296,13 @@ impl SimulatedForward {
         let tokens = main.alloc_zeros::<u32>(max_tokens).call("cuMemAlloc")?;
         let id_check = IdCheck::new(&main)?;
         let tokens_at = tokens.device_ptr(&main).0;
+        let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = main.context().new_event(timed).call("cuEventCreate")?;
+        let end = main.context().new_event(timed).call("cuEventCreate")?;
         main.synchronize().call("cuStreamSynchronize")?;
         Ok(SimulatedForward {
+            start,
+            end,
             tokens_at,
             kernels,
             main,
@@ -263,6 +322,12 @@ impl SimulatedForward {
 
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.main
+    }
+
+    /// Sets each layer's compute for later enqueues and captures (a graph captured before keeps
+    /// the compute it was captured with).
+    pub fn set_compute_us(&mut self, compute_us: u64) {
+        self.shape.compute_us = compute_us;
     }
 
     /// Writes the next step's tokens (at most `max_tokens`) into the token buffer.
@@ -348,17 +413,43 @@ impl SimulatedForward {
         Ok(())
     }
 
-    /// One eager forward between timing events: its milliseconds.
-    pub fn time(&mut self, path: GatherPath, n_tokens: usize) -> Result<f64> {
-        let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let ctx = self.main.context();
-        let start = ctx.new_event(timed).call("cuEventCreate")?;
-        let end = ctx.new_event(timed).call("cuEventCreate")?;
-        start.record(&self.main).call("cuEventRecord")?;
-        self.enqueue(path, n_tokens)?;
-        end.record(&self.main).call("cuEventRecord")?;
-        end.synchronize().call("cuEventSynchronize")?;
-        Ok(start.elapsed_ms(&end).call("cuEventElapsedTime")? as f64)
+    /// One eager forward, enqueued behind the lead-in, between timing events.
+    pub fn time(&mut self, path: GatherPath, n_tokens: usize) -> Result<StepTime> {
+        self.timed(|forward| forward.enqueue(path, n_tokens))
+    }
+
+    /// One launch of `graph` (captured from this forward), behind the lead-in, between timing
+    /// events.
+    pub fn time_replay(&mut self, graph: &CudaGraph) -> Result<StepTime> {
+        self.timed(|_| graph.launch().call("cuGraphLaunch"))
+    }
+
+    /// Lead-in, start event, `enqueue` (timed on the host), end event; waits for the end.
+    fn timed(
+        &mut self,
+        enqueue: impl FnOnce(&mut SimulatedForward) -> Result<()>,
+    ) -> Result<StepTime> {
+        // SAFETY: the forward's own stream.
+        unsafe {
+            self.kernels
+                .launch_spin(self.main.cu_stream(), LEAD_IN_US * 1000)?
+        };
+        self.start.record(&self.main).call("cuEventRecord")?;
+        let t = Instant::now();
+        enqueue(self)?;
+        let enqueue_ms = t.elapsed().as_secs_f64() * 1e3;
+        let lead_in_overrun = self.start.try_is_complete().call("cuEventQuery")?;
+        self.end.record(&self.main).call("cuEventRecord")?;
+        self.end.synchronize().call("cuEventSynchronize")?;
+        let gpu_ms = self
+            .start
+            .elapsed_ms(&self.end)
+            .call("cuEventElapsedTime")? as f64;
+        Ok(StepTime {
+            gpu_ms,
+            enqueue_ms,
+            lead_in_overrun,
+        })
     }
 
     /// Captures one forward into a graph (launch it on [`SimulatedForward::stream`]). Drop the

@@ -17,7 +17,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead_gpu::params::{CheckCounter, CheckParams};
 
 use crate::error::CudaCall;
-use crate::flag_worker::FlagWorker;
+use crate::flag_worker::{FlagLane, FlagSlot};
 use crate::kernels::{Kernels, check_aligned_to};
 use crate::lookup::RowLookup;
 use crate::lookup_job::{FailureLog, LookupFailure, LookupJobs};
@@ -46,8 +46,8 @@ pub enum Completion {
     /// thread shared by all streams.
     #[default]
     HostFunction,
-    /// The lookup runs on a worker thread of this prefetcher; the stream waits on a pinned flag
-    /// (`cuStreamWaitValue32`).
+    /// The lookup runs on a lookup thread (a [`FlagLane`]: the prefetcher's own, or one shared
+    /// with [`Prefetcher::in_lane`]); the stream waits on a pinned flag (`cuStreamWaitValue32`).
     Flag,
 }
 
@@ -114,8 +114,8 @@ impl Stage {
         Ok(Stage { staging, jobs })
     }
 
-    /// Enqueues on `s`: the ids to the host, the lookup (a host function, or a request to
-    /// `worker`), the rows to the device.
+    /// Enqueues on `s`: the ids to the host, the lookup (a host function, or a request through
+    /// `slot` to its flag lane), the rows to the device.
     ///
     /// # Safety
     /// `ids` holds `count` int64 on the device until `s` has run these copies.
@@ -124,7 +124,7 @@ impl Stage {
         ids: u64,
         count: usize,
         s: sys::CUstream,
-        worker: Option<&FlagWorker>,
+        slot: Option<&FlagSlot>,
     ) -> Result<()> {
         let layout = self.staging.layout();
         let job = self.jobs.job(count).ok_or(Error::StagingFull {
@@ -136,8 +136,8 @@ impl Stage {
         // (with the job table) live as long as the prefetcher; the caller vouches for `ids`.
         unsafe {
             stream::copy_to_host(host.ids.cast(), ids, 8 * count, s)?;
-            match worker {
-                Some(worker) => worker.enqueue(count, s)?,
+            match slot {
+                Some(slot) => slot.enqueue(count, s)?,
                 None => host_fn::enqueue(s, job)?,
             }
             stream::copy_to_device(device.weights, host.weights, layout.weight_bytes(count), s)?;
@@ -183,8 +183,8 @@ pub struct Prefetcher {
     side: Arc<CudaStream>,
     fork: CudaEvent,
     join: CudaEvent,
-    /// Flag mode's worker; dropped (joined) before the staging it writes.
-    worker: Option<FlagWorker>,
+    /// Flag mode's place in its lane; dropped (it leaves the lane) before the staging it writes.
+    flag: Option<FlagSlot>,
     ahead: Stage,
     sync: Stage,
     check: Option<Check>,
@@ -200,12 +200,44 @@ pub struct Prefetcher {
 }
 
 impl Prefetcher {
-    /// A prefetcher over `store` on `kernels`' device, with its own side stream. Not yet warm:
-    /// call [`Prefetcher::warm`] before capturing a graph.
+    /// A prefetcher over `store` on `kernels`' device, with its own side stream (and in flag mode
+    /// a lookup lane of its own). Not yet warm: call [`Prefetcher::warm`] before capturing a
+    /// graph.
     pub fn new(
         kernels: Arc<Kernels>,
         store: Arc<dyn RowLookup>,
         config: PrefetcherConfig,
+    ) -> Result<Prefetcher> {
+        Self::build(kernels, store, config, None)
+    }
+
+    /// A flag-mode prefetcher whose lookups run on `lane`, shared with other prefetchers: among
+    /// the lane's waiting lookups, the lowest `rank` runs first (rank the layers in the order
+    /// of their gathers). `config.completion` must be [`Completion::Flag`].
+    pub fn in_lane(
+        kernels: Arc<Kernels>,
+        store: Arc<dyn RowLookup>,
+        config: PrefetcherConfig,
+        lane: &Arc<FlagLane>,
+        rank: u32,
+    ) -> Result<Prefetcher> {
+        if config.completion != Completion::Flag {
+            return Err(Error::invalid(
+                "completion",
+                format!(
+                    "{:?}: a flag lane serves Completion::Flag only",
+                    config.completion
+                ),
+            ));
+        }
+        Self::build(kernels, store, config, Some((lane.clone(), rank)))
+    }
+
+    fn build(
+        kernels: Arc<Kernels>,
+        store: Arc<dyn RowLookup>,
+        config: PrefetcherConfig,
+        lane: Option<(Arc<FlagLane>, u32)>,
     ) -> Result<Prefetcher> {
         let dim = store.dim();
         let layout = StagingLayout::new(config.capacity, dim)?;
@@ -222,13 +254,15 @@ impl Prefetcher {
         let failures = Arc::new(FailureLog::default());
         let ahead = Stage::new(&side, layout, &store, &failures)?;
         let sync = Stage::new(&side, layout, &store, &failures)?;
-        let worker = match config.completion {
+        let flag = match config.completion {
             Completion::HostFunction => None,
-            Completion::Flag => Some(FlagWorker::start(
-                &ctx,
-                ahead.jobs.clone(),
-                "fetchahead-lookup".into(),
-            )?),
+            Completion::Flag => {
+                let (lane, rank) = match lane {
+                    Some(shared) => shared,
+                    None => (FlagLane::start("fetchahead-lookup".into())?, 0),
+                };
+                Some(FlagSlot::new(&ctx, &lane, rank, ahead.jobs.clone())?)
+            }
         };
         let check = if config.check {
             let words = size_of::<CheckCounter>() / 4;
@@ -250,7 +284,7 @@ impl Prefetcher {
             config,
             dim,
             side,
-            worker,
+            flag,
             ahead,
             sync,
             check,
@@ -294,7 +328,7 @@ impl Prefetcher {
         // SAFETY: no ids are read; the stream is synchronized below.
         unsafe {
             let arange = self.ahead.staging.device().arange;
-            self.ahead.enqueue(arange, 0, s, self.worker.as_ref())?;
+            self.ahead.enqueue(arange, 0, s, self.flag.as_ref())?;
             self.sync.enqueue(arange, 0, s, None)?;
         }
         if self.check.is_some() {
@@ -369,7 +403,7 @@ impl Prefetcher {
             // SAFETY: the caller vouches for `ids` until the gather.
             unsafe {
                 self.ahead
-                    .enqueue(ids, count, self.side.cu_stream(), self.worker.as_ref())?
+                    .enqueue(ids, count, self.side.cu_stream(), self.flag.as_ref())?
             };
             Path::Ahead
         };

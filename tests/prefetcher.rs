@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, sys};
+use fetchahead::flag_worker::FlagLane;
 use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
 use fetchahead::lookup::{MemoryRows, RowLookup, lookup_or_zero};
@@ -710,31 +711,58 @@ fn a_failure_or_panic_during_a_replay_is_reported_and_the_next_replay_is_right()
 
 #[test]
 fn two_layers_prefetch_in_one_graph() -> Result<()> {
-    two_layers_in_one_graph(Completion::HostFunction)
+    two_layers_in_one_graph(Completion::HostFunction, false)
 }
 
 #[test]
 fn two_layers_prefetch_in_one_graph_in_flag_mode() -> Result<()> {
-    two_layers_in_one_graph(Completion::Flag)
+    two_layers_in_one_graph(Completion::Flag, false)
+}
+
+#[test]
+fn two_layers_prefetch_in_one_graph_sharing_a_flag_lane() -> Result<()> {
+    two_layers_in_one_graph(Completion::Flag, true)
 }
 
 /// Two Engram layers, each with its own prefetcher and ids, both prefetched at the start of the
-/// captured forward and gathered at different points, with compute between.
-fn two_layers_in_one_graph(completion: Completion) -> Result<()> {
-    let Some(s) = setup(&format!("two_layers_in_one_graph({completion:?})"))? else {
+/// captured forward and gathered at different points, with compute between; with `shared_lane`
+/// both prefetchers' lookups run on one flag lane, ranked in gather order.
+fn two_layers_in_one_graph(completion: Completion, shared_lane: bool) -> Result<()> {
+    let what = format!("two_layers_in_one_graph({completion:?}, shared lane {shared_lane})");
+    let Some(s) = setup(&what)? else {
         return Ok(());
     };
-    let mut rng = seeded(&format!("two layers, {completion:?}"));
+    let mut rng = seeded(&what);
     let table = Arc::new(MemoryRows::generate(1 << 14, DIM, rng.random())?);
     let config = PrefetcherConfig {
         capacity: 256,
         completion,
         ..Default::default()
     };
-    let mut layers = [
-        new_prefetcher(&s, &table, config)?,
-        new_prefetcher(&s, &table, config)?,
-    ];
+    let mut layers = if shared_lane {
+        let lane = FlagLane::start("test-lane".into())?;
+        let store = table.clone() as Arc<dyn RowLookup>;
+        let host_fn = PrefetcherConfig {
+            completion: Completion::HostFunction,
+            ..config
+        };
+        assert!(
+            matches!(
+                Prefetcher::in_lane(s.kernels.clone(), store.clone(), host_fn, &lane, 0),
+                Err(Error::Invalid { .. })
+            ),
+            "a flag lane refuses a host-function prefetcher"
+        );
+        [
+            Prefetcher::in_lane(s.kernels.clone(), store.clone(), config, &lane, 0)?,
+            Prefetcher::in_lane(s.kernels.clone(), store, config, &lane, 1)?,
+        ]
+    } else {
+        [
+            new_prefetcher(&s, &table, config)?,
+            new_prefetcher(&s, &table, config)?,
+        ]
+    };
     let counts = [256, 100];
     let mut ids = Vec::new();
     let mut outs = Vec::new();

@@ -2,7 +2,9 @@
 //! Engram layers. A hash kernel turns a token stream into each Engram layer's row ids, compute
 //! kernels stand in for the layers, and the gathers consume the rows, three ways: rows resident
 //! on the device (the floor), the synchronous lookup path, and the side-stream prefetcher. GPU
-//! idle before the gathers is each way's step time minus the resident one's.
+//! idle before the gathers is each way's step time minus the resident one's. Each step is timed
+//! behind a lead-in kernel, so that its time excludes the CPU's enqueue of the step, which is
+//! printed on its own.
 //!
 //! The rows come from the row store: a generated table under `--data-dir` (written once, reused
 //! while it matches the options), one [`LayerRows`] per Engram layer. `--memory` reads a
@@ -13,7 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser};
-use fetchahead::forward::{ForwardShape, GatherPath, LayerTable, SimulatedForward};
+use fetchahead::forward::{
+    FlagLanes, ForwardShape, GatherPath, LEAD_IN_US, LayerTable, SimulatedForward,
+};
 use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
 use fetchahead::lookup::MemoryRows;
@@ -75,7 +79,8 @@ pub struct DemoArgs {
     pub steps: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Complete lookups through a worker thread and a pinned flag instead of host functions.
+    /// Complete lookups through a pinned flag instead of host functions: one lookup thread for
+    /// the forward, the earliest-gathered layer's lookup first.
     #[arg(long)]
     pub flag: bool,
     /// Check mode: after each prefetched gather, gather synchronously and count differences.
@@ -387,8 +392,15 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         check: args.check,
         ..Default::default()
     };
-    let mut forward =
-        SimulatedForward::new(kernels, main, &tables.layers, shape, max_tokens, config)?;
+    let mut forward = SimulatedForward::new(
+        kernels,
+        main,
+        &tables.layers,
+        shape,
+        max_tokens,
+        config,
+        FlagLanes::Shared,
+    )?;
     println!(
         "\n{:<8} {:>7} {:>10} {:>12} {:>9} {:>12} {:>13} {:>17} {:>11} {:>6} {:>9}",
         "phase",
@@ -423,6 +435,22 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
             r.prefetch_ms - r.resident_ms,
             r.rows_per_s,
         );
+        println!(
+            "         CPU enqueue per step (not in the step times): resident {:.3} ms, sync {:.3} \
+             ms, prefetch {:.3} ms{}",
+            r.enqueue_ms[0],
+            r.enqueue_ms[1],
+            r.enqueue_ms[2],
+            if r.lead_in_overruns > 0 {
+                format!(
+                    "; the {LEAD_IN_US} us lead-in ran out in {} steps (their times may hold \
+                     waits for the CPU)",
+                    r.lead_in_overruns
+                )
+            } else {
+                String::new()
+            }
+        );
         if let Some(n) = differed {
             println!(
                 "         check mode: {n} prefetched gathers differed from the synchronous path so far \
@@ -432,8 +460,10 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     }
     let errors = forward.stats().lookup_errors;
     println!(
-        "\nidle = step time minus the resident step time (the GPU waiting on lookups); hit % and \
-         IOPS: the row store's counters over the prefetched steps (reads / their time)\n\
+        "\nidle = step time minus the resident step time (the GPU waiting on lookups); each step is \
+         timed on the GPU behind a {LEAD_IN_US} us lead-in kernel, so that the CPU's enqueue of \
+         the step (printed apart) is not in it; hit % and IOPS: the row store's counters over \
+         the prefetched steps (reads / their time)\n\
          prefetched outputs equal the resident gathers and the GPU hash equals the CPU hash: {}; \
          lookup errors: {errors}",
         if all_match { "yes" } else { "NO" }
@@ -571,6 +601,10 @@ struct PhaseResult {
     resident_ms: f64,
     sync_ms: f64,
     prefetch_ms: f64,
+    /// Mean host milliseconds of one step's enqueue: resident, sync, prefetch.
+    enqueue_ms: [f64; 3],
+    /// Timed steps whose lead-in ran out before the enqueue returned.
+    lead_in_overruns: usize,
     rows_per_s: f64,
     outputs_match: bool,
     /// The store's counters over the prefetched steps (`None` in memory).
@@ -589,6 +623,8 @@ fn run_phase(
 ) -> Result<PhaseResult> {
     let paths = [GatherPath::Resident, GatherPath::Sync, GatherPath::Prefetch];
     let mut ms = [0f64; 3];
+    let mut enqueue_ms = [0f64; 3];
+    let mut lead_in_overruns = 0;
     let mut store = None;
     let mut streams: Vec<Vec<u32>> = Vec::new();
     for (i, &path) in paths.iter().enumerate() {
@@ -601,9 +637,11 @@ fn run_phase(
             if step == 1 {
                 before = tables.stats();
             }
-            let elapsed = forward.time(path, phase.tokens)?;
+            let timed = forward.time(path, phase.tokens)?;
             if step > 0 {
-                ms[i] += elapsed / args.steps.max(1) as f64;
+                ms[i] += timed.gpu_ms / args.steps.max(1) as f64;
+                enqueue_ms[i] += timed.enqueue_ms / args.steps.max(1) as f64;
+                lead_in_overruns += usize::from(timed.lead_in_overrun);
             }
         }
         if path == GatherPath::Prefetch {
@@ -629,6 +667,8 @@ fn run_phase(
         resident_ms: ms[0],
         sync_ms: ms[1],
         prefetch_ms: ms[2],
+        enqueue_ms,
+        lead_in_overruns,
         rows_per_s: rows_per_step as f64 / (ms[2] / 1e3).max(1e-9),
         outputs_match,
         store,
