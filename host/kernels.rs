@@ -56,10 +56,12 @@ impl Kernels {
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx.text))
             .call("cuModuleLoadData")?;
-        let load = |name: &str| -> Result<Loaded> {
+        // Blocks of `block_threads` that fit on one multiprocessor (static shared memory
+        // included).
+        let load_blocks_of = |name: &str, block_threads: u32| -> Result<Loaded> {
             let function = module.load_function(name).call("cuModuleGetFunction")?;
             let blocks_per_sm = function
-                .occupancy_max_active_blocks_per_multiprocessor(gather::BLOCK_THREADS, 0, None)
+                .occupancy_max_active_blocks_per_multiprocessor(block_threads, 0, None)
                 .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?
                 .max(1);
             Ok(Loaded {
@@ -67,10 +69,11 @@ impl Kernels {
                 blocks_per_sm,
             })
         };
+        let load = |name: &str| load_blocks_of(name, gather::BLOCK_THREADS);
         Ok(Kernels {
             gather: gather::VARIANTS
                 .iter()
-                .map(|v| load(v.name))
+                .map(|v| load_blocks_of(v.name, v.shape.block_threads()))
                 .collect::<Result<_>>()?,
             empty: load(gather::EMPTY_KERNEL)?,
             dequant: dequant::VARIANTS
@@ -116,7 +119,7 @@ impl Kernels {
         variant: usize,
         p: GatherParams,
     ) -> Result<()> {
-        let threads = gather_threads(variant, &p)?;
+        let (threads, block_threads) = gather_threads(variant, &p)?;
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
         unsafe {
             self.launch(
@@ -124,7 +127,7 @@ impl Kernels {
                 threads,
                 stream,
                 p,
-                gather::BLOCK_THREADS,
+                block_threads,
             )
         }
     }
@@ -139,14 +142,14 @@ impl Kernels {
         variant: usize,
         p: GatherParams,
     ) -> Result<()> {
-        let threads = gather_threads(variant, &p)?;
+        let (threads, block_threads) = gather_threads(variant, &p)?;
         let own = pick(&self.gather, variant, "gather")?;
         let empty = Loaded {
             function: self.empty.function.clone(),
             blocks_per_sm: own.blocks_per_sm,
         };
         // SAFETY: the empty kernel touches no memory.
-        unsafe { self.launch(&empty, threads, stream, p, gather::BLOCK_THREADS) }
+        unsafe { self.launch(&empty, threads, stream, p, block_threads) }
     }
 
     /// Launches gather + dequant `variant` (an index into `dequant::VARIANTS`) on `stream`.
@@ -384,8 +387,9 @@ impl Kernels {
         unsafe { self.launch_exact(function, blocks, threads, stream, p) }
     }
 
-    /// One launch of `threads` threads in blocks of `BLOCK_THREADS`, the grid capped at what fits
-    /// on the device at once (the kernels are grid-stride loops). No threads: no launch.
+    /// One launch of `threads` threads in blocks of `block_threads`, the grid capped at what fits
+    /// on the device at once (the kernels are grid-stride loops); `kernel.blocks_per_sm` was
+    /// measured for that block size. No threads: no launch.
     unsafe fn launch<P: Copy>(
         &self,
         kernel: &Loaded,
@@ -466,8 +470,9 @@ fn check_gemv(p: &GemvParams) -> Result<()> {
     Ok(())
 }
 
-/// Checks a gather's shape and returns the threads gather `variant` needs for it.
-fn gather_threads(variant: usize, p: &GatherParams) -> Result<u64> {
+/// Checks a gather's shape and returns the threads gather `variant` needs for it and its block
+/// size.
+fn gather_threads(variant: usize, p: &GatherParams) -> Result<(u64, u32)> {
     if p.row_bytes == 0 || !p.row_bytes.is_multiple_of(CHUNK_BYTES) {
         return Err(Error::invalid(
             "row width",
@@ -477,8 +482,13 @@ fn gather_threads(variant: usize, p: &GatherParams) -> Result<u64> {
             ),
         ));
     }
+    let shape = gather::VARIANTS
+        .get(variant)
+        .ok_or_else(|| Error::invalid("gather variant", format!("no variant {variant}")))?
+        .shape;
     if p.n == 0 {
-        return Ok(0); // nothing to write: the addresses of empty buffers may be null
+        // nothing to write: the addresses of empty buffers may be null
+        return Ok((0, shape.block_threads()));
     }
     check_aligned("table", p.table)?;
     check_aligned("out", p.out)?;
@@ -486,15 +496,16 @@ fn gather_threads(variant: usize, p: &GatherParams) -> Result<u64> {
     check_aligned_to("status", p.status, 8)?;
     let chunks = (p.row_bytes / CHUNK_BYTES) as u64;
     check_chunk_count(p.n * chunks)?;
-    let shape = gather::VARIANTS
-        .get(variant)
-        .ok_or_else(|| Error::invalid("gather variant", format!("no variant {variant}")))?
-        .shape;
-    Ok(match shape {
+    let threads = match shape {
         gather::Shape::ChunkPerThread { unroll } => (p.n * chunks).div_ceil(unroll as u64),
         gather::Shape::WarpPerRow => p.n * 32,
         gather::Shape::WarpPerRows => p.n.div_ceil(32) * 32,
-    })
+        gather::Shape::TilePerBlock {
+            block_threads,
+            tile_bytes,
+        } => (p.n * p.row_bytes as u64).div_ceil(tile_bytes as u64) * block_threads as u64,
+    };
+    Ok((threads, shape.block_threads()))
 }
 
 /// The kernels index 16-byte chunks with 32-bit arithmetic.
@@ -526,4 +537,34 @@ fn pick<'a>(loaded: &'a [Loaded], variant: usize, family: &'static str) -> Resul
     loaded
         .get(variant)
         .ok_or_else(|| Error::invalid("variant", format!("{family} has no variant {variant}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tile_variant_gets_one_block_of_its_size_per_tile() {
+        let variant = gather::VARIANTS
+            .iter()
+            .position(|v| v.name == "gather_bulk")
+            .unwrap();
+        let p = GatherParams {
+            table: 0x1000,
+            ids: 0x2000,
+            out: 0x3000,
+            status: 0x4000,
+            n: 1000,
+            rows: 10,
+            row_bytes: 256,
+            _pad: 0,
+        };
+        // 1000 rows of 256 bytes fill 31.25 tiles of 8 KiB: 32 blocks of one warp.
+        assert_eq!(gather_threads(variant, &p).unwrap(), (32 * 32, 32));
+        let chunked = GatherParams { n: 0, ..p };
+        assert_eq!(
+            gather_threads(0, &chunked).unwrap(),
+            (0, gather::BLOCK_THREADS)
+        );
+    }
 }

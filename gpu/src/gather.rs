@@ -1,10 +1,13 @@
 //! Row gather: `out[i] = table[ids[i]]`, rows a multiple of 16 bytes, int64 ids.
 //!
-//! Every variant reads each row with 16-byte loads that skip L1 (a gathered row is read once) and
-//! writes 16-byte stores; an id outside `0..rows` writes a zero row and is recorded in the
-//! launch's `IdStatus`. A new variant is one kernel below plus one line in [`VARIANTS`].
+//! Most variants read each row with 16-byte loads that skip L1 (a gathered row is read once) and
+//! write 16-byte stores; the others move rows through shared memory with asynchronous copies
+//! (`cp.async`, or bulk copies in and bulk stores out), which hold the bytes in flight without
+//! registers. An id outside `0..rows` writes a zero row and is recorded in the launch's
+//! `IdStatus`. A new variant is one kernel below plus one line in [`VARIANTS`].
 
-/// Threads per block for every gather and dequant launch.
+/// Threads per block for every gather and dequant launch, unless the variant's [`Shape`] says
+/// otherwise.
 pub const BLOCK_THREADS: u32 = 256;
 
 /// How a variant maps work to threads; the host sizes the grid from it.
@@ -18,6 +21,20 @@ pub enum Shape {
     /// One warp per 32 consecutive rows: each lane loads one id (the next batch's ids are
     /// loaded before this batch's rows), then the lanes walk the batch's chunks in order.
     WarpPerRows,
+    /// One block of `block_threads` threads per tile of `tile_bytes` consecutive output bytes
+    /// (the last tile partial), over a grid of at most as many blocks as fit on the device at
+    /// once, each block striding over the tiles.
+    TilePerBlock { block_threads: u32, tile_bytes: u32 },
+}
+
+impl Shape {
+    /// Threads per block of a launch of this shape.
+    pub const fn block_threads(self) -> u32 {
+        match self {
+            Shape::TilePerBlock { block_threads, .. } => block_threads,
+            _ => BLOCK_THREADS,
+        }
+    }
 }
 
 /// A kernel of the gather family: its PTX entry name and shape.
@@ -90,6 +107,29 @@ pub const VARIANTS: &[Variant] = &[
         about: "a thread per 16-byte chunk, streaming (evict-first) stores",
     },
     Variant {
+        name: "gather_chunk16_nohint_x4",
+        shape: Shape::ChunkPerThread { unroll: 4 },
+        about: "a thread per 16-byte chunk, 4 unhinted loads in flight per thread",
+    },
+    Variant {
+        name: "gather_cp_async",
+        shape: Shape::ChunkPerThread { unroll: 1 },
+        about: "a thread per 16-byte chunk, 4 cp.async copies in flight through shared memory",
+    },
+    Variant {
+        name: "gather_cp_async_x8",
+        shape: Shape::ChunkPerThread { unroll: 1 },
+        about: "a thread per 16-byte chunk, 8 cp.async copies in flight through shared memory",
+    },
+    Variant {
+        name: "gather_bulk",
+        shape: Shape::TilePerBlock {
+            block_threads: 32,
+            tile_bytes: BULK_TILE_BYTES,
+        },
+        about: "a warp per 8 KiB output tile: bulk row copies into shared memory, one bulk store",
+    },
+    Variant {
         name: "gather_warp_batch_x4",
         shape: Shape::WarpPerRows,
         about: "a warp per 32 rows: ids in one load, 4 chunks in flight per lane",
@@ -106,17 +146,30 @@ pub const VARIANTS: &[Variant] = &[
     },
 ];
 
+/// Output bytes per tile of `gather_bulk`: 32 rows of 256 bytes.
+pub const BULK_TILE_BYTES: u32 = 8192;
+
 /// A kernel that takes [`GatherParams`](crate::params::GatherParams) and does nothing: the launch
 /// cost every small gather is measured against.
 pub const EMPTY_KERNEL: &str = "gather_empty";
 
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
+    use core::num::NonZeroU32;
+
+    use super::{BLOCK_THREADS, BULK_TILE_BYTES};
     use crate::device::{
-        global_thread, grid_threads, hint, load_hinted_16, load_i64, load_i64_early,
+        block, blocks, global_thread, grid_threads, hint, load_hinted_16, load_i64, load_i64_early,
         load_stream_16, prefetch_l2, record_bad_id, shuffle_i64, store_16, store_16_streaming,
+        thread_in_block, warp_sync,
     };
     use crate::params::{CHUNK_BYTES, GatherParams};
+    use crate::smem::{
+        bulk_commit, bulk_load, bulk_store, bulk_wait, bulk_wait_read, commit_async, copy_async_16,
+        fence_mbarrier_init, fence_proxy_async, load_shared_16, mbarrier_arrive,
+        mbarrier_expect_tx, mbarrier_init, mbarrier_wait, shared_buffer, store_shared_16,
+        wait_async, wait_async_oldest,
+    };
 
     /// The source address of output row `i`'s chunk `c`, or `None` (after recording it) when the
     /// row's id is outside the table.
@@ -133,6 +186,13 @@ mod kernels {
             }
             None
         }
+    }
+
+    /// 16-byte chunks per row: at least 1 (the host refuses narrower rows), as a type whose
+    /// divisions need no zero check.
+    #[inline(always)]
+    fn row_chunks(p: &GatherParams) -> NonZeroU32 {
+        NonZeroU32::new(p.row_bytes / CHUNK_BYTES).unwrap_or(NonZeroU32::MIN)
     }
 
     /// Splits a chunk number into (row, chunk in row); `t < n * chunks < 2^32`, checked on the host.
@@ -305,6 +365,300 @@ mod kernels {
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_chunk16_x4(p: GatherParams) {
         unsafe { chunk_per_thread::<4, false, { hint::STREAM }>(&p) }
+    }
+
+    /// Per thread: four unhinted chunks in flight.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_chunk16_nohint_x4(p: GatherParams) {
+        unsafe { chunk_per_thread::<4, false, { hint::PLAIN }>(&p) }
+    }
+
+    /// Per thread: a ring of 4 16-byte shared slots, each filled by `cp.async` a grid-stride
+    /// step ahead of its store, so 4 chunks are in flight per thread without holding registers.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_cp_async(p: GatherParams) {
+        const DEPTH: u32 = 4;
+        let ring = shared_buffer::<{ DEPTH * BLOCK_THREADS * CHUNK_BYTES }>();
+        // SAFETY: the host launches BLOCK_THREADS threads a block, for which the ring is sized.
+        unsafe { chunk_ring::<DEPTH>(&p, ring) }
+    }
+
+    /// As `gather_cp_async`, 8 chunks in flight per thread.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_cp_async_x8(p: GatherParams) {
+        const DEPTH: u32 = 8;
+        let ring = shared_buffer::<{ DEPTH * BLOCK_THREADS * CHUNK_BYTES }>();
+        // SAFETY: as above.
+        unsafe { chunk_ring::<DEPTH>(&p, ring) }
+    }
+
+    /// One chunk per grid-stride step, as `chunk_per_thread`, through a ring of `DEPTH` shared
+    /// slots: step `k + DEPTH`'s copy starts as soon as step `k` is stored. The slots of one
+    /// depth lie side by side (thread `t` at `16 t`), so the block's accesses hit every bank once.
+    /// Each thread reads back only what it copied itself, so no barrier is needed; ids load one
+    /// step before their copy starts.
+    ///
+    /// # Safety
+    /// `ring` is a shared buffer of `DEPTH * BLOCK_THREADS * 16` bytes and the block has at most
+    /// BLOCK_THREADS threads.
+    #[inline(always)]
+    unsafe fn chunk_ring<const DEPTH: u32>(p: &GatherParams, ring: u32) {
+        let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
+        let total = p.n * chunks as u64;
+        let stride = grid_threads();
+        let mine = ring + thread_in_block() * CHUNK_BYTES;
+        let slot_addr = |slot: u32| mine + slot * BLOCK_THREADS * CHUNK_BYTES;
+        let id_of = |t: u64| {
+            // SAFETY: t < total, so its row is below n and inside the ids array.
+            if t < total {
+                unsafe { load_i64_early(p.ids + 8 * split(t, chunks).0) }
+            } else {
+                -1
+            }
+        };
+        // Starts step t's copy into `slot`, or zeroes the slot for a bad id; past the end, nothing.
+        let fill = |t: u64, id: i64, slot: u32| {
+            if t >= total {
+                return;
+            }
+            let (i, c) = split(t, chunks);
+            if id >= 0 && (id as u64) < p.rows {
+                let src = p.table + id as u64 * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64;
+                // SAFETY: id < rows and c < chunks: inside row `id`; the slot is this thread's
+                // and was read back (or never used) before this refill.
+                unsafe { copy_async_16(slot_addr(slot), src) };
+            } else {
+                // SAFETY: this thread's slot, as above.
+                unsafe { store_shared_16(slot_addr(slot), [0; 4]) };
+                if c == 0 {
+                    // SAFETY: the host passes the address of a live IdStatus.
+                    unsafe { record_bad_id(p.status, i) };
+                }
+            }
+        };
+        let mut t = global_thread();
+        for slot in 0..DEPTH {
+            let step = t + slot as u64 * stride;
+            fill(step, id_of(step), slot);
+            commit_async();
+        }
+        let mut ahead = id_of(t + DEPTH as u64 * stride);
+        let mut slot = 0;
+        while t < total {
+            // The oldest group, this step's copy, has landed.
+            wait_async_oldest::<DEPTH>();
+            // SAFETY: this thread's slot, filled for step t (copied or zeroed).
+            let data = unsafe { load_shared_16(slot_addr(slot)) };
+            let (i, c) = split(t, chunks);
+            // SAFETY: chunk c of output row i < n, owned by this thread.
+            unsafe {
+                store_16(
+                    p.out + i * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64,
+                    data,
+                )
+            };
+            let refill = t + DEPTH as u64 * stride;
+            let next_ahead = id_of(refill + stride);
+            fill(refill, ahead, slot);
+            commit_async();
+            ahead = next_ahead;
+            slot = if slot + 1 == DEPTH { 0 } else { slot + 1 };
+            t += stride;
+        }
+        wait_async::<0>();
+    }
+
+    /// Tiles in flight per block of `gather_bulk`: one is stored while the others load.
+    const BULK_STAGES: u32 = 4;
+
+    /// Per warp (one a block): output tiles of 8 KiB, each filled by one bulk copy per row into
+    /// a shared stage and written out by one bulk store, 4 stages deep; the bulk copy engine
+    /// holds the bytes in flight, not registers.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_bulk(p: GatherParams) {
+        let smem = shared_buffer::<{ BULK_STAGES * BULK_TILE_BYTES + 8 * BULK_STAGES }>();
+        // SAFETY: the buffer holds the stages and, after them, one mbarrier per stage; the
+        // host launches one warp a block (Shape::TilePerBlock).
+        unsafe { bulk_tiles::<BULK_TILE_BYTES, BULK_STAGES>(&p, smem) }
+    }
+
+    /// The pipeline of `gather_bulk`. The block's `k`-th tile is tile `block + k * blocks` of
+    /// the output, staged in `k % STAGES`; that stage's mbarrier completes one phase per tile
+    /// (32 arrivals, one a lane, plus the bytes its copies bring), so the `k`-th tile's phase
+    /// has parity `(k / STAGES) % 2`. Lane 0 issues every bulk store, so its group count says
+    /// when a stage may be refilled: tile `k - 1 + STAGES` goes into the stage of tile `k - 1`
+    /// once that tile's store has read it, while tile `k`'s store runs.
+    ///
+    /// # Safety
+    /// `smem` is a shared buffer of `STAGES * TILE` bytes followed by `8 * STAGES` bytes, and the
+    /// block is one warp.
+    #[inline(always)]
+    unsafe fn bulk_tiles<const TILE: u32, const STAGES: u32>(p: &GatherParams, smem: u32) {
+        // A refill goes into the stage before the awaited one, so there must be two.
+        const { assert!(STAGES >= 2 && TILE.is_multiple_of(CHUNK_BYTES)) };
+        let lane = thread_in_block();
+        let bars = smem + STAGES * TILE;
+        let chunks = row_chunks(p);
+        let total = p.n * chunks.get() as u64;
+        let tiles = total.div_ceil((TILE / CHUNK_BYTES) as u64);
+        let (first, step) = (block() as u64, (blocks() as u64).max(1));
+        if first >= tiles {
+            return;
+        }
+        let mine = (tiles - first).div_ceil(step);
+        if lane == 0 {
+            for s in 0..STAGES {
+                // SAFETY: the barrier words lie after the stages, 8-byte aligned, used by
+                // nothing else; the warp syncs below before any use.
+                unsafe { mbarrier_init(bars + 8 * s, 32) };
+            }
+            fence_mbarrier_init();
+        }
+        warp_sync();
+        let stage = |k: u64| (k % STAGES as u64) as u32;
+        // The id of this lane's first row in the block's k-th tile (-1 if it has none), issued
+        // where it stands so that it loads while the warp waits.
+        let first_id = |k: u64| {
+            // The tile starts below total < 2^32.
+            let start = ((first + k * step) * (TILE / CHUNK_BYTES) as u64) as u32;
+            let row = (start / chunks + lane) as u64;
+            // SAFETY: row < n: inside the ids array.
+            if row < p.n {
+                unsafe { load_i64_early(p.ids + 8 * row) }
+            } else {
+                -1
+            }
+        };
+        let fill = |k: u64, id: i64| {
+            let s = stage(k);
+            // SAFETY: tile `first + k * step` exists (k < mine); stage s is free: never used,
+            // or its last tile was awaited and its store has read it.
+            unsafe {
+                fill_tile::<TILE>(
+                    p,
+                    smem + s * TILE,
+                    bars + 8 * s,
+                    first + k * step,
+                    total,
+                    id,
+                )
+            }
+        };
+        for k in 0..STAGES as u64 {
+            if k < mine {
+                fill(k, first_id(k));
+            }
+        }
+        for k in 0..mine {
+            let s = stage(k);
+            let refill = k >= 1 && k - 1 + (STAGES as u64) < mine;
+            let ahead = if refill {
+                first_id(k - 1 + STAGES as u64)
+            } else {
+                -1
+            };
+            // SAFETY: tile k was filled into stage s (above, or when tile k - STAGES was stored),
+            // and each of its lanes arrives once, so the phase completes.
+            unsafe { mbarrier_wait(bars + 8 * s, ((k / STAGES as u64) % 2) as u32) };
+            if lane == 0 {
+                let start = (first + k * step) * (TILE / CHUNK_BYTES) as u64;
+                let end = (start + (TILE / CHUNK_BYTES) as u64).min(total);
+                fence_proxy_async();
+                // SAFETY: output chunks start..end lie in the output, written by this store
+                // alone; the stage holds them (the phase completed) and is not rewritten before
+                // the wait below.
+                unsafe {
+                    bulk_store(
+                        p.out + start * CHUNK_BYTES as u64,
+                        smem + s * TILE,
+                        ((end - start) * CHUNK_BYTES as u64) as u32,
+                    )
+                };
+                bulk_commit();
+            }
+            if refill {
+                if lane == 0 {
+                    // Every store but tile k's has read its stage, tile k - 1's among them.
+                    bulk_wait_read::<1>();
+                }
+                warp_sync();
+                fill(k - 1 + STAGES as u64, ahead);
+            }
+        }
+        if lane == 0 {
+            // The stores read shared memory, which must outlive them.
+            bulk_wait::<0>();
+        }
+    }
+
+    /// One lane's share of filling tile `tile` (output chunks `tile * TILE / 16` on, at most
+    /// `TILE / 16`, below `total`) into the shared `stage`: the lanes take the rows the tile
+    /// touches in turn; each copies its part of a row with one bulk copy (first raising the
+    /// barrier's expected bytes by its size), or zeroes it for an id outside the table (recorded
+    /// once, by the part holding the row's first chunk); then the lane arrives on `bar`.
+    /// `first_id` is the id of the lane's first row, loaded by the caller ahead of time.
+    ///
+    /// # Safety
+    /// `stage` holds TILE bytes of shared memory nothing reads or writes until `bar`'s current
+    /// phase completes; `bar` expects one arrival from each of the 32 lanes, all calling this;
+    /// `tile` starts below `total`, and `total = n * row_bytes / 16 < 2^32`.
+    #[inline(always)]
+    unsafe fn fill_tile<const TILE: u32>(
+        p: &GatherParams,
+        stage: u32,
+        bar: u32,
+        tile: u64,
+        total: u64,
+        first_id: i64,
+    ) {
+        let chunks = row_chunks(p);
+        let start = (tile * (TILE / CHUNK_BYTES) as u64) as u32;
+        let end = (start as u64 + (TILE / CHUNK_BYTES) as u64).min(total) as u32;
+        let last_row = (end - 1) / chunks;
+        let mut row = start / chunks + thread_in_block();
+        let mut id = first_id;
+        let mut zeroed = false;
+        while row <= last_row {
+            let row_start = row * chunks.get();
+            let (a, b) = (row_start.max(start), (row_start + chunks.get()).min(end));
+            let dst = stage + (a - start) * CHUNK_BYTES;
+            let bytes = (b - a) * CHUNK_BYTES;
+            if id >= 0 && (id as u64) < p.rows {
+                let src = p.table
+                    + id as u64 * p.row_bytes as u64
+                    + ((a - row_start) * CHUNK_BYTES) as u64;
+                // SAFETY: chunks a..b of row `id` lie in the table and go to their place in the
+                // stage; the expected bytes rise before the copy can complete them, and before
+                // this lane arrives.
+                unsafe {
+                    mbarrier_expect_tx(bar, bytes);
+                    bulk_load(dst, src, bytes, bar);
+                }
+            } else {
+                let mut at = dst;
+                while at < dst + bytes {
+                    // SAFETY: inside this lane's part of the stage.
+                    unsafe { store_shared_16(at, [0; 4]) };
+                    at += CHUNK_BYTES;
+                }
+                zeroed = true;
+                if a == row_start {
+                    // SAFETY: the host passes the address of a live IdStatus.
+                    unsafe { record_bad_id(p.status, row as u64) };
+                }
+            }
+            row += 32;
+            if row <= last_row {
+                // SAFETY: row <= last_row < n: inside the ids array.
+                id = unsafe { load_i64(p.ids + 8 * row as u64) };
+            }
+        }
+        if zeroed {
+            // The zeros are read by the bulk store, through the async proxy.
+            fence_proxy_async();
+        }
+        // SAFETY: the phase expects this lane's one arrival.
+        unsafe { mbarrier_arrive(bar) };
     }
 
     /// Per warp: 32 rows, 4 chunks in flight per lane.

@@ -26,6 +26,8 @@ pub mod spin;
 
 #[cfg(target_arch = "nvptx64")]
 mod device;
+#[cfg(target_arch = "nvptx64")]
+mod smem;
 
 /// A kernel entry point the host may load: its name, the size of the one parameter struct it
 /// takes, and what it does (for `fetchahead kernels`).
