@@ -37,6 +37,7 @@ const WINDOWS_US: [u64; 3] = [5, 20, 50];
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Mode {
     None,
+    NoneStream,
     Prefetch,
     PrefetchWide,
     PrefetchDefaultBudget,
@@ -45,8 +46,9 @@ enum Mode {
 }
 
 impl Mode {
-    const ALL: [Mode; 6] = [
+    const ALL: [Mode; 7] = [
         Mode::None,
+        Mode::NoneStream,
         Mode::Prefetch,
         Mode::PrefetchWide,
         Mode::PrefetchDefaultBudget,
@@ -57,6 +59,7 @@ impl Mode {
     fn name(self) -> &'static str {
         match self {
             Mode::None => "none",
+            Mode::NoneStream => "none_stream",
             Mode::Prefetch => "prefetch",
             Mode::PrefetchWide => "prefetch_wide",
             Mode::PrefetchDefaultBudget => "prefetch_default_budget",
@@ -204,7 +207,7 @@ fn setup(bench: &Bench, gemv: &Gemv, mode: Mode, ns: u64, graph: bool) -> Result
     let mut config = PlanConfig::for_l2(gpu.l2_bytes);
     config.budget_per_window = w_bytes;
     let plan = match mode {
-        Mode::None | Mode::AccessPolicy => None,
+        Mode::None | Mode::NoneStream | Mode::AccessPolicy => None,
         Mode::Prefetch => Some(config),
         Mode::PrefetchWide => Some(PlanConfig {
             max_blocks: gpu.multiprocessors,
@@ -343,7 +346,16 @@ fn run(c: &mut Criterion) -> Result<()> {
             let rows = (w_mib * MIB / (2 * K as u64)) as usize;
             let x = random_bf16(&mut rng, m as usize * K as usize);
             let w = random_bf16(&mut rng, rows * K as usize);
-            let gemv = Gemv::new(&bench.kernels, &bench.stream, &x, &w, m, K)?;
+            let host_gemv = Gemv::new(&bench.kernels, &bench.stream, &x, &w, m, K)?;
+            // The same product with streaming weight loads: the fastest GEMV from DRAM.
+            let stream_launch = GemvLaunch {
+                variant: gemv::VARIANTS
+                    .iter()
+                    .position(|v| m <= v.max_m && v.loads == gemv::WeightLoads::Stream)
+                    .expect("a streaming GEMV variant covers M <= 16"),
+                ..host_gemv.launch_config()
+            };
+            let stream_gemv = Gemv::with_launch(&bench.stream, &x, &w, m, K, stream_launch)?;
             for t_us in WINDOWS_US {
                 let ns = t_us * 1000;
                 for graph in [false, true] {
@@ -351,7 +363,12 @@ fn run(c: &mut Criterion) -> Result<()> {
                         continue;
                     }
                     for mode in Mode::ALL {
-                        let mut s = match setup(&bench, &gemv, mode, ns, graph) {
+                        let gemv = if mode == Mode::NoneStream {
+                            &stream_gemv
+                        } else {
+                            &host_gemv
+                        };
+                        let mut s = match setup(&bench, gemv, mode, ns, graph) {
                             Ok(s) => s,
                             Err(e) if mode == Mode::AccessPolicy => {
                                 println!("access-policy mode unavailable: {e}");
@@ -375,7 +392,7 @@ fn run(c: &mut Criterion) -> Result<()> {
                             b.iter_custom(|iters| {
                                 let mut total = std::time::Duration::ZERO;
                                 for _ in 0..iters {
-                                    match iteration(&bench, &gemv, ns, &mut s) {
+                                    match iteration(&bench, gemv, ns, &mut s) {
                                         Ok((g, t)) => {
                                             store.push((g, t));
                                             total += std::time::Duration::from_secs_f64(t * 1e-6);
@@ -565,11 +582,21 @@ fn event_us(bench: &Bench) -> Result<f64> {
 /// The table: per configuration the medians of GEMV and window + GEMV, ratios to no prefetch.
 fn summary(samples: &mut BTreeMap<Key, Samples>) {
     println!(
-        "\n== L2 prefetch: medians in us; speedup = none / mode; p10-p90 of none's window+GEMV is the spread"
+        "\n== L2 prefetch: medians in us; speedup = none / mode; p10-p90 of none's window+GEMV is the spread;\n   x stream = none_stream's GEMV (streaming weight loads, the fastest from DRAM) / mode's GEMV"
     );
     println!(
-        "{:<6} {:>3} {:>4} {:>4} {:<24} {:>9} {:>10} {:>8} {:>9} {:>12}",
-        "exec", "M", "WMiB", "Tus", "mode", "gemv", "win+gemv", "gemv x", "total x", "none spread"
+        "{:<6} {:>3} {:>4} {:>4} {:<24} {:>9} {:>10} {:>8} {:>9} {:>9} {:>12}",
+        "exec",
+        "M",
+        "WMiB",
+        "Tus",
+        "mode",
+        "gemv",
+        "win+gemv",
+        "gemv x",
+        "x stream",
+        "total x",
+        "none spread"
     );
     let keys: Vec<Key> = samples.keys().copied().collect();
     let mut goal_gemv = Vec::new();
@@ -587,8 +614,11 @@ fn summary(samples: &mut BTreeMap<Key, Samples>) {
         let (g0, t0, spread0) = samples
             .get(&none_key)
             .map_or((f64::NAN, f64::NAN, f64::NAN), stats);
+        let (gs, ..) = samples
+            .get(&(m, w, t, graph, Mode::NoneStream))
+            .map_or((f64::NAN, f64::NAN, f64::NAN), stats);
         println!(
-            "{:<6} {:>3} {:>4} {:>4} {:<24} {:>9.2} {:>10.2} {:>8.2} {:>9.3} {:>12.2}",
+            "{:<6} {:>3} {:>4} {:>4} {:<24} {:>9.2} {:>10.2} {:>8.2} {:>9.2} {:>9.3} {:>12.2}",
             if graph { "graph" } else { "eager" },
             m,
             w,
@@ -597,30 +627,32 @@ fn summary(samples: &mut BTreeMap<Key, Samples>) {
             g,
             total,
             g0 / g,
+            gs / g,
             t0 / total,
             spread0
         );
         if matches!(mode, Mode::Prefetch | Mode::PrefetchWide) && t >= 20 && w <= 32 {
-            goal_gemv.push((key, g0 / g));
+            goal_gemv.push((key, g0 / g, gs / g));
         }
-        if mode != Mode::None && total - t0 > spread0 {
+        if !matches!(mode, Mode::None | Mode::NoneStream) && total - t0 > spread0 {
             slower.push((key, total - t0, spread0));
         }
     }
     for goal_mode in [Mode::Prefetch, Mode::PrefetchWide] {
         let of_mode: Vec<_> = goal_gemv
             .iter()
-            .filter(|((.., mode), _)| *mode == goal_mode)
+            .filter(|((.., mode), ..)| *mode == goal_mode)
             .collect();
-        let met = of_mode.iter().filter(|(_, r)| *r >= 1.3).count();
+        let met = of_mode.iter().filter(|(_, r, _)| *r >= 1.3).count();
+        let met_stream = of_mode.iter().filter(|(.., r)| *r >= 1.3).count();
         println!(
-            "goal, GEMV >= 1.3x faster after a window >= 20 us ({}, budget W): {met} of {} configurations",
+            "goal, GEMV >= 1.3x faster after a window >= 20 us ({}, budget W): {met} of {} configurations against none, {met_stream} against none_stream",
             goal_mode.name(),
             of_mode.len()
         );
-        for ((m, w, t, graph, _), r) in of_mode.iter().filter(|(_, r)| *r < 1.3) {
+        for ((m, w, t, graph, _), r, rs) in of_mode.iter().filter(|(_, r, _)| *r < 1.3) {
             println!(
-                "  missed: M{m} W{w}MiB T{t}us {}: {r:.2}x",
+                "  missed: M{m} W{w}MiB T{t}us {}: {r:.2}x ({rs:.2}x against none_stream)",
                 if *graph { "graph" } else { "eager" }
             );
         }

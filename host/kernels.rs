@@ -18,8 +18,8 @@ use crate::gpu::Gpu;
 use crate::ptx::{self, BuiltPtx};
 use crate::{Error, Result};
 
-/// GEMV warps a multiprocessor that [`Kernels::gemv_splits`] aims for.
-pub const GEMV_WARPS_PER_SM: u32 = 8;
+/// GEMV warps a multiprocessor that [`Kernels::gemv_splits`] stays within.
+pub const GEMV_WARPS_PER_SM: u32 = 16;
 /// The most K splits [`Kernels::gemv_splits`] picks.
 pub const GEMV_MAX_SPLITS: u32 = 16;
 
@@ -273,14 +273,14 @@ impl Kernels {
         unsafe { self.launch(&self.spin, threads, stream, p, gather::BLOCK_THREADS) }
     }
 
-    /// K splits for a GEMV of `n x k` weights on this device: enough warps to keep every
-    /// multiprocessor's loads in flight ([`GEMV_WARPS_PER_SM`] each, at most
-    /// [`GEMV_MAX_SPLITS`] splits), each split a whole number of 32-K steps.
+    /// K splits for a GEMV of `n x k` weights on this device: the most (up to
+    /// [`GEMV_MAX_SPLITS`]) that keep the warps within [`GEMV_WARPS_PER_SM`] a multiprocessor,
+    /// each split a whole number of 32-K steps. The H200 sweep (2026-11-29, K = 4096) was
+    /// fastest at 512, 1024, 2048 and 2048 warps for 4, 8, 16 and 32 MiB, which this gives.
     pub fn gemv_splits(&self, n: u32, k: u32) -> u32 {
         let groups = (n / GEMV_ROWS_PER_WARP).max(1);
-        let want = (GEMV_WARPS_PER_SM * self.gpu.multiprocessors)
-            .div_ceil(groups)
-            .clamp(1, GEMV_MAX_SPLITS);
+        let want =
+            (GEMV_WARPS_PER_SM * self.gpu.multiprocessors / groups).clamp(1, GEMV_MAX_SPLITS);
         let steps = k / GEMV_K_STEP;
         (1..=want)
             .rev()
