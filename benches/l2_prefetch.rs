@@ -322,6 +322,9 @@ fn run(c: &mut Criterion) -> Result<()> {
 
     let sections = Sections::from_env()?;
     let mut rng = SmallRng::seed_from_u64(7);
+    if sections.once {
+        once(&bench, &mut rng)?;
+    }
     if sections.sweep {
         gemv_sweep(&bench, &mut rng)?;
     }
@@ -434,13 +437,16 @@ fn run(c: &mut Criterion) -> Result<()> {
     Ok(())
 }
 
-/// Which parts run: `FETCHAHEAD_L2_BENCH` lists them (comma-separated `plan`, `sweep`, `rest`;
-/// all when unset). `plan` is the criterion run with its summary and peer, `sweep` the GEMV
-/// launch sweep, `rest` the issue time, slack and DGX Spark figures.
+/// Which parts run: `FETCHAHEAD_L2_BENCH` lists them (comma-separated `plan`, `sweep`, `rest`,
+/// `once`; all but `once` when unset). `plan` is the criterion run with its summary and peer,
+/// `sweep` the GEMV launch sweep, `rest` the issue time, slack and DGX Spark figures, `once` a
+/// few eager forwards per configuration for a profiler to time the kernels alone (see
+/// [`once`]).
 struct Sections {
     plan: bool,
     sweep: bool,
     rest: bool,
+    once: bool,
 }
 
 impl Sections {
@@ -450,22 +456,25 @@ impl Sections {
                 plan: true,
                 sweep: true,
                 rest: true,
+                once: false,
             });
         };
         let mut s = Sections {
             plan: false,
             sweep: false,
             rest: false,
+            once: false,
         };
         for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part {
                 "plan" => s.plan = true,
                 "sweep" => s.sweep = true,
                 "rest" => s.rest = true,
+                "once" => s.once = true,
                 other => {
                     return Err(Error::Invalid {
                         what: "FETCHAHEAD_L2_BENCH",
-                        why: format!("unknown part {other:?}; want plan, sweep or rest"),
+                        why: format!("unknown part {other:?}; want plan, sweep, rest or once"),
                     });
                 }
             }
@@ -564,6 +573,34 @@ fn gemv_sweep(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
                         c / wm,
                         if launch == default { "  (default)" } else { "" }
                     );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// For a profiler (ncu with `--cache-control none --clock-control none -k regex:gemv`): per M and
+/// W, `ONCE_REPS` eager forwards with a 20 us window and no prefetch, then as many with the
+/// plain prefetch (budget W), each after an L2 flush, one at a time. The profiler serializes the
+/// kernels, so the prefetched GEMVs find every prefetched line landed: their duration is what a
+/// complete prefetch gives, and the kernel durations leave the launch costs out.
+fn once(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
+    const ONCE_REPS: usize = 3;
+    println!(
+        "\n== once: per (M, W): {ONCE_REPS} GEMVs without prefetch, then {ONCE_REPS} prefetched"
+    );
+    for m in MS {
+        for w_mib in WEIGHTS_MIB {
+            let rows = (w_mib * MIB / (2 * K as u64)) as usize;
+            let x = random_bf16(rng, m as usize * K as usize);
+            let w = random_bf16(rng, rows * K as usize);
+            let gemv = Gemv::new(&bench.kernels, &bench.stream, &x, &w, m, K)?;
+            println!("M {m} W {w_mib} MiB: {:?}", gemv.launch_config());
+            for mode in [Mode::None, Mode::Prefetch] {
+                let mut s = setup(bench, &gemv, mode, 20_000, false)?;
+                for _ in 0..ONCE_REPS {
+                    iteration(bench, &gemv, 20_000, &mut s)?;
                 }
             }
         }

@@ -22,6 +22,9 @@
 //! compute raised to 1.1 x the measured lookup, and a decode step of fewer tokens (compute
 //! raised the same way only if its lookup does not fit under the standard compute).
 //!
+//! Simulated: tables in RAM whose lookups sleep 800 us, under the standard compute (20 steps a
+//! path and mode): the stall the prefetcher's own machinery leaves, without the disk's spread.
+//!
 //! Chain overhead: one prefetch and its gather on a stream, with a lookup that writes nothing
 //! (and one that sleeps 800 us), minus the time spent inside the lookup, per completion mode,
 //! eager and replayed: the fixed cost of the copy, completion and join machinery.
@@ -45,7 +48,7 @@ use fetchahead::forward::{
 };
 use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
-use fetchahead::lookup::RowLookup;
+use fetchahead::lookup::{MemoryRows, RowLookup};
 use fetchahead::prefetcher::{Completion, Prefetcher, PrefetcherConfig};
 use fetchahead::store::make::{TableSpec, write_table};
 use fetchahead::store::{LayerRows, ReadPath, RowStore, Stats, StoreOptions};
@@ -64,6 +67,11 @@ const FIT_MARGIN: f64 = 1.1;
 const CHAIN_REPS: usize = 20;
 const CHAIN_IDLE: Duration = Duration::from_millis(5);
 const CHAIN_SLEEP: Duration = Duration::from_micros(800);
+/// The simulated configuration: rows of its RAM tables, each lookup's sleep (under the standard
+/// 1 ms of compute before the first gather), and its timed steps per path and mode.
+const SIMULATED_ROWS: u64 = 1 << 16;
+const SIMULATED_LATENCY: Duration = Duration::from_micros(800);
+const SIMULATED_STEPS: usize = 20;
 
 fn knob(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -79,6 +87,11 @@ struct Sums {
     enqueue_ms: f64,
     overruns: u64,
     steps: u64,
+    /// The steps whose first Engram layer's own lookup took no longer than the compute before
+    /// its gather (the goal's condition, step by step), their GPU and lookup milliseconds.
+    held_steps: u64,
+    held_gpu_ms: f64,
+    held_lookup_ms: f64,
 }
 
 impl Sums {
@@ -94,13 +107,26 @@ impl Sums {
 /// Every run's sums, by name: `{configuration}/{who}/{path}/{eager|graph}`.
 type Runs = RefCell<BTreeMap<String, Sums>>;
 
-fn record(runs: &Runs, name: &str, t: StepTime) {
+/// One timed step and the milliseconds its first Engram layer's lookup took (0 without one).
+#[derive(Clone, Copy)]
+struct Timed {
+    time: StepTime,
+    lookup_ms: f64,
+}
+
+/// Adds step `t` to run `name`; `before_gather_ms` is the compute before the first gather.
+fn record(runs: &Runs, name: &str, t: Timed, before_gather_ms: f64) {
     let mut m = runs.borrow_mut();
     let e = m.entry(name.to_string()).or_default();
-    e.gpu_ms += t.gpu_ms;
-    e.enqueue_ms += t.enqueue_ms;
-    e.overruns += u64::from(t.lead_in_overrun);
+    e.gpu_ms += t.time.gpu_ms;
+    e.enqueue_ms += t.time.enqueue_ms;
+    e.overruns += u64::from(t.time.lead_in_overrun);
     e.steps += 1;
+    if t.lookup_ms > 0.0 && t.lookup_ms <= before_gather_ms {
+        e.held_steps += 1;
+        e.held_gpu_ms += t.time.gpu_ms;
+        e.held_lookup_ms += t.lookup_ms;
+    }
 }
 
 fn run_name(config: &str, who: &str, path: GatherPath, replayed: bool) -> String {
@@ -150,7 +176,8 @@ const REPORTED: [(&str, GatherPath); 4] = [
 struct Lookups {
     label: &'static str,
     what: String,
-    store: Arc<RowStore>,
+    /// The row store behind the tables (none for the simulated lookups).
+    store: Option<Arc<RowStore>>,
     tables: Vec<Arc<dyn LayerTable>>,
     evict: bool,
 }
@@ -196,15 +223,43 @@ impl Lookups {
         Lookups {
             label,
             what,
-            store,
+            store: Some(store),
             tables,
             evict,
         }
     }
 
+    /// Tables in RAM whose every lookup sleeps `latency` first: a lookup time without the disk's
+    /// spread, so that the stall measures the prefetcher alone.
+    fn simulated(rows: u64, latency: Duration) -> Lookups {
+        let tables = (0..LAYERS.len() as u64)
+            .map(|seed| {
+                let table = MemoryRows::generate(rows, DIM, seed).expect("generate a table");
+                table.set_latency(latency);
+                Arc::new(table) as Arc<dyn LayerTable>
+            })
+            .collect();
+        Lookups {
+            label: "simulated",
+            what: format!(
+                "tables in RAM, each lookup sleeping {} us",
+                latency.as_micros()
+            ),
+            store: None,
+            tables,
+            evict: false,
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        self.store
+            .as_ref()
+            .map_or_else(Stats::default, |s| s.stats())
+    }
+
     fn before_step(&self) {
-        if self.evict {
-            self.store.evict_page_cache().unwrap();
+        if let Some(store) = self.store.as_ref().filter(|_| self.evict) {
+            store.evict_page_cache().unwrap();
         }
     }
 
@@ -307,24 +362,30 @@ fn step(
     graph: Option<&CudaGraph>,
     tokens: usize,
     rng: &mut SmallRng,
-) -> StepTime {
+) -> Timed {
     let step: Vec<u32> = (0..tokens).map(|_| rng.random_range(0..VOCAB)).collect();
     forward.set_tokens(&step).unwrap();
     lookups.before_step();
-    match graph {
+    let busy = |f: &SimulatedForward| f.layer_stats(0).map_or(0, |s| s.lookup_ns);
+    let before = busy(forward);
+    let time = match graph {
         Some(graph) => forward.time_replay(graph),
         None => forward.time(path, tokens),
     }
-    .unwrap()
+    .unwrap();
+    Timed {
+        time,
+        lookup_ms: (busy(forward) - before) as f64 / 1e6,
+    }
 }
 
-/// `FIT_STEPS` timed steps (after one warm-up) of every variant's paths, eager and replayed, at
-/// the forwards' current compute; returns the GPU milliseconds of the steps with lookups.
+/// `steps` timed steps (after one warm-up) of every variant's paths, eager and replayed, at the
+/// forwards' current compute; returns the GPU milliseconds of the steps with lookups.
 fn fixed_steps(
     config: &str,
     forwards: &mut [(&'static Variant, SimulatedForward)],
     lookups: &Lookups,
-    tokens: usize,
+    (tokens, steps): (usize, usize),
     runs: &Runs,
     rng: &mut SmallRng,
 ) -> f64 {
@@ -336,11 +397,12 @@ fn fixed_steps(
                 let name = run_name(config, variant.who, path, replayed);
                 let graph = replayed.then_some(&graph);
                 step(forward, lookups, path, graph, tokens, rng);
-                for _ in 0..FIT_STEPS {
+                let before_gather_ms = forward.compute_before_first_gather_ms();
+                for _ in 0..steps {
                     let t = step(forward, lookups, path, graph, tokens, rng);
-                    record(runs, &name, t);
+                    record(runs, &name, t, before_gather_ms);
                     if path != GatherPath::Resident {
-                        lookup_steps_ms += t.gpu_ms;
+                        lookup_steps_ms += t.time.gpu_ms;
                     }
                 }
             }
@@ -530,7 +592,7 @@ fn prefetcher(c: &mut Criterion) {
         let label = lookups.label;
         let lookup = lookups.lookup_ms(rows, rows_per_lookup, &mut rng);
         let mut forwards = forwards(&kernels, &gpu, lookups, &shape, tokens);
-        let before = lookups.store.stats();
+        let before = lookups.stats();
         let mut lookup_steps_ms = 0.0;
         for (variant, forward) in &mut forwards {
             for &path in variant.paths {
@@ -540,14 +602,15 @@ fn prefetcher(c: &mut Criterion) {
                     group.bench_function(&name, |b| {
                         b.iter_custom(|iters| {
                             let mut total = 0.0;
+                            let before_gather_ms = forward.compute_before_first_gather_ms();
                             for _ in 0..iters {
                                 let graph = replayed.then_some(&graph);
                                 let t = step(forward, lookups, path, graph, tokens, &mut rng);
-                                record(&runs, &name, t);
+                                record(&runs, &name, t, before_gather_ms);
                                 if path != GatherPath::Resident {
-                                    lookup_steps_ms += t.gpu_ms;
+                                    lookup_steps_ms += t.time.gpu_ms;
                                 }
-                                total += t.gpu_ms;
+                                total += t.time.gpu_ms;
                             }
                             Duration::from_secs_f64(total / 1e3)
                         })
@@ -563,7 +626,7 @@ fn prefetcher(c: &mut Criterion) {
             compute_us: shape.compute_us,
             note: String::new(),
             lookup_ms: lookup,
-            store: delta(before, lookups.store.stats()),
+            store: delta(before, lookups.stats()),
             lookup_steps_ms,
         });
         if lookups.evict {
@@ -584,9 +647,15 @@ fn prefetcher(c: &mut Criterion) {
                 for (_, forward) in &mut forwards {
                     forward.set_compute_us(compute_us);
                 }
-                let before = lookups.store.stats();
-                let lookup_steps_ms =
-                    fixed_steps(name, &mut forwards, lookups, fit_tokens, &runs, &mut rng);
+                let before = lookups.stats();
+                let lookup_steps_ms = fixed_steps(
+                    name,
+                    &mut forwards,
+                    lookups,
+                    (fit_tokens, FIT_STEPS),
+                    &runs,
+                    &mut rng,
+                );
                 configs.push(Config {
                     name: name.to_string(),
                     what: lookups.what.clone(),
@@ -594,7 +663,7 @@ fn prefetcher(c: &mut Criterion) {
                     compute_us,
                     note,
                     lookup_ms: lookup,
-                    store: delta(before, lookups.store.stats()),
+                    store: delta(before, lookups.stats()),
                     lookup_steps_ms,
                 });
             }
@@ -608,6 +677,31 @@ fn prefetcher(c: &mut Criterion) {
         }
     }
     group.finish();
+
+    // Lookups of a fixed latency under the standard compute: the prefetcher's own share of the
+    // stall, without the disk's spread.
+    let simulated = Lookups::simulated(SIMULATED_ROWS, SIMULATED_LATENCY);
+    let lookup = simulated.lookup_ms(SIMULATED_ROWS, rows_per_lookup, &mut rng);
+    let mut forwards = forwards(&kernels, &gpu, &simulated, &shape, tokens);
+    let lookup_steps_ms = fixed_steps(
+        simulated.label,
+        &mut forwards,
+        &simulated,
+        (tokens, SIMULATED_STEPS),
+        &runs,
+        &mut rng,
+    );
+    configs.push(Config {
+        name: simulated.label.to_string(),
+        what: simulated.what.clone(),
+        tokens,
+        compute_us: shape.compute_us,
+        note: String::new(),
+        lookup_ms: lookup,
+        store: Stats::default(),
+        lookup_steps_ms,
+    });
+    drop(forwards);
 
     println!(
         "\nexposed stall = step - resident step (GPU time from a start event behind a \
@@ -640,7 +734,7 @@ fn report(config: &Config, runs: &Runs, heads: usize, shape: &ForwardShape) {
     println!(
         "{} lookups ({}): {} tokens = {rows} rows per Engram layer, {} layers of {} us{}; lookup \
          {:.3} ms per {rows} rows; compute before the first gather {before_gather_ms:.3} ms >= \
-         lookup: {}; over the steps with lookups: hit rate {:.1}%, {:.0} reads/s of step time",
+         lookup: {}; {}",
         config.name,
         config.what,
         config.tokens,
@@ -653,8 +747,15 @@ fn report(config: &Config, runs: &Runs, heads: usize, shape: &ForwardShape) {
         } else {
             "no"
         },
-        100.0 * d.hits as f64 / (d.hits + d.misses).max(1) as f64,
-        d.reads as f64 / (config.lookup_steps_ms / 1e3).max(1e-9)
+        if d.hits + d.misses == 0 {
+            "no row store".to_string()
+        } else {
+            format!(
+                "over the steps with lookups: hit rate {:.1}%, {:.0} reads/s of step time",
+                100.0 * d.hits as f64 / (d.hits + d.misses) as f64,
+                d.reads as f64 / (config.lookup_steps_ms / 1e3).max(1e-9)
+            )
+        }
     );
     for replayed in [false, true] {
         let mode = if replayed { "graph" } else { "eager" };
@@ -668,9 +769,28 @@ fn report(config: &Config, runs: &Runs, heads: usize, shape: &ForwardShape) {
             };
             let stall = run.gpu() - resident.gpu();
             let overruns = run.overruns + resident.overruns;
+            let held = if path != GatherPath::Prefetch {
+                String::new()
+            } else if run.held_steps > 0 {
+                let n = run.held_steps as f64;
+                let held_stall = run.held_gpu_ms / n - resident.gpu();
+                let held_lookup = run.held_lookup_ms / n;
+                format!(
+                    "; steps whose first lookup fit under its compute: {} of {}, stall {held_stall:.3} \
+                     ms = {:.1}% of their lookup ({held_lookup:.3} ms)",
+                    run.held_steps,
+                    run.steps,
+                    100.0 * held_stall / held_lookup.max(1e-9)
+                )
+            } else {
+                format!(
+                    "; no step's first lookup fit under its compute (of {})",
+                    run.steps
+                )
+            };
             println!(
                 "  {mode:<5} {who:<10} {:<8} step {:8.3} ms, resident {:8.3} ms, stall {stall:7.3} \
-                 ms = {:6.1}% of the lookup time; enqueue {:.3} ms (resident {:.3} ms){}",
+                 ms = {:6.1}% of the lookup time; enqueue {:.3} ms (resident {:.3} ms){held}{}",
                 format!("{path:?}"),
                 run.gpu(),
                 resident.gpu(),

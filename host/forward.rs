@@ -505,6 +505,17 @@ impl SimulatedForward {
         Ok(total)
     }
 
+    /// Milliseconds of compute a step runs before its first Engram gather.
+    pub fn compute_before_first_gather_ms(&self) -> f64 {
+        let first = self.shape.engram_layers.first().copied().unwrap_or(0);
+        (self.shape.compute_us * u64::from(first)) as f64 / 1e3
+    }
+
+    /// Engram layer `k`'s prefetcher stats (`None` past the last layer).
+    pub fn layer_stats(&self, k: usize) -> Option<Stats> {
+        self.layers.get(k).map(|layer| layer.prefetcher.stats())
+    }
+
     /// The prefetchers' stats, summed over the Engram layers.
     pub fn stats(&self) -> Stats {
         let mut total = Stats::default();

@@ -6,6 +6,7 @@
 //! built once, and a prefetch of `n` rows enqueues job `n`.
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use crate::Error;
 use crate::host_fn::HostCall;
@@ -72,6 +73,8 @@ struct Target {
     failures: Arc<FailureLog>,
     lookups: AtomicU64,
     rows: AtomicU64,
+    /// Nanoseconds spent inside lookups of at least one row.
+    busy_ns: AtomicU64,
 }
 
 // SAFETY: the raw pointers in `host` point into pinned buffers that the owning staging set keeps
@@ -93,12 +96,15 @@ impl Target {
                 std::slice::from_raw_parts_mut(self.host.scales, self.layout.scale_bytes(count)),
             )
         };
-        if count > 0 {
-            self.lookups.fetch_add(1, Ordering::Relaxed);
-            self.rows.fetch_add(count as u64, Ordering::Relaxed);
-        }
+        let start = Instant::now();
         if let Err(e) = lookup_or_zero(&*self.store, ids, weights, scales) {
             self.failures.record(&e, ids);
+        }
+        if count > 0 {
+            let ns = start.elapsed().as_nanos() as u64;
+            self.busy_ns.fetch_add(ns, Ordering::Relaxed);
+            self.lookups.fetch_add(1, Ordering::Relaxed);
+            self.rows.fetch_add(count as u64, Ordering::Relaxed);
         }
         // The rows sit in write-combined memory: drain them before whatever signals completion
         // (the driver after a host function, the flag store in flag mode).
@@ -146,6 +152,7 @@ impl LookupJobs {
             failures,
             lookups: AtomicU64::new(0),
             rows: AtomicU64::new(0),
+            busy_ns: AtomicU64::new(0),
         });
         let at = Arc::as_ptr(&target);
         let jobs = (0..=layout.capacity())
@@ -176,5 +183,10 @@ impl LookupJobs {
             self.target.lookups.load(Ordering::Relaxed),
             self.target.rows.load(Ordering::Relaxed),
         )
+    }
+
+    /// Nanoseconds spent inside those lookups.
+    pub fn busy_ns(&self) -> u64 {
+        self.target.busy_ns.load(Ordering::Relaxed)
     }
 }

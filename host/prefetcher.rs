@@ -73,6 +73,8 @@ pub struct Stats {
     pub sync_gathers: u64,
     pub lookups: u64,
     pub rows_looked_up: u64,
+    /// Nanoseconds spent inside those lookups (on the thread that ran them).
+    pub lookup_ns: u64,
     pub lookup_errors: u64,
     /// Whether gathers now take the synchronous path after a lookup error.
     pub fell_back: bool,
@@ -86,6 +88,7 @@ impl std::ops::AddAssign for Stats {
         self.sync_gathers += other.sync_gathers;
         self.lookups += other.lookups;
         self.rows_looked_up += other.rows_looked_up;
+        self.lookup_ns += other.lookup_ns;
         self.lookup_errors += other.lookup_errors;
         self.fell_back |= other.fell_back;
     }
@@ -524,6 +527,7 @@ impl Prefetcher {
             sync_gathers: self.sync_gathers,
             lookups: ahead_lookups + sync_lookups,
             rows_looked_up: ahead_rows + sync_rows,
+            lookup_ns: self.ahead.jobs.busy_ns() + self.sync.jobs.busy_ns(),
             lookup_errors: self.failures.count(),
             fell_back: self.fell_back,
         }
