@@ -4,10 +4,11 @@
 //! driver's one callback thread; a lane is a thread of the crate's own, woken by a flag.
 //!
 //! A lane runs one lookup at a time. Prefetchers whose lookups read one disk share a lane, so
-//! that two lookups do not split the disk between them: among the requests waiting, the lane
-//! runs the one of the lowest rank first (a forward ranks its Engram layers in gather order, so
-//! the lookup needed first never waits for a later layer's). A prefetcher made alone gets a lane
-//! of its own.
+//! that two lookups do not split the disk between them, and the lane's side stream, so that
+//! their requests arrive in the order their prefetches were enqueued (a forward enqueues its
+//! Engram layers in gather order, so the lookup needed first never waits for a later layer's).
+//! Among requests that wait together, the lane runs the one of the lowest rank first. A
+//! prefetcher made alone gets a lane of its own.
 //!
 //! Per prefetch the stream publishes `count + 1` in its slot's `request` word (after the ids
 //! copy), waits for `done == 1`, clears `done` and copies the rows. The values are the same at
@@ -17,7 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, sys};
+use cudarc::driver::{CudaContext, CudaStream, sys};
 
 use crate::error::CudaCall;
 use crate::lookup_job::LookupJobs;
@@ -115,10 +116,12 @@ impl LaneState {
     }
 }
 
-/// A lookup thread serving the flag slots registered with it, one lookup at a time.
+/// A lookup thread serving the flag slots registered with it, one lookup at a time, and the
+/// side stream its prefetchers share.
 pub struct FlagLane {
     state: Arc<LaneState>,
     thread: Option<JoinHandle<()>>,
+    side: Mutex<Option<Arc<CudaStream>>>,
 }
 
 impl FlagLane {
@@ -135,7 +138,26 @@ impl FlagLane {
         Ok(Arc::new(FlagLane {
             state,
             thread: Some(thread),
+            side: Mutex::new(None),
         }))
+    }
+
+    /// The side stream of the lane's prefetchers, made on first use in `ctx`: one stream keeps
+    /// their requests in the order they were enqueued. A lane serves one context.
+    pub(crate) fn side_stream(&self, ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
+        let mut side = self.side.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(stream) = side.as_ref() {
+            if !Arc::ptr_eq(stream.context(), ctx) {
+                return Err(Error::invalid(
+                    "flag lane",
+                    "its prefetchers must share one CUDA context",
+                ));
+            }
+            return Ok(stream.clone());
+        }
+        let stream = ctx.new_stream().call("cuStreamCreate")?;
+        *side = Some(stream.clone());
+        Ok(stream)
     }
 }
 

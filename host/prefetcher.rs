@@ -214,9 +214,10 @@ impl Prefetcher {
         Self::build(kernels, store, config, None)
     }
 
-    /// A flag-mode prefetcher whose lookups run on `lane`, shared with other prefetchers: among
-    /// the lane's waiting lookups, the lowest `rank` runs first (rank the layers in the order
-    /// of their gathers). `config.completion` must be [`Completion::Flag`].
+    /// A flag-mode prefetcher whose lookups run on `lane`, shared with other prefetchers. They
+    /// share the lane's side stream too, so their lookups run in the order their prefetches
+    /// were enqueued (in gather order, in a forward); `rank` orders requests that wait together.
+    /// `config.completion` must be [`Completion::Flag`].
     pub fn in_lane(
         kernels: Arc<Kernels>,
         store: Arc<dyn RowLookup>,
@@ -253,7 +254,12 @@ impl Prefetcher {
                 )
             })?;
         let ctx = kernels.gpu().ctx.clone();
-        let side = ctx.new_stream().call("cuStreamCreate")?;
+        // Prefetchers sharing a lane share its side stream too, so that their requests reach the
+        // lane in the order they were enqueued (an earlier layer's never behind a later one's).
+        let side = match &lane {
+            Some((lane, _)) => lane.side_stream(&ctx)?,
+            None => ctx.new_stream().call("cuStreamCreate")?,
+        };
         let failures = Arc::new(FailureLog::default());
         let ahead = Stage::new(&side, layout, &store, &failures)?;
         let sync = Stage::new(&side, layout, &store, &failures)?;
@@ -408,6 +414,11 @@ impl Prefetcher {
                 self.ahead
                     .enqueue(ids, count, self.side.cu_stream(), self.flag.as_ref())?
             };
+            // The join point is the end of this prefetch's own work: a side stream shared by a
+            // lane's prefetchers holds later prefetches behind it, which this gather must not
+            // wait for. The next record comes only after this gather's wait (`pending`).
+            // SAFETY: the side stream and the event belong to this context.
+            unsafe { stream::record(&self.join, self.side.cu_stream())? };
             Path::Ahead
         };
         self.pending = Some(Pending { ids, count, path });
@@ -430,8 +441,9 @@ impl Prefetcher {
         self.pending = None;
         match p.path {
             Path::Ahead => {
-                // SAFETY: `main` (the caller's) and the side stream are streams of this context.
-                unsafe { stream::wait_for(&self.join, self.side.cu_stream(), main)? };
+                // SAFETY: `main` is the caller's stream of this context; the join was recorded at
+                // the end of this prefetch.
+                unsafe { stream::wait(&self.join, main)? };
                 if p.count > 0 {
                     let params = self.ahead.staging.gather_params(out, p.count);
                     // SAFETY: the staged rows hold `count` rows; the caller vouches for `out`.

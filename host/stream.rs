@@ -27,17 +27,37 @@ pub unsafe fn wait_for(
     signaller: sys::CUstream,
     waiter: sys::CUstream,
 ) -> Result<()> {
-    // SAFETY: `event` is a live event of the streams' context and both streams are valid; an
-    // event may be recorded again once its earlier waits are enqueued.
+    // SAFETY: the caller's guarantees, passed on.
     unsafe {
-        result::event::record(event.cu_event(), signaller).call("cuEventRecord")?;
+        record(event, signaller)?;
+        wait(event, waiter)
+    }
+}
+
+/// Records `event` on `stream`: the point a later [`wait`] waits for.
+///
+/// # Safety
+/// `event` is a live event of the stream's context and `stream` a valid stream; an event may be
+/// recorded again once its earlier waits are enqueued.
+pub unsafe fn record(event: &CudaEvent, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's guarantees.
+    unsafe { result::event::record(event.cu_event(), stream) }.call("cuEventRecord")
+}
+
+/// Makes `stream` wait for the work before the latest record of `event`.
+///
+/// # Safety
+/// As [`record`].
+pub unsafe fn wait(event: &CudaEvent, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's guarantees.
+    unsafe {
         result::stream::wait_event(
-            waiter,
+            stream,
             event.cu_event(),
             sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
         )
-        .call("cuStreamWaitEvent")
     }
+    .call("cuStreamWaitEvent")
 }
 
 /// Enqueues a copy of `bytes` bytes from device address `src` into pinned host memory at `dst`.
