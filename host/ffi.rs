@@ -429,6 +429,7 @@ pub unsafe extern "C" fn fetchahead_prefetcher_create(
                     ));
                 }
             },
+            ..PrefetcherConfig::default()
         };
         let prefetcher = Prefetcher::new(kernels, table.store.clone(), config)?;
         // SAFETY: `out` is writable (checked non-null; the caller's contract).

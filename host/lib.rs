@@ -20,6 +20,7 @@
 //! - [`store`]: the NVMe row store for Engram tables (safetensors shards, io_uring, DRAM cache).
 
 pub mod access_policy;
+pub mod check_log;
 pub mod error;
 pub mod ffi;
 pub mod flag_worker;

@@ -12,10 +12,12 @@
 //! a lookup error, and check mode, which runs it after every prefetched gather and counts on the
 //! device the gathers whose outputs differ.
 use std::sync::Arc;
+use std::time::Duration;
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead_gpu::params::{CheckCounter, CheckParams};
 
+use crate::check_log::CheckLog;
 use crate::error::CudaCall;
 use crate::flag_worker::{FlagLane, FlagSlot};
 use crate::kernels::{Kernels, check_aligned_to};
@@ -33,6 +35,9 @@ pub struct PrefetcherConfig {
     pub variant: usize,
     /// Run the synchronous path after every prefetched gather and count differing outputs.
     pub check: bool,
+    /// Check mode: how often the count is logged (read without waiting, by the gathers or
+    /// [`Prefetcher::poll_check`]).
+    pub check_log_every: Duration,
     /// After a failed lookup, serve later gathers through the synchronous path.
     pub fallback_on_error: bool,
     /// How the side stream learns that a lookup is done.
@@ -57,6 +62,7 @@ impl Default for PrefetcherConfig {
             capacity: 4096,
             variant: 0,
             check: false,
+            check_log_every: Duration::from_secs(10),
             fallback_on_error: true,
             completion: Completion::HostFunction,
         }
@@ -76,6 +82,8 @@ pub struct Stats {
     /// Nanoseconds spent inside those lookups (on the thread that ran them).
     pub lookup_ns: u64,
     pub lookup_errors: u64,
+    /// Check mode's periodic logs of its count.
+    pub check_logs: u64,
     /// Whether gathers now take the synchronous path after a lookup error.
     pub fell_back: bool,
 }
@@ -90,6 +98,7 @@ impl std::ops::AddAssign for Stats {
         self.rows_looked_up += other.rows_looked_up;
         self.lookup_ns += other.lookup_ns;
         self.lookup_errors += other.lookup_errors;
+        self.check_logs += other.check_logs;
         self.fell_back |= other.fell_back;
     }
 }
@@ -149,10 +158,12 @@ impl Stage {
     }
 }
 
-/// Check mode's device state: the synchronous path's output and the differing-gathers counter.
+/// Check mode's device state: the synchronous path's output and the differing-gathers counter,
+/// and the counter's periodic log.
 struct Check {
     out: CudaSlice<u16>,
     counter: CudaSlice<u32>,
+    log: CheckLog,
 }
 
 impl Check {
@@ -280,6 +291,7 @@ impl Prefetcher {
                     .alloc_zeros::<u16>(layout.capacity() * dim)
                     .call("cuMemAlloc")?,
                 counter: side.alloc_zeros::<u32>(words).call("cuMemAlloc")?,
+                log: CheckLog::new(&ctx, config.check_log_every)?,
             })
         } else {
             None
@@ -467,6 +479,8 @@ impl Prefetcher {
                     };
                     // SAFETY: both outputs hold `count * dim` bf16 written before on `main`.
                     unsafe { self.kernels.launch_check_equal(main, params)? };
+                    // SAFETY: the caller's stream; `poll_check` skips a capture.
+                    unsafe { self.poll_check(main)? };
                 }
                 Ok(())
             }
@@ -541,8 +555,30 @@ impl Prefetcher {
             rows_looked_up: ahead_rows + sync_rows,
             lookup_ns: self.ahead.jobs.busy_ns() + self.sync.jobs.busy_ns(),
             lookup_errors: self.failures.count(),
+            check_logs: self.check.as_ref().map_or(0, |c| c.log.logs()),
             fell_back: self.fell_back,
         }
+    }
+
+    /// Check mode's periodic log, for callers that replay graphs (eager gathers call it
+    /// themselves): when a snapshot of the counter has arrived it is logged and returned, and
+    /// when `check_log_every` has passed since the last one a new snapshot is enqueued on
+    /// `main`. Never waits for the GPU; does nothing while `main` is being captured or with
+    /// check mode off.
+    ///
+    /// # Safety
+    /// `main` is a valid stream of this device's context.
+    pub unsafe fn poll_check(&mut self, main: sys::CUstream) -> Result<Option<u32>> {
+        let counter = self.check_addresses.1;
+        let Some(check) = self.check.as_mut().filter(|c| c.log.due()) else {
+            return Ok(None);
+        };
+        // SAFETY: the caller vouches for `main`.
+        if unsafe { stream::is_capturing(&self.kernels.gpu().ctx, main)? } {
+            return Ok(None);
+        }
+        // SAFETY: `counter` is the live CheckCounter of this prefetcher; `main` is not capturing.
+        unsafe { check.log.poll(counter, main) }
     }
 
     /// Check mode's counter: prefetched gathers whose output differed from the synchronous

@@ -2,6 +2,7 @@
 //! output against the synchronous path and the CPU reference, eagerly and replayed from a CUDA
 //! graph with new ids each replay, check mode, and injected lookup failures.
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead::flag_worker::FlagLane;
@@ -497,6 +498,7 @@ fn check_mode_counts_no_difference_over_1000_replays() -> Result<()> {
     let config = PrefetcherConfig {
         capacity: 512,
         check: true,
+        check_log_every: Duration::ZERO,
         ..Default::default()
     };
     let mut p = new_prefetcher(&s, &table, config)?;
@@ -520,6 +522,14 @@ fn check_mode_counts_no_difference_over_1000_replays() -> Result<()> {
             .map_err(cuda("cuMemcpyHtoD"))?;
         graph.launch().map_err(cuda("cuGraphLaunch"))?;
     }
+    // Between replays the caller polls the periodic log: the first poll enqueues a snapshot,
+    // a later one (after the copy) reads it.
+    let main = s.main.cu_stream();
+    // SAFETY: the test's own stream, not capturing.
+    assert_eq!(unsafe { p.poll_check(main)? }, None);
+    s.main.synchronize().map_err(cuda("cuStreamSynchronize"))?;
+    // SAFETY: as above.
+    assert_eq!(unsafe { p.poll_check(main)? }, Some(0));
     assert_eq!(p.check_differed()?, Some(0));
     assert_eq!(
         p.stats().lookups - before.lookups,
@@ -545,6 +555,7 @@ fn check_mode_counts_a_gather_that_differs() -> Result<()> {
     let config = PrefetcherConfig {
         capacity: 64,
         check: true,
+        check_log_every: Duration::ZERO,
         ..Default::default()
     };
     let mut p = new_prefetcher(&s, &table, config)?;
@@ -571,6 +582,12 @@ fn check_mode_counts_a_gather_that_differs() -> Result<()> {
     }
     assert_eq!(p.check_differed()?, Some(1));
     assert_eq!(p.stats().lookup_errors, 0);
+    // The periodic log (every gather here): the snapshot taken behind the last check holds the
+    // count too, read without waiting once its copy is done.
+    s.main.synchronize().map_err(cuda("cuStreamSynchronize"))?;
+    // SAFETY: the test's own stream, not capturing.
+    assert_eq!(unsafe { p.poll_check(main)? }, Some(1));
+    assert!(p.stats().check_logs >= 1);
     Ok(())
 }
 
