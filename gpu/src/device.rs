@@ -79,6 +79,23 @@ pub mod hint {
     pub const L2_256: u8 = 5;
 }
 
+/// One `v4.u32` load of 16 bytes with the given instruction (its cache qualifiers spelled out).
+///
+/// Expands inside an `unsafe` block whose caller guarantees a readable, 16-byte aligned address
+/// that nothing writes during the kernel.
+macro_rules! load_v4 {
+    ($instruction:literal, $addr:expr) => {{
+        let (a, b, c, d): (u32, u32, u32, u32);
+        asm!(
+            concat!($instruction, ".v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];"),
+            out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
+            in(reg64) $addr,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        [a, b, c, d]
+    }};
+}
+
 /// 16 bytes read through the non-coherent path with the cache hints `HINT` (see [`hint`]).
 ///
 /// # Safety
@@ -89,46 +106,10 @@ pub unsafe fn load_hinted_16<const HINT: u8>(addr: u64) -> [u32; 4] {
     unsafe {
         match HINT {
             hint::PLAIN => load_16(addr),
-            hint::L1_BYPASS => {
-                let (a, b, c, d): (u32, u32, u32, u32);
-                asm!(
-                    "ld.global.nc.L1::no_allocate.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];",
-                    out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
-                    in(reg64) addr,
-                    options(pure, readonly, nostack, preserves_flags),
-                );
-                [a, b, c, d]
-            }
-            hint::COHERENT => {
-                let (a, b, c, d): (u32, u32, u32, u32);
-                asm!(
-                    "ld.global.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];",
-                    out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
-                    in(reg64) addr,
-                    options(pure, readonly, nostack, preserves_flags),
-                );
-                [a, b, c, d]
-            }
-            hint::L2_128 => {
-                let (a, b, c, d): (u32, u32, u32, u32);
-                asm!(
-                    "ld.global.nc.L2::128B.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];",
-                    out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
-                    in(reg64) addr,
-                    options(pure, readonly, nostack, preserves_flags),
-                );
-                [a, b, c, d]
-            }
-            hint::L2_256 => {
-                let (a, b, c, d): (u32, u32, u32, u32);
-                asm!(
-                    "ld.global.nc.L2::256B.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];",
-                    out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
-                    in(reg64) addr,
-                    options(pure, readonly, nostack, preserves_flags),
-                );
-                [a, b, c, d]
-            }
+            hint::L1_BYPASS => load_v4!("ld.global.nc.L1::no_allocate", addr),
+            hint::COHERENT => load_v4!("ld.global", addr),
+            hint::L2_128 => load_v4!("ld.global.nc.L2::128B", addr),
+            hint::L2_256 => load_v4!("ld.global.nc.L2::256B", addr),
             _ => load_stream_16(addr),
         }
     }
