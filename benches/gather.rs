@@ -206,7 +206,36 @@ fn main() {
         }
         group.finish();
     }
-    drop((copy_src, copy_dst));
+
+    // The access pattern alone: the same gathers at the largest n over ids 0, 1, 2, ... (each
+    // warp's rows contiguous, as a copy reads), against the random ids above: what separates
+    // the kernels from the copy at random ids is then the DRAM's cost of random 256-byte rows.
+    let sequential: Vec<i64> = (0..max_n as i64).collect();
+    let sequential_dev = stream.clone_htod(&sequential).unwrap();
+    let gp = GatherParams {
+        table: w_addr,
+        ids: sequential_dev.device_ptr(&stream).0,
+        out: out_addr,
+        status: check.address(),
+        n: max_n,
+        rows,
+        row_bytes: DIM as u32,
+        _pad: 0,
+    };
+    let bytes = max_n * DIM * 2 + 8 * max_n;
+    for (variant, v) in gather::VARIANTS.iter().enumerate() {
+        // SAFETY: all addresses are live allocations of the sizes the params state.
+        let launch = || unsafe { kernels.launch_gather(cu, variant, gp).unwrap() };
+        rows_out.push(Row {
+            what: format!("{} n={max_n} sequential ids", v.name),
+            seconds: median_seconds(&stream, 15, launch),
+            bytes,
+            peer: "d2d copy",
+            peer_seconds: copy_s,
+            peer_bytes: 2 * copy_bytes,
+        });
+    }
+    drop((copy_src, copy_dst, sequential_dev));
 
     // Pinned host table, read over the bus: 1 GiB, against a pinned host-to-device copy.
     let host_rows = (1u64 << 30) / DIM;

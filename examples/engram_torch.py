@@ -45,6 +45,8 @@ class Config(ctypes.Structure):
         ("check", ctypes.c_uint32),
         ("fallback_on_error", ctypes.c_uint32),
         ("completion", ctypes.c_uint32),
+        ("check_log_ms", ctypes.c_uint32),
+        ("_reserved", ctypes.c_uint32),
     ]
 
 

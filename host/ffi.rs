@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use cudarc::driver::sys;
 
+use crate::flag_worker::FlagLane;
 use crate::gpu::Gpu;
 use crate::kernels::Kernels;
 use crate::lookup::{MemoryRows, RowLookup, lookup_or_zero};
@@ -380,6 +381,9 @@ pub struct FfiPrefetcherConfig {
     pub fallback_on_error: u32,
     /// `FETCHAHEAD_COMPLETION_HOST_FUNCTION` or `FETCHAHEAD_COMPLETION_FLAG`.
     pub completion: u32,
+    /// Check mode: the count's log period in milliseconds (0: the default, 10 s).
+    pub check_log_ms: u32,
+    pub _reserved: u32,
 }
 
 /// Lookups run in a host function on the driver's callback thread.
@@ -404,38 +408,117 @@ pub unsafe extern "C" fn fetchahead_prefetcher_create(
     config: *const FfiPrefetcherConfig,
     out: *mut *mut PrefetcherHandle,
 ) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    guard(|| unsafe { create_prefetcher(table, device, config, None, out) })
+}
+
+/// A lookup thread that flag-mode prefetchers share (`fetchahead_flag_lane` in C): one lookup at
+/// a time, in the order the prefetches were enqueued.
+pub struct FlagLaneHandle {
+    lane: Arc<FlagLane>,
+}
+
+/// Starts a flag lane for [`fetchahead_prefetcher_create_in_lane`].
+///
+/// # Safety
+/// `out` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_flag_lane_create(out: *mut *mut FlagLaneHandle) -> c_int {
     guard(|| {
-        // SAFETY: the caller's contract.
-        let (table, config) = unsafe { (table.as_ref(), config.as_ref()) };
-        let (table, config) = (table.ok_or(null("table"))?, config.ok_or(null("config"))?);
         if out.is_null() {
             return Err(null("out"));
         }
-        let ordinal =
-            usize::try_from(device).map_err(|_| Error::invalid("device", format!("{device}")))?;
-        let kernels = kernels_for(ordinal)?;
-        let config = PrefetcherConfig {
-            capacity: usize::try_from(config.capacity).unwrap_or(usize::MAX),
-            variant: config.variant as usize,
-            check: config.check != 0,
-            fallback_on_error: config.fallback_on_error != 0,
-            completion: match config.completion {
-                FETCHAHEAD_COMPLETION_HOST_FUNCTION => Completion::HostFunction,
-                FETCHAHEAD_COMPLETION_FLAG => Completion::Flag,
-                other => {
-                    return Err(Error::invalid(
-                        "completion",
-                        format!("no completion mode {other}"),
-                    ));
-                }
-            },
-            ..PrefetcherConfig::default()
-        };
-        let prefetcher = Prefetcher::new(kernels, table.store.clone(), config)?;
+        let lane = FlagLane::start("fetchahead-lane".into())?;
         // SAFETY: `out` is writable (checked non-null; the caller's contract).
-        unsafe { *out = Box::into_raw(Box::new(PrefetcherHandle { prefetcher })) };
+        unsafe { *out = Box::into_raw(Box::new(FlagLaneHandle { lane })) };
         Ok(())
     })
+}
+
+/// Releases the caller's hold on `lane` (null: nothing); its thread stops once the prefetchers
+/// made in it are closed too.
+///
+/// # Safety
+/// `lane` is null or a lane from [`fetchahead_flag_lane_create`], closed once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_flag_lane_close(lane: *mut FlagLaneHandle) {
+    if !lane.is_null() {
+        // SAFETY: the caller's contract: a live lane handle, closed once.
+        drop(unsafe { Box::from_raw(lane) });
+    }
+}
+
+/// As [`fetchahead_prefetcher_create`], a flag-mode prefetcher (`config.completion` must be
+/// `FETCHAHEAD_COMPLETION_FLAG`) whose lookups run on `lane`, shared with the lane's other
+/// prefetchers. `rank` orders requests that wait together (the layer's gather order).
+///
+/// # Safety
+/// As [`fetchahead_prefetcher_create`]; `lane` is a live lane.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_prefetcher_create_in_lane(
+    table: *const TableHandle,
+    device: i32,
+    config: *const FfiPrefetcherConfig,
+    lane: *const FlagLaneHandle,
+    rank: u32,
+    out: *mut *mut PrefetcherHandle,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let lane = unsafe { lane.as_ref() }.ok_or(null("lane"))?;
+        // SAFETY: the caller's contract, passed on.
+        unsafe { create_prefetcher(table, device, config, Some((&lane.lane, rank)), out) }
+    })
+}
+
+/// # Safety
+/// As [`fetchahead_prefetcher_create`].
+unsafe fn create_prefetcher(
+    table: *const TableHandle,
+    device: i32,
+    config: *const FfiPrefetcherConfig,
+    lane: Option<(&Arc<FlagLane>, u32)>,
+    out: *mut *mut PrefetcherHandle,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    let (table, config) = unsafe { (table.as_ref(), config.as_ref()) };
+    let (table, config) = (table.ok_or(null("table"))?, config.ok_or(null("config"))?);
+    if out.is_null() {
+        return Err(null("out"));
+    }
+    let ordinal =
+        usize::try_from(device).map_err(|_| Error::invalid("device", format!("{device}")))?;
+    let kernels = kernels_for(ordinal)?;
+    let check_log_every = match config.check_log_ms {
+        0 => PrefetcherConfig::default().check_log_every,
+        ms => Duration::from_millis(ms.into()),
+    };
+    let config = PrefetcherConfig {
+        capacity: usize::try_from(config.capacity).unwrap_or(usize::MAX),
+        variant: config.variant as usize,
+        check: config.check != 0,
+        fallback_on_error: config.fallback_on_error != 0,
+        completion: match config.completion {
+            FETCHAHEAD_COMPLETION_HOST_FUNCTION => Completion::HostFunction,
+            FETCHAHEAD_COMPLETION_FLAG => Completion::Flag,
+            other => {
+                return Err(Error::invalid(
+                    "completion",
+                    format!("no completion mode {other}"),
+                ));
+            }
+        },
+        check_log_every,
+        ..PrefetcherConfig::default()
+    };
+    let store = table.store.clone();
+    let prefetcher = match lane {
+        Some((lane, rank)) => Prefetcher::in_lane(kernels, store, config, lane, rank)?,
+        None => Prefetcher::new(kernels, store, config)?,
+    };
+    // SAFETY: `out` is writable (checked non-null; the caller's contract).
+    unsafe { *out = Box::into_raw(Box::new(PrefetcherHandle { prefetcher })) };
+    Ok(())
 }
 
 /// The loaded kernels of device `ordinal`, shared by its live prefetchers: the module is loaded
@@ -573,6 +656,31 @@ pub unsafe extern "C" fn fetchahead_read_counters(
                 .check_differed()?
                 .map_or(-1, |n| n.min(i32::MAX as u32) as i32),
         };
+        Ok(())
+    })
+}
+
+/// Check mode's periodic log, for callers that replay graphs (eager gathers poll it
+/// themselves): writes to `*differed` the count of a snapshot that has arrived (it is logged
+/// too), or -1 when none has; enqueues the next snapshot on `stream` when 10 s have passed.
+/// Never waits for the GPU; does nothing while `stream` is being captured or check mode is off.
+///
+/// # Safety
+/// `p` is a live prefetcher, `stream` a valid stream of its device, `differed` writable or null.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_poll_check(
+    p: *mut PrefetcherHandle,
+    stream: sys::CUstream,
+    differed: *mut i32,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let read = unsafe { prefetcher(p)?.poll_check(stream)? };
+        if !differed.is_null() {
+            let value = read.map_or(-1, |n| n.min(i32::MAX as u32) as i32);
+            // SAFETY: `differed` is writable (the caller's contract).
+            unsafe { *differed = value };
+        }
         Ok(())
     })
 }

@@ -35,7 +35,7 @@ fn open(rows: u64, seed: u64) -> *mut TableHandle {
 fn struct_layouts_match_the_header() {
     // The sizes include/fetchahead.h asserts.
     assert_eq!(size_of::<Work>(), 48);
-    assert_eq!(size_of::<FfiPrefetcherConfig>(), 24);
+    assert_eq!(size_of::<FfiPrefetcherConfig>(), 32);
     assert_eq!(size_of::<FfiCounters>(), 56);
     assert_eq!(size_of::<FfiLookupError>(), 24 + FETCHAHEAD_MESSAGE_BYTES);
 }
@@ -147,6 +147,8 @@ fn prefetch_and_gather_through_the_abi() {
         check: 1,
         fallback_on_error: 1,
         completion: FETCHAHEAD_COMPLETION_HOST_FUNCTION,
+        check_log_ms: 0,
+        _reserved: 0,
     };
     let mut p = ptr::null_mut();
     // SAFETY: `table` is open, `config` readable, `p` writable.
@@ -260,4 +262,125 @@ fn prefetch_and_gather_through_the_abi() {
         fetchahead_prefetcher_close(p);
         fetchahead_table_close(table);
     }
+}
+
+#[test]
+fn two_prefetchers_share_a_flag_lane_through_the_abi() {
+    let table = open(1 << 12, 11);
+    let mut lane = ptr::null_mut();
+    // SAFETY: `lane` is writable.
+    let rc = unsafe { fetchahead_flag_lane_create(&mut lane) };
+    assert_eq!(rc, FETCHAHEAD_OK, "{}", last_error());
+    let config = |completion| FfiPrefetcherConfig {
+        capacity: 256,
+        variant: 0,
+        check: 1,
+        fallback_on_error: 1,
+        completion,
+        check_log_ms: 1,
+        _reserved: 0,
+    };
+    let flag = config(FETCHAHEAD_COMPLETION_FLAG);
+    let mut layers = [ptr::null_mut(); 2];
+    for (rank, p) in layers.iter_mut().enumerate() {
+        // SAFETY: `table` and `lane` are open, `flag` readable, `p` writable.
+        let rc =
+            unsafe { fetchahead_prefetcher_create_in_lane(table, 0, &flag, lane, rank as u32, p) };
+        if rc == FETCHAHEAD_ERR_NO_DEVICE {
+            let gpu = Gpu::for_test("two_prefetchers_share_a_flag_lane_through_the_abi");
+            assert!(matches!(gpu, Ok(None)), "no device, yet {gpu:?}");
+            // SAFETY: open handles, closed once.
+            unsafe {
+                fetchahead_flag_lane_close(lane);
+                fetchahead_table_close(table);
+            }
+            return;
+        }
+        assert_eq!(rc, FETCHAHEAD_OK, "{}", last_error());
+    }
+    // A host-function prefetcher cannot join a lane.
+    let host_fn = config(FETCHAHEAD_COMPLETION_HOST_FUNCTION);
+    let mut refused = ptr::null_mut();
+    // SAFETY: as above.
+    let rc =
+        unsafe { fetchahead_prefetcher_create_in_lane(table, 0, &host_fn, lane, 2, &mut refused) };
+    assert_eq!(rc, FETCHAHEAD_ERR_INVALID);
+    assert!(last_error().contains("lane"), "{}", last_error());
+    // SAFETY: the lane stays alive through its prefetchers.
+    unsafe { fetchahead_flag_lane_close(lane) };
+
+    let gpu = Gpu::for_test("two_prefetchers_share_a_flag_lane_through_the_abi")
+        .unwrap()
+        .expect("a device: the prefetchers were created");
+    let stream = gpu.ctx.new_stream().unwrap();
+    let ids: [Vec<i64>; 2] = [
+        (0..200).map(|i| (i * 37 % (1 << 12)) as i64).collect(),
+        (0..100).map(|i| (i * 101 % (1 << 12)) as i64).collect(),
+    ];
+    let ids_dev = ids.each_ref().map(|v| stream.clone_htod(v).unwrap());
+    let outs = ids
+        .each_ref()
+        .map(|v| stream.alloc_zeros::<u16>(v.len() * DIM).unwrap());
+    let s = stream.cu_stream();
+    for step in 0..3 {
+        // SAFETY: live allocations of the ids and their outputs on the stream's device; the
+        // layers prefetch in gather order, then gather.
+        unsafe {
+            for (k, p) in layers.iter().enumerate() {
+                if step == 0 {
+                    assert_eq!(
+                        fetchahead_prefetcher_warm(*p),
+                        FETCHAHEAD_OK,
+                        "{}",
+                        last_error()
+                    );
+                }
+                let i = ids_dev[k].device_ptr(&stream).0 as *const i64;
+                let rc = fetchahead_prefetch(*p, i, ids[k].len() as u64, s);
+                assert_eq!(rc, FETCHAHEAD_OK, "{}", last_error());
+            }
+            for (k, p) in layers.iter().enumerate() {
+                let o = outs[k].device_ptr(&stream).0 as *mut u16;
+                assert_eq!(
+                    fetchahead_gather_dequant(*p, o, s),
+                    FETCHAHEAD_OK,
+                    "{}",
+                    last_error()
+                );
+            }
+        }
+    }
+    stream.synchronize().unwrap();
+    let rows = MemoryRows::generate(1 << 12, DIM, 11).unwrap();
+    for k in 0..2 {
+        let got = stream.clone_dtoh(&outs[k]).unwrap();
+        let want = reference::gather_dequant(rows.weights(), rows.scales(), DIM, &ids[k]);
+        assert_eq!(
+            reference::first_bf16_mismatch(&got, &want),
+            None,
+            "layer {k}"
+        );
+    }
+    // The check count's log (every 1 ms here): a poll reads a snapshot that has landed, or
+    // enqueues the next; within three polls a stream synchronization apart, one is read.
+    let mut read = Vec::new();
+    for _ in 0..5 {
+        let mut differed = -2;
+        // SAFETY: live prefetcher and stream; `differed` writable.
+        let rc = unsafe { fetchahead_poll_check(layers[0], s, &mut differed) };
+        assert_eq!(rc, FETCHAHEAD_OK, "{}", last_error());
+        read.push(differed);
+        if differed >= 0 {
+            break;
+        }
+        stream.synchronize().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert_eq!(read.last(), Some(&0), "polls returned {read:?}");
+    for p in layers {
+        // SAFETY: live prefetchers, closed once; then the table.
+        unsafe { fetchahead_prefetcher_close(p) };
+    }
+    // SAFETY: as above.
+    unsafe { fetchahead_table_close(table) };
 }
