@@ -509,7 +509,6 @@ unsafe fn create_prefetcher(
             }
         },
         check_log_every,
-        ..PrefetcherConfig::default()
     };
     let store = table.store.clone();
     let prefetcher = match lane {
