@@ -119,7 +119,7 @@ impl Kernels {
         variant: usize,
         p: GatherParams,
     ) -> Result<()> {
-        let (threads, block_threads) = gather_threads(variant, &p)?;
+        let (threads, block_threads) = gather_threads(variant, &p, self.gpu.multiprocessors)?;
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
         unsafe {
             self.launch(
@@ -142,7 +142,7 @@ impl Kernels {
         variant: usize,
         p: GatherParams,
     ) -> Result<()> {
-        let (threads, block_threads) = gather_threads(variant, &p)?;
+        let (threads, block_threads) = gather_threads(variant, &p, self.gpu.multiprocessors)?;
         let own = pick(&self.gather, variant, "gather")?;
         let empty = Loaded {
             function: self.empty.function.clone(),
@@ -472,7 +472,7 @@ fn check_gemv(p: &GemvParams) -> Result<()> {
 
 /// Checks a gather's shape and returns the threads gather `variant` needs for it and its block
 /// size.
-fn gather_threads(variant: usize, p: &GatherParams) -> Result<(u64, u32)> {
+fn gather_threads(variant: usize, p: &GatherParams, sms: u32) -> Result<(u64, u32)> {
     if p.row_bytes == 0 || !p.row_bytes.is_multiple_of(CHUNK_BYTES) {
         return Err(Error::invalid(
             "row width",
@@ -500,6 +500,11 @@ fn gather_threads(variant: usize, p: &GatherParams) -> Result<(u64, u32)> {
         gather::Shape::ChunkPerThread { unroll } => (p.n * chunks).div_ceil(unroll as u64),
         gather::Shape::WarpPerRow => p.n * 32,
         gather::Shape::WarpPerRows => p.n.div_ceil(32) * 32,
+        gather::Shape::WarpSpan {
+            unroll,
+            blocks_per_sm,
+        } => ((p.n * chunks).div_ceil(unroll as u64 * 32) * 32)
+            .min(sms as u64 * blocks_per_sm as u64 * shape.block_threads() as u64),
         gather::Shape::TilePerBlock {
             block_threads,
             tile_bytes,
@@ -560,11 +565,26 @@ mod tests {
             _pad: 0,
         };
         // 1000 rows of 256 bytes fill 31.25 tiles of 8 KiB: 32 blocks of one warp.
-        assert_eq!(gather_threads(variant, &p).unwrap(), (32 * 32, 32));
+        assert_eq!(gather_threads(variant, &p, 132).unwrap(), (32 * 32, 32));
         let chunked = GatherParams { n: 0, ..p };
         assert_eq!(
-            gather_threads(0, &chunked).unwrap(),
+            gather_threads(0, &chunked, 132).unwrap(),
             (0, gather::BLOCK_THREADS)
+        );
+        // A warp span of 8 chunks a lane: 1000 rows are 16000 chunks, 62.5 spans of 256 chunks,
+        // so 63 warps; a million rows are capped at one block of 256 threads an SM.
+        let span = gather::VARIANTS
+            .iter()
+            .position(|v| v.name == "gather_span8_b1")
+            .unwrap();
+        assert_eq!(
+            gather_threads(span, &p, 132).unwrap(),
+            (63 * 32, gather::BLOCK_THREADS)
+        );
+        let big = GatherParams { n: 1 << 20, ..p };
+        assert_eq!(
+            gather_threads(span, &big, 132).unwrap(),
+            (132 * 256, gather::BLOCK_THREADS)
         );
     }
 }

@@ -21,6 +21,11 @@ pub enum Shape {
     /// One warp per 32 consecutive rows: each lane loads one id (the next batch's ids are
     /// loaded before this batch's rows), then the lanes walk the batch's chunks in order.
     WarpPerRows,
+    /// A warp per `32 * unroll` consecutive 16-byte chunks of output, each lane loading `unroll`
+    /// chunks (32 apart) before storing any, over a grid of `blocks_per_sm` blocks a
+    /// multiprocessor striding over the spans: few threads, many bytes in flight each, a
+    /// warp's output contiguous.
+    WarpSpan { unroll: u32, blocks_per_sm: u32 },
     /// One block of `block_threads` threads per tile of `tile_bytes` consecutive output bytes
     /// (the last tile partial), over a grid of at most as many blocks as fit on the device at
     /// once, each block striding over the tiles.
@@ -75,6 +80,38 @@ pub const VARIANTS: &[Variant] = &[
         name: "gather_chunk16_nohint_x2",
         shape: Shape::ChunkPerThread { unroll: 2 },
         about: "a thread per 16-byte chunk, 2 unhinted loads in flight per thread",
+    },
+    Variant {
+        name: "gather_span8_b1",
+        shape: Shape::WarpSpan {
+            unroll: 8,
+            blocks_per_sm: 1,
+        },
+        about: "a warp per 4 KiB of output, 8 unhinted loads in flight a lane, 1 block an SM",
+    },
+    Variant {
+        name: "gather_span8_b2",
+        shape: Shape::WarpSpan {
+            unroll: 8,
+            blocks_per_sm: 2,
+        },
+        about: "a warp per 4 KiB of output, 8 unhinted loads in flight a lane, 2 blocks an SM",
+    },
+    Variant {
+        name: "gather_span4_b2",
+        shape: Shape::WarpSpan {
+            unroll: 4,
+            blocks_per_sm: 2,
+        },
+        about: "a warp per 2 KiB of output, 4 unhinted loads in flight a lane, 2 blocks an SM",
+    },
+    Variant {
+        name: "gather_span4_b4",
+        shape: Shape::WarpSpan {
+            unroll: 4,
+            blocks_per_sm: 4,
+        },
+        about: "a warp per 2 KiB of output, 4 unhinted loads in flight a lane, 4 blocks an SM",
     },
     Variant {
         name: "gather_chunk16_coherent",
@@ -244,6 +281,65 @@ mod kernels {
             }
             base += UNROLL as u64 * stride;
         }
+    }
+
+    /// A warp per `32 * UNROLL` consecutive chunks: lane `l` loads chunks `l, l + 32, ...` of
+    /// the span, all before it stores any (unhinted loads).
+    #[inline(always)]
+    unsafe fn warp_span<const UNROLL: usize>(p: &GatherParams) {
+        // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
+        let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
+        let total = p.n * chunks as u64;
+        let lane = global_thread() % 32;
+        let span = 32 * UNROLL as u64;
+        let stride = grid_threads() / 32 * span;
+        let mut base = global_thread() / 32 * span;
+        while base < total {
+            let mut data = [[0u32; 4]; UNROLL];
+            let mut dest = [u64::MAX; UNROLL];
+            for j in 0..UNROLL {
+                let t = base + j as u64 * 32 + lane;
+                if t < total {
+                    let (i, c) = split(t, chunks);
+                    dest[j] = p.out + i * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64;
+                    // SAFETY: `source` returns only addresses of rows inside the table.
+                    if let Some(src) = unsafe { source(p, i, c) } {
+                        data[j] = unsafe { load_hinted_16::<{ hint::PLAIN }>(src) };
+                    }
+                }
+            }
+            for j in 0..UNROLL {
+                if dest[j] != u64::MAX {
+                    // SAFETY: dest is chunk c of output row i < n, owned by this thread.
+                    unsafe { store_16(dest[j], data[j]) };
+                }
+            }
+            base += stride;
+        }
+    }
+
+    /// A warp per 4 KiB of output, 8 loads in flight a lane (launched 1 block an SM).
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_span8_b1(p: GatherParams) {
+        unsafe { warp_span::<8>(&p) }
+    }
+
+    /// A warp per 4 KiB of output, 8 loads in flight a lane (launched 2 blocks an SM).
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_span8_b2(p: GatherParams) {
+        unsafe { warp_span::<8>(&p) }
+    }
+
+    /// A warp per 2 KiB of output, 4 loads in flight a lane (launched 2 blocks an SM).
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_span4_b2(p: GatherParams) {
+        unsafe { warp_span::<4>(&p) }
+    }
+
+    /// A warp per 2 KiB of output, 4 loads in flight a lane (launched 4 blocks an SM).
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_span4_b4(p: GatherParams) {
+        unsafe { warp_span::<4>(&p) }
     }
 
     /// Per thread: one 16-byte chunk at a time; a warp covers two 256-byte rows.
