@@ -283,8 +283,9 @@ mod kernels {
         }
     }
 
-    /// A warp per `32 * UNROLL` consecutive chunks: lane `l` loads chunks `l, l + 32, ...` of
-    /// the span, all before it stores any (unhinted loads).
+    /// A warp per `32 * UNROLL` consecutive chunks: lane `l` loads the ids of chunks
+    /// `l, l + 32, ...` of the span, then all their rows' chunks, then stores them (unhinted
+    /// loads), so that no row load waits behind another chunk's id.
     #[inline(always)]
     unsafe fn warp_span<const UNROLL: usize>(p: &GatherParams) {
         // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
@@ -295,23 +296,38 @@ mod kernels {
         let stride = grid_threads() / 32 * span;
         let mut base = global_thread() / 32 * span;
         while base < total {
-            let mut data = [[0u32; 4]; UNROLL];
-            let mut dest = [u64::MAX; UNROLL];
+            let mut at = [(u64::MAX, 0u32); UNROLL];
+            let mut ids = [-1i64; UNROLL];
             for j in 0..UNROLL {
                 let t = base + j as u64 * 32 + lane;
                 if t < total {
                     let (i, c) = split(t, chunks);
-                    dest[j] = p.out + i * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64;
-                    // SAFETY: `source` returns only addresses of rows inside the table.
-                    if let Some(src) = unsafe { source(p, i, c) } {
-                        data[j] = unsafe { load_hinted_16::<{ hint::PLAIN }>(src) };
-                    }
+                    at[j] = (i, c);
+                    // SAFETY: i < n, so ids + 8 i lies in the ids array.
+                    ids[j] = unsafe { load_i64(p.ids + 8 * i) };
+                }
+            }
+            let mut data = [[0u32; 4]; UNROLL];
+            for j in 0..UNROLL {
+                let ((i, c), id) = (at[j], ids[j]);
+                if i == u64::MAX {
+                    continue;
+                }
+                if id >= 0 && (id as u64) < p.rows {
+                    let src = p.table + id as u64 * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64;
+                    // SAFETY: row `id` lies inside the table.
+                    data[j] = unsafe { load_hinted_16::<{ hint::PLAIN }>(src) };
+                } else if c == 0 {
+                    // SAFETY: the host passes the address of a live IdStatus.
+                    unsafe { record_bad_id(p.status, i) };
                 }
             }
             for j in 0..UNROLL {
-                if dest[j] != u64::MAX {
+                let (i, c) = at[j];
+                if i != u64::MAX {
+                    let dest = p.out + i * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64;
                     // SAFETY: dest is chunk c of output row i < n, owned by this thread.
-                    unsafe { store_16(dest[j], data[j]) };
+                    unsafe { store_16(dest, data[j]) };
                 }
             }
             base += stride;
