@@ -137,16 +137,7 @@ fn main() {
         .configure_from_args();
     let mut rows_out = Vec::new();
     for &n in &SIZES {
-        let gp = GatherParams {
-            table: w_addr,
-            ids: ids_addr,
-            out: out_addr,
-            status: check.address(),
-            n,
-            rows,
-            row_bytes: DIM as u32,
-            _pad: 0,
-        };
+        let gp = gather_params((w_addr, rows), ids_addr, out_addr, check.address(), n);
         let dp = DequantParams {
             weights: w_addr,
             scales: s_addr,
@@ -208,20 +199,17 @@ fn main() {
     }
 
     // The access pattern alone: the same gathers at the largest n over ids 0, 1, 2, ... (each
-    // warp's rows contiguous, as a copy reads), against the random ids above: what separates
-    // the kernels from the copy at random ids is then the DRAM's cost of random 256-byte rows.
+    // warp's rows contiguous, as a copy reads), against the random ids above: where they are no
+    // faster, what separates the kernels from the copy is not the random access.
     let sequential: Vec<i64> = (0..max_n as i64).collect();
     let sequential_dev = stream.clone_htod(&sequential).unwrap();
-    let gp = GatherParams {
-        table: w_addr,
-        ids: sequential_dev.device_ptr(&stream).0,
-        out: out_addr,
-        status: check.address(),
-        n: max_n,
-        rows,
-        row_bytes: DIM as u32,
-        _pad: 0,
-    };
+    let gp = gather_params(
+        (w_addr, rows),
+        sequential_dev.device_ptr(&stream).0,
+        out_addr,
+        check.address(),
+        max_n,
+    );
     let bytes = max_n * DIM * 2 + 8 * max_n;
     for (variant, v) in gather::VARIANTS.iter().enumerate() {
         // SAFETY: all addresses are live allocations of the sizes the params state.
@@ -248,16 +236,13 @@ fn main() {
             .map(|&i| i % host_rows as i64)
             .collect();
         let host_ids_dev = stream.clone_htod(&host_ids).unwrap();
-        let gp = GatherParams {
-            table: host_addr,
-            ids: host_ids_dev.device_ptr(&stream).0,
-            out: out_addr,
-            status: check.address(),
+        let gp = gather_params(
+            (host_addr, host_rows),
+            host_ids_dev.device_ptr(&stream).0,
+            out_addr,
+            check.address(),
             n,
-            rows: host_rows,
-            row_bytes: DIM as u32,
-            _pad: 0,
-        };
+        );
         let bytes = n * DIM;
         let h2d_s = median_seconds(&stream, 10, || {
             // SAFETY: host_addr is a mapped pinned buffer of >= bytes; out holds >= bytes.
@@ -315,6 +300,20 @@ fn main() {
     println!(
         "(ratio: bandwidth / copy bandwidth; for the empty-kernel peer, time / empty-kernel time)"
     );
+}
+
+/// A gather of `n` ids at `ids` from `table` (address, rows of `DIM` bytes) into `out`.
+fn gather_params(table: (u64, u64), ids: u64, out: u64, status: u64, n: u64) -> GatherParams {
+    GatherParams {
+        table: table.0,
+        ids,
+        out,
+        status,
+        n,
+        rows: table.1,
+        row_bytes: DIM as u32,
+        _pad: 0,
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
