@@ -66,3 +66,28 @@ fn kernels_have_no_panic_path_and_no_local_stack() {
         }
     }
 }
+
+/// `smem::shared_buffer` declares its buffer inside its asm: a kernel whose asm LLVM duplicated
+/// would get two buffers, its threads splitting between them. Every entry holds at most one.
+#[test]
+fn kernels_declare_at_most_one_shared_buffer() {
+    for built in ptx::BUILT {
+        let mut kernels_with_a_buffer = 0;
+        for body in built.text.split(".entry ").skip(1) {
+            let name = body.split('(').next().unwrap_or("?").trim();
+            let declared = body.matches(".shared .align 128 .b8 fa_stage[").count();
+            assert!(
+                declared <= 1,
+                "{} {name} declares {declared} shared buffers",
+                built.arch
+            );
+            kernels_with_a_buffer += declared;
+        }
+        assert!(
+            kernels_with_a_buffer >= 3,
+            "{}: {kernels_with_a_buffer} kernels with a shared buffer (gather_bulk and the \
+             cp.async gathers have one each)",
+            built.arch
+        );
+    }
+}

@@ -7,8 +7,8 @@ use core::arch::asm;
 /// The kernel's shared buffer of `BYTES` bytes, 128-byte aligned: its shared-window address.
 ///
 /// Each expansion of this asm declares a buffer of its own, so a kernel calls it exactly once,
-/// unconditionally, at the top of its body. The asm is volatile (not `pure`), so LLVM neither
-/// duplicates it into branches nor merges it.
+/// unconditionally, at the top of its body. The asm is volatile (not `pure`), so LLVM does not
+/// merge it; `tests/ptx.rs` checks that no kernel ended up with two.
 #[inline(always)]
 pub fn shared_buffer<const BYTES: u32>() -> u32 {
     let addr: u32;
