@@ -608,7 +608,7 @@ fn once(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
     Ok(())
 }
 
-/// Microseconds between events 1 and 2 (waits for event 2).
+/// Microseconds between events 1 and 2 (waits for event 2): the timed part of a measurement.
 fn event_us(bench: &Bench) -> Result<f64> {
     let ms = bench.events[1]
         .elapsed_ms(&bench.events[2])
@@ -734,10 +734,7 @@ fn copy_peer(bench: &Bench, samples: &BTreeMap<Key, Samples>) -> Result<()> {
         .result()
         .map_err(cuda("cuMemcpyDtoDAsync"))?;
         bench.mark(2)?;
-        let ms = bench.events[1]
-            .elapsed_ms(&bench.events[2])
-            .map_err(cuda("cuEventElapsedTime"))?;
-        us.push(ms as f64 * 1e3);
+        us.push(event_us(bench)?);
     }
     let copy = 2.0 * bytes as f64 / (median(&mut us) * 1e-6) / 1e9;
     println!("\n== peer: device-to-device copy of 32 MiB, cold: {copy:.0} GB/s (read + write)");
@@ -805,10 +802,7 @@ fn issue_time(bench: &Bench) -> Result<()> {
                         )
                     }?;
                     bench.mark(2)?;
-                    let ms = bench.events[1]
-                        .elapsed_ms(&bench.events[2])
-                        .map_err(cuda("cuEventElapsedTime"))?;
-                    us.push(ms as f64 * 1e3);
+                    us.push(event_us(bench)?);
                 }
                 let t = median(&mut us);
                 println!(
@@ -876,10 +870,7 @@ fn slack(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
                 bench.mark(1)?;
                 gemv.launch(&bench.kernels, &bench.stream, None)?;
                 bench.mark(2)?;
-                let ms = bench.events[1]
-                    .elapsed_ms(&bench.events[2])
-                    .map_err(cuda("cuEventElapsedTime"))?;
-                us.push(ms as f64 * 1e3);
+                us.push(event_us(bench)?);
             }
             row[i] = median(&mut us);
         }

@@ -48,7 +48,12 @@ impl CheckLog {
 
     /// Whether a poll has anything to do: a snapshot on its way or one due.
     pub fn due(&self) -> bool {
-        self.pending || self.last.is_none_or(|t| t.elapsed() >= self.period)
+        self.pending || self.period_passed()
+    }
+
+    /// Whether `period` has passed since the last snapshot was enqueued (or none was).
+    fn period_passed(&self) -> bool {
+        self.last.is_none_or(|t| t.elapsed() >= self.period)
     }
 
     /// Snapshots logged so far.
@@ -80,7 +85,7 @@ impl CheckLog {
             }
             read = Some(differed);
         }
-        if !self.pending && self.last.is_none_or(|t| t.elapsed() >= self.period) {
+        if !self.pending && self.period_passed() {
             // SAFETY: the pinned words hold a whole CheckCounter; the caller vouches for the
             // counter and the stream.
             unsafe {

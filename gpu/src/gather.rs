@@ -214,6 +214,13 @@ mod kernels {
     unsafe fn source(p: &GatherParams, i: u64, c: u32) -> Option<u64> {
         // SAFETY: i < n, so ids + 8 i lies in the ids array.
         let id = unsafe { load_i64(p.ids + 8 * i) };
+        // SAFETY: the caller's `p`, passed on.
+        unsafe { source_of(p, id, i, c) }
+    }
+
+    /// As [`source`], for output row `i` whose id `id` is already loaded.
+    #[inline(always)]
+    unsafe fn source_of(p: &GatherParams, id: i64, i: u64, c: u32) -> Option<u64> {
         if id >= 0 && (id as u64) < p.rows {
             Some(p.table + id as u64 * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64)
         } else {
@@ -309,17 +316,13 @@ mod kernels {
             }
             let mut data = [[0u32; 4]; UNROLL];
             for j in 0..UNROLL {
-                let ((i, c), id) = (at[j], ids[j]);
+                let (i, c) = at[j];
                 if i == u64::MAX {
                     continue;
                 }
-                if id >= 0 && (id as u64) < p.rows {
-                    let src = p.table + id as u64 * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64;
-                    // SAFETY: row `id` lies inside the table.
+                // SAFETY: `source_of` returns only addresses of rows inside the table.
+                if let Some(src) = unsafe { source_of(p, ids[j], i, c) } {
                     data[j] = unsafe { load_hinted_16::<{ hint::PLAIN }>(src) };
-                } else if c == 0 {
-                    // SAFETY: the host passes the address of a live IdStatus.
-                    unsafe { record_bad_id(p.status, i) };
                 }
             }
             for j in 0..UNROLL {
