@@ -85,6 +85,8 @@ struct Bench {
     stream: Arc<CudaStream>,
     flush: CudaSlice<u8>,
     flush_address: u64,
+    /// Where [`Bench::evict_weights`] copies a GEMV's activations (the largest, M = 16).
+    activations: CudaSlice<u16>,
     events: [CudaEvent; 3],
 }
 
@@ -102,8 +104,12 @@ impl Bench {
                 .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(cuda("cuEventCreate"))
         };
+        let activations = stream
+            .alloc_zeros::<u16>(16 * K as usize)
+            .map_err(cuda("cuMemAlloc"))?;
         Ok(Bench {
             events: [event()?, event()?, event()?],
+            activations,
             kernels,
             stream,
             flush,
@@ -124,6 +130,28 @@ impl Bench {
         }
         .result()
         .map_err(cuda("cuMemsetD8Async"))
+    }
+
+    /// Evicts `gemv`'s weights ([`Bench::flush_l2`]) and then reads its activations, which stay
+    /// in L2 as they do in an engine, where the kernel before the GEMV (the collective itself,
+    /// for an all-reduce) has just written them. Without this the flush would leave every GEMV,
+    /// prefetched or not, waiting on DRAM for its first activation loads.
+    fn evict_weights(&self, gemv: &Gemv) -> Result<()> {
+        self.flush_l2()?;
+        let bytes = gemv.x_len() * 2;
+        assert!(bytes <= self.activations.len() * 2, "M <= 16, K = {K}");
+        // SAFETY: x is the GEMV's live allocation of `bytes`; the destination is this struct's
+        // own, at least as large, and neither overlaps the other.
+        unsafe {
+            sys::cuMemcpyDtoDAsync_v2(
+                self.activations.device_ptr(&self.stream).0,
+                gemv.params().x,
+                bytes,
+                self.stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(cuda("cuMemcpyDtoDAsync"))
     }
 
     /// Records event `i` on the stream; inside a capture it becomes an (external) event record
@@ -230,13 +258,16 @@ fn setup(bench: &Bench, gemv: &Gemv, mode: Mode, ns: u64, graph: bool) -> Result
     } else {
         (None, None)
     };
-    // The plan learns from one eager forward; every timed forward replays it.
-    bench.flush_l2()?;
-    bench.forward(gemv, ns, plan.as_mut(), policy)?;
-    bench
-        .stream
-        .synchronize()
-        .map_err(cuda("cuStreamSynchronize"))?;
+    // The plan learns from one eager forward and fits its window to the window's length over
+    // three more (an engine's warm-up forwards before capture); every timed forward replays it.
+    for _ in 0..4 {
+        bench.evict_weights(gemv)?;
+        bench.forward(gemv, ns, plan.as_mut(), policy)?;
+        bench
+            .stream
+            .synchronize()
+            .map_err(cuda("cuStreamSynchronize"))?;
+    }
     let graph = if graph {
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         bench
@@ -268,7 +299,7 @@ fn setup(bench: &Bench, gemv: &Gemv, mode: Mode, ns: u64, graph: bool) -> Result
 
 /// One timed iteration of a configuration.
 fn iteration(bench: &Bench, gemv: &Gemv, ns: u64, s: &mut Setup) -> Result<(f64, f64)> {
-    bench.flush_l2()?;
+    bench.evict_weights(gemv)?;
     match &s.graph {
         Some(graph) => graph.launch().map_err(cuda("cuGraphLaunch"))?,
         None => bench.forward(gemv, ns, s.plan.as_mut(), s.policy)?,
@@ -337,6 +368,8 @@ fn run(c: &mut Criterion) -> Result<()> {
         return Ok(());
     }
     let mut samples: BTreeMap<Key, Samples> = BTreeMap::new();
+    // The window caps the plans learned (bytes their prefetch keeps), per configuration.
+    let mut caps: BTreeMap<Key, u64> = BTreeMap::new();
     let mut graphs_work = true;
     let mut group = c.benchmark_group("l2_prefetch");
     group
@@ -417,6 +450,9 @@ fn run(c: &mut Criterion) -> Result<()> {
                             graphs_work = false;
                             break;
                         }
+                        if let Some(cap) = s.plan.as_ref().and_then(|p| p.window_cap(SIG, 0)) {
+                            caps.insert(key, cap);
+                        }
                         if let Some(p) = &s.persisting {
                             p.reset_lines()?;
                         }
@@ -428,6 +464,17 @@ fn run(c: &mut Criterion) -> Result<()> {
     }
     group.finish();
     summary(&mut samples);
+    println!("\nwindows the plan cut to what their prefetch issues within them (learned cap):");
+    for ((m, w_mib, t_us, graph, mode), cap) in &caps {
+        if *cap < w_mib * MIB {
+            let exec = if *graph { "graph" } else { "eager" };
+            println!(
+                "  {} M{m} W{w_mib}MiB T{t_us}us {exec}: {:.2} MiB",
+                mode.name(),
+                *cap as f64 / MIB as f64
+            );
+        }
+    }
     copy_peer(&bench, &samples)?;
     if sections.rest {
         issue_time(&bench)?;
@@ -524,9 +571,17 @@ fn gemv_sweep(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
         "warm GB/s",
         "c / w"
     );
-    let steps = K / 32;
+    for (variant, v) in gemv::VARIANTS.iter().enumerate() {
+        if v.reduce == gemv::Reduce::Cluster {
+            let fit = (0..=gemv::MAX_CLUSTER_BLOCKS.ilog2())
+                .map(|b| bench.kernels.gemv_max_clusters(variant, 1 << b))
+                .collect::<Result<Vec<u32>>>()?;
+            println!("{}: clusters of 1, 2, 4, 8 blocks at once: {fit:?}", v.name);
+        }
+    }
+    // 1 MiB (sweep only) shows the fixed cost.
     for m in MS {
-        for w_mib in WEIGHTS_MIB {
+        for w_mib in [1].into_iter().chain(WEIGHTS_MIB) {
             let rows = (w_mib * MIB / (2 * K as u64)) as usize;
             let x = random_bf16(rng, m as usize * K as usize);
             let w = random_bf16(rng, rows * K as usize);
@@ -537,14 +592,14 @@ fn gemv_sweep(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
                 }
                 for splits in [1, 2, 4, 8, 16, 32, 64]
                     .into_iter()
-                    .filter(|s| steps.is_multiple_of(*s))
+                    .filter(|s| v.reduce.accepts(*s, K))
                 {
                     let launch = GemvLaunch { variant, splits };
                     let gemv = Gemv::with_launch(&bench.stream, &x, &w, m, K, launch)?;
                     let mut cold = Vec::new();
                     let mut warm = Vec::new();
                     for _ in 0..15 {
-                        bench.flush_l2()?;
+                        bench.evict_weights(&gemv)?;
                         idle()?;
                         bench.mark(1)?;
                         gemv.launch(&bench.kernels, &bench.stream, None)?;
@@ -844,7 +899,7 @@ fn slack(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
         for (i, prefetch) in [false, true].into_iter().enumerate() {
             let mut us = Vec::new();
             for _ in 0..20 {
-                bench.flush_l2()?;
+                bench.evict_weights(&gemv)?;
                 if prefetch {
                     let p = PrefetchParams {
                         segments: table.address(),

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use fetchahead_gpu::gemv::{self, Reduce};
 use fetchahead_gpu::params::GemvParams;
 use half::bf16;
 
@@ -16,16 +17,17 @@ use crate::{Error, Result};
 pub struct GemvLaunch {
     /// An index into `fetchahead_gpu::gemv::VARIANTS`.
     pub variant: usize,
-    /// K splits: `k` must be a multiple of `32 * splits`.
+    /// K splits, as the variant's `Reduce::accepts` allows.
     pub splits: u32,
 }
 
 impl GemvLaunch {
     /// What the host picks for `m x k` activations and `n` weight rows on `kernels`' device.
     pub fn default_for(kernels: &Kernels, m: u32, n: u32, k: u32) -> Result<GemvLaunch> {
+        let variant = Kernels::gemv_variant(m)?;
         Ok(GemvLaunch {
-            variant: Kernels::gemv_variant(m)?,
-            splits: kernels.gemv_splits(n, k),
+            variant,
+            splits: kernels.gemv_splits(variant, n, k)?,
         })
     }
 }
@@ -86,10 +88,14 @@ impl Gemv {
         let n = u32::try_from(w.len() / ku)
             .map_err(|_| Error::invalid("gemv", format!("{} weight rows", w.len() / ku)))?;
         let GemvLaunch { variant, splits } = launch;
+        let reduce = gemv::VARIANTS
+            .get(variant)
+            .ok_or_else(|| Error::invalid("gemv", format!("no GEMV variant {variant}")))?
+            .reduce;
         let bits = |v: &[bf16]| v.iter().map(|b| b.to_bits()).collect::<Vec<u16>>();
         let x = stream.clone_htod(&bits(x)).call("cuMemcpyHtoD")?;
         let w = stream.clone_htod(&bits(w)).call("cuMemcpyHtoD")?;
-        let partial_len = if splits > 1 {
+        let partial_len = if reduce == Reduce::Global && splits > 1 {
             splits as usize * mu * n as usize
         } else {
             1

@@ -6,6 +6,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, result, sys};
+use fetchahead_gpu::gemv::Reduce;
 use fetchahead_gpu::params::{
     CHUNK_BYTES, CheckParams, CollectiveParams, DequantParams, GEMV_K_STEP, GEMV_ROWS_PER_WARP,
     GatherParams, GemvParams, HashParams, MAX_NGRAM, MX_BLOCK, PrefetchParams, SpinParams,
@@ -273,27 +274,89 @@ impl Kernels {
         unsafe { self.launch(&self.spin, threads, stream, p, gather::BLOCK_THREADS) }
     }
 
-    /// K splits for a GEMV of `n x k` weights on this device: the most (up to
-    /// [`GEMV_MAX_SPLITS`]) that keep the warps within [`GEMV_WARPS_PER_SM`] a multiprocessor,
-    /// each split a whole number of 32-K steps. The H200 sweep (2026-11-29, K = 4096) was
+    /// K splits for GEMV `variant` over `n x k` weights on this device.
+    ///
+    /// [`Reduce::Global`]: the most (up to [`GEMV_MAX_SPLITS`]) that keep the warps within
+    /// [`GEMV_WARPS_PER_SM`] a multiprocessor; the H200 sweep (2026-11-29, K = 4096) was
     /// fastest at 512, 1024, 2048 and 2048 warps for 4, 8, 16 and 32 MiB, which this gives.
-    pub fn gemv_splits(&self, n: u32, k: u32) -> u32 {
+    ///
+    /// [`Reduce::Cluster`]: the largest cluster (up to [`gemv::MAX_CLUSTER_BLOCKS`] blocks)
+    /// whose row groups all fit on the device at once (`cuOccupancyMaxActiveClusters`) within
+    /// [`GEMV_WARPS_PER_SM`] warps a multiprocessor, and whose warps each get at least one
+    /// 32-element step. In the H200 sweep (2026-11-29) a second wave of clusters cost more than
+    /// the extra splits gained.
+    pub fn gemv_splits(&self, variant: usize, n: u32, k: u32) -> Result<u32> {
+        let v = gemv::VARIANTS
+            .get(variant)
+            .ok_or_else(|| Error::invalid("gemv", format!("no GEMV variant {variant}")))?;
         let groups = (n / GEMV_ROWS_PER_WARP).max(1);
-        let want =
-            (GEMV_WARPS_PER_SM * self.gpu.multiprocessors / groups).clamp(1, GEMV_MAX_SPLITS);
+        let warps = GEMV_WARPS_PER_SM * self.gpu.multiprocessors;
         let steps = k / GEMV_K_STEP;
-        (1..=want)
-            .rev()
-            .find(|s| steps.is_multiple_of(*s))
-            .unwrap_or(1)
+        Ok(match v.reduce {
+            Reduce::Global => {
+                let want = (warps / groups).clamp(1, GEMV_MAX_SPLITS);
+                (1..=want)
+                    .rev()
+                    .find(|s| steps.is_multiple_of(*s))
+                    .unwrap_or(1)
+            }
+            Reduce::Cluster => {
+                let mut blocks = 1;
+                for b in (1..=gemv::MAX_CLUSTER_BLOCKS.ilog2()).map(|b| 1 << b) {
+                    let splits = b * gemv::CLUSTER_BLOCK_WARPS;
+                    if groups * splits > warps || splits > steps {
+                        break;
+                    }
+                    if groups > self.gemv_max_clusters(variant, b)? {
+                        break;
+                    }
+                    blocks = b;
+                }
+                blocks * gemv::CLUSTER_BLOCK_WARPS
+            }
+        })
+    }
+
+    /// How many clusters of `blocks` blocks of cluster GEMV `variant` the device runs at once.
+    pub fn gemv_max_clusters(&self, variant: usize, blocks: u32) -> Result<u32> {
+        let mut attrs = [cluster_attribute(blocks)];
+        let config = sys::CUlaunchConfig {
+            gridDimX: blocks,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: Reduce::Cluster.block_threads(),
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: std::ptr::null_mut(),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
+        };
+        let mut clusters = 0;
+        self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: a query: `config` and its attribute live across the call, the function is
+        // this module's, and `clusters` is a writable int.
+        unsafe {
+            sys::cuOccupancyMaxActiveClusters(
+                &mut clusters,
+                self.gemv[variant].function.cu_function(),
+                &config,
+            )
+        }
+        .result()
+        .call("cuOccupancyMaxActiveClusters")?;
+        Ok(clusters.max(0) as u32)
     }
 
     /// The GEMV variant the host launches for `m` activation rows: the first with
-    /// `gemv::DEFAULT_LOADS` that covers `m` (an index into `gemv::VARIANTS`).
+    /// `gemv::DEFAULT_LOADS` and `gemv::DEFAULT_REDUCE` that covers `m` (an index into
+    /// `gemv::VARIANTS`).
     pub fn gemv_variant(m: u32) -> Result<usize> {
         gemv::VARIANTS
             .iter()
-            .position(|v| m <= v.max_m && v.loads == gemv::DEFAULT_LOADS)
+            .position(|v| {
+                m <= v.max_m && v.loads == gemv::DEFAULT_LOADS && v.reduce == gemv::DEFAULT_REDUCE
+            })
             .ok_or_else(|| Error::invalid("gemv", format!("m = {m}, want 1..=16")))
     }
 
@@ -303,8 +366,8 @@ impl Kernels {
     /// node).
     ///
     /// # Safety
-    /// `x` holds `m x k` bf16, `w` holds `n x k` bf16, `y` holds `m x n` f32 and, with splits,
-    /// `partial` holds `splits x m x n` f32 and `counters` `n / 16` u32 left zero by the last
+    /// `x` holds `m x k` bf16, `w` holds `n x k` bf16, `y` holds `m x n` f32 and, for a
+    /// [`Reduce::Global`] variant with splits, `partial` holds `splits x m x n` f32 and `counters` `n / 16` u32 left zero by the last
     /// launch (zero when new); `y`, `partial` and `counters` are used by nothing else meanwhile.
     pub unsafe fn launch_gemv(
         &self,
@@ -313,34 +376,43 @@ impl Kernels {
         p: GemvParams,
         policy: Option<AccessWindow>,
     ) -> Result<()> {
-        check_gemv(&p)?;
         let v = gemv::VARIANTS
             .get(variant)
             .ok_or_else(|| Error::invalid("gemv", format!("no GEMV variant {variant}")))?;
+        check_gemv(&p, v.reduce)?;
         if p.m > v.max_m {
             return Err(Error::invalid(
                 "gemv",
                 format!("m = {} above {}'s {}", p.m, v.name, v.max_m),
             ));
         }
-        let warps = (p.n / GEMV_ROWS_PER_WARP) as u64 * p.splits as u64;
-        let blocks = (warps * 32).div_ceil(gemv::BLOCK_THREADS as u64) as u32;
+        let groups = (p.n / GEMV_ROWS_PER_WARP) as u64;
+        let block_threads = v.reduce.block_threads();
+        let mut attrs = Vec::with_capacity(2);
+        attrs.extend(policy.map(|w| w.launch_attribute()));
+        let blocks = match v.reduce {
+            Reduce::Global => (groups * p.splits as u64 * 32).div_ceil(block_threads as u64),
+            Reduce::Cluster => {
+                let cluster = p.splits / gemv::CLUSTER_BLOCK_WARPS;
+                attrs.push(cluster_attribute(cluster));
+                groups * cluster as u64
+            }
+        };
+        let blocks = u32::try_from(blocks)
+            .map_err(|_| Error::invalid("gemv", format!("{blocks} blocks")))?;
         let mut params = p;
         let mut args = [&mut params as *mut GemvParams as *mut c_void];
-        let mut attrs = policy.map(|w| [w.launch_attribute()]);
         let config = sys::CUlaunchConfig {
             gridDimX: blocks,
             gridDimY: 1,
             gridDimZ: 1,
-            blockDimX: gemv::BLOCK_THREADS,
+            blockDimX: block_threads,
             blockDimY: 1,
             blockDimZ: 1,
             sharedMemBytes: 0,
             hStream: stream,
-            attrs: attrs
-                .as_mut()
-                .map_or(std::ptr::null_mut(), |a| a.as_mut_ptr()),
-            numAttrs: attrs.as_ref().map_or(0, |a| a.len() as u32),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
         };
         self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
         // SAFETY: one argument of the struct type the kernel takes (build.rs checked its size);
@@ -439,8 +511,23 @@ impl Kernels {
     }
 }
 
-/// Checks a GEMV's shape and alignment before any launch.
-fn check_gemv(p: &GemvParams) -> Result<()> {
+/// A launch attribute asking for clusters of `blocks` blocks along x.
+fn cluster_attribute(blocks: u32) -> sys::CUlaunchAttribute {
+    // SAFETY: an all-zero union is a valid value of every member (plain integers and enums
+    // whose zero is a listed variant); the member used is written below.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.clusterDim.x = blocks;
+    value.clusterDim.y = 1;
+    value.clusterDim.z = 1;
+    sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value,
+    }
+}
+
+/// Checks a GEMV's shape and alignment before any launch of a variant that reduces as `reduce`.
+fn check_gemv(p: &GemvParams, reduce: Reduce) -> Result<()> {
     if p.m == 0 || p.m > 16 {
         return Err(Error::invalid("gemv", format!("m = {}, want 1..=16", p.m)));
     }
@@ -450,20 +537,20 @@ fn check_gemv(p: &GemvParams) -> Result<()> {
             format!("n = {} is not a positive multiple of 16", p.n),
         ));
     }
-    let splits = p.splits.max(1);
-    if p.splits == 0 || p.k == 0 || !p.k.is_multiple_of(GEMV_K_STEP * splits) {
+    if !reduce.accepts(p.splits, p.k) {
+        let want = match reduce {
+            Reduce::Global => "k a positive multiple of 32 x splits",
+            Reduce::Cluster => "k a positive multiple of 32, splits 8 x 1, 2, 4 or 8 blocks",
+        };
         return Err(Error::invalid(
             "gemv",
-            format!(
-                "k = {} is not a positive multiple of 32 x {} splits",
-                p.k, p.splits
-            ),
+            format!("k = {} with {} splits; want {want}", p.k, p.splits),
         ));
     }
     check_aligned("gemv x", p.x)?;
     check_aligned("gemv w", p.w)?;
     check_aligned_to("gemv y", p.y, 4)?;
-    if p.splits > 1 {
+    if reduce == Reduce::Global && p.splits > 1 {
         check_aligned_to("gemv partial", p.partial, 4)?;
         check_aligned_to("gemv counters", p.counters, 4)?;
     }

@@ -26,6 +26,7 @@ use crate::access_policy::PersistingL2;
 use crate::error::CudaCall;
 use crate::kernels::Kernels;
 use crate::segments::{SEGMENT_ALIGN, SegmentTable, aligned_segment};
+use crate::window_fit::WindowFit;
 use crate::{Error, Result};
 
 /// What the caller says identifies a forward's shape (for example tokens in the batch and the
@@ -451,6 +452,32 @@ pub struct L2Plan {
     branch_open: bool,
     persisting: Option<PersistingL2>,
     policy_window_set: bool,
+    /// Learned byte caps that end each window's prefetch with its window.
+    fit: WindowFit,
+    /// Per window index of an eager forward: its start, its end and its prefetch's end.
+    timing: Vec<WindowTiming>,
+    /// A prefetched window whose end is recorded at its first `consume`.
+    awaiting: Option<Measure>,
+    /// Windows with all three events recorded, not yet read.
+    pending: Vec<Measure>,
+}
+
+/// Timing events of one window of an eager forward.
+#[derive(Debug)]
+struct WindowTiming {
+    start: CudaEvent,
+    end: CudaEvent,
+    prefetch_end: CudaEvent,
+}
+
+/// A prefetch being measured against its window.
+#[derive(Clone, Copy, Debug)]
+struct Measure {
+    signature: Signature,
+    k: usize,
+    issued: u64,
+    /// The window's first segment: the least a cap keeps.
+    floor: u64,
 }
 
 impl L2Plan {
@@ -495,6 +522,10 @@ impl L2Plan {
             branch_open: false,
             persisting,
             policy_window_set: false,
+            fit: WindowFit::default(),
+            timing: Vec::new(),
+            awaiting: None,
+            pending: Vec::new(),
         })
     }
 
@@ -526,13 +557,29 @@ impl L2Plan {
     /// graph is read from the stream.
     pub fn begin_forward(&mut self, signature: Signature) -> Result<()> {
         let captured = capturing(&self.main)?;
+        if !captured {
+            // The events are re-recorded from here on: what has not completed is dropped.
+            self.read_measures(true)?;
+        }
         self.planner.begin(signature, captured)
+    }
+
+    /// The cap learned for window `k` of `signature` (bytes its prefetch keeps), if measured.
+    pub fn window_cap(&self, signature: Signature, k: usize) -> Option<u64> {
+        self.fit.cap(signature, k)
     }
 
     /// Call before launching each collective on the main stream: joins the previous window's
     /// prefetch and forks this window's.
+    ///
+    /// In eager forwards the plan also times each prefetched window against its prefetch (the
+    /// window ends at the first `consume` after the collective) and, from the next eager
+    /// forward on, caps the window's bytes to what its prefetch issues within it
+    /// ([`WindowFit`]); a captured forward uses the caps learned so far.
     pub fn collective(&mut self) -> Result<()> {
         self.join_branch()?;
+        // A window whose reader never reported its weights is not measured.
+        self.awaiting = None;
         let signature = self.planner.current().ok_or_else(no_forward)?;
         let captured = capturing(&self.main)?;
         let (k, _) = self.planner.collective()?;
@@ -563,15 +610,51 @@ impl L2Plan {
         };
         match self.config.replay {
             Replay::Prefetch { variant } => {
+                let window = self
+                    .planner
+                    .plan(signature)
+                    .map_or(&[][..], |w| w.window(k));
+                let Some(first) = window.first() else {
+                    return Ok(());
+                };
+                let n = match self.fit.cap(signature, k) {
+                    Some(cap) => WindowFit::prefix_within(window.iter().map(|s| s.bytes), cap),
+                    None => span.len,
+                };
+                let issued = window[..n].iter().map(|s| s.bytes).sum();
+                let measure = (!captured).then_some(Measure {
+                    signature,
+                    k,
+                    issued,
+                    floor: first.bytes,
+                });
+                if measure.is_some() {
+                    let ctx = self.main.context();
+                    while self.timing.len() <= k {
+                        let event = || {
+                            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                                .call("cuEventCreate")
+                        };
+                        self.timing.push(WindowTiming {
+                            start: event()?,
+                            end: event()?,
+                            prefetch_end: event()?,
+                        });
+                    }
+                    self.timing[k]
+                        .start
+                        .record(&self.main)
+                        .call("cuEventRecord")?;
+                }
                 self.fork.record(&self.main).call("cuEventRecord")?;
                 self.side.wait(&self.fork).call("cuStreamWaitEvent")?;
                 let p = PrefetchParams {
                     segments: table.address_of(span.start),
-                    n: span.len as u64,
+                    n: n as u64,
                     chunk: self.config.chunk,
                     _pad: 0,
                 };
-                let blocks = (span.len as u32).min(self.config.max_blocks);
+                let blocks = (n as u32).min(self.config.max_blocks);
                 // SAFETY: the table holds the plan's segments (checked when uploaded), window k's
                 // at `span.start..span.start + span.len`, inside weights the caller reported as
                 // live device memory.
@@ -584,9 +667,17 @@ impl L2Plan {
                         self.config.threads,
                     )
                 }?;
+                if let Some(measure) = measure {
+                    let timing = &self.timing[k];
+                    timing
+                        .prefetch_end
+                        .record(&self.side)
+                        .call("cuEventRecord")?;
+                    self.awaiting = Some(measure);
+                }
                 self.join.record(&self.side).call("cuEventRecord")?;
                 self.branch_open = true;
-                self.planner.count_prefetch(span.bytes);
+                self.planner.count_prefetch(issued);
             }
             Replay::AccessPolicy => {
                 if captured {
@@ -606,7 +697,54 @@ impl L2Plan {
     /// A kernel after the latest collective consumes `bytes` of weights at `address` (a live
     /// device allocation for as long as this plan may prefetch it).
     pub fn consume(&mut self, address: u64, bytes: u64) -> Result<()> {
-        self.planner.consume(address, bytes)
+        self.planner.consume(address, bytes)?;
+        if let Some(measure) = self.awaiting.take() {
+            // Recorded before the reader's launch: it completes when the collective has.
+            self.timing[measure.k]
+                .end
+                .record(&self.main)
+                .call("cuEventRecord")?;
+            self.pending.push(measure);
+        }
+        Ok(())
+    }
+
+    /// Reads the measured windows whose events have completed into the caps; the others are
+    /// kept, or dropped with `drop_incomplete`. Never waits.
+    fn read_measures(&mut self, drop_incomplete: bool) -> Result<()> {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let m = self.pending[i];
+            let t = &self.timing[m.k];
+            let done = t.end.try_is_complete().call("cuEventQuery")?
+                && t.prefetch_end.try_is_complete().call("cuEventQuery")?;
+            if !done {
+                if drop_incomplete {
+                    self.pending.swap_remove(i);
+                } else {
+                    i += 1;
+                }
+                continue;
+            }
+            let ns = |end: &CudaEvent| -> Result<f64> {
+                Ok(t.start.elapsed_ms(end).call("cuEventElapsedTime")? as f64 * 1e6)
+            };
+            let (window_ns, prefetch_ns) = (ns(&t.end)?, ns(&t.prefetch_end)?);
+            let cap = self
+                .fit
+                .observe(m.signature, m.k, m.issued, window_ns, prefetch_ns, m.floor);
+            log::debug!(
+                "L2 plan {:?} window {}: {} bytes issued in {:.1} us, window {:.1} us: cap {}",
+                m.signature,
+                m.k,
+                m.issued,
+                prefetch_ns / 1e3,
+                window_ns / 1e3,
+                cap
+            );
+            self.pending.swap_remove(i);
+        }
+        Ok(())
     }
 
     /// Ends the forward: joins the last prefetch, learns, and (eager forwards only) uploads a
@@ -622,7 +760,11 @@ impl L2Plan {
             }
             self.policy_window_set = false;
         }
+        self.awaiting = None;
         let summary = self.planner.end()?;
+        if !summary.captured {
+            self.read_measures(false)?;
+        }
         if matches!(summary.learned, Learned::New | Learned::Replaced) {
             let segments = self
                 .planner

@@ -42,6 +42,7 @@ pub mod staging;
 pub mod store;
 pub mod stream;
 pub mod table;
+pub mod window_fit;
 
 pub use error::{Error, Result};
 pub use fetchahead_gpu as device_abi;

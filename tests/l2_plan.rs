@@ -4,13 +4,14 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaStream, sys};
+use fetchahead::device_abi::gemv::Reduce;
 use fetchahead::device_abi::params::Segment;
 use fetchahead::device_abi::{gemv, l2_prefetch};
 use fetchahead::gemv::{Gemv, GemvLaunch};
 use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
 use fetchahead::l2_plan::{
-    L2Plan, Learned, PlanConfig, Planner, Replay, Signature, default_budget,
+    L2Plan, Learned, PlanConfig, Planner, Replay, SEGMENT_PIECE, Signature, default_budget,
 };
 use fetchahead::segments::{SegmentTable, aligned_segment, check_segment};
 use fetchahead::{Error, Result, reference};
@@ -95,7 +96,7 @@ fn trims_each_window_to_the_budget() {
 #[test]
 fn cuts_large_weights_into_pieces() {
     let mut p = Planner::new(4 * MIB).unwrap();
-    let piece = fetchahead::l2_plan::SEGMENT_PIECE;
+    let piece = SEGMENT_PIECE;
     forward(
         &mut p,
         SIG,
@@ -264,6 +265,8 @@ fn default_budget_follows_the_l2_size() {
 /// The layers of a test forward: a collective, then a GEMV over its own weights.
 struct Layers {
     gemvs: Vec<Gemv>,
+    /// How long each layer's collective polls.
+    window_ns: u64,
 }
 
 const K: u32 = 1024;
@@ -285,10 +288,14 @@ impl Layers {
             let w = random_bf16(&mut rng, (rows * K) as usize);
             gemvs.push(Gemv::new(kernels, stream, &x, &w, m, K)?);
         }
-        Ok(Layers { gemvs })
+        Ok(Layers {
+            gemvs,
+            window_ns: 2_000,
+        })
     }
 
-    /// One forward on `stream`: per layer a 2 us collective then the GEMV, announced to `plan`.
+    /// One forward on `stream`: per layer a collective (2 us unless changed) then the GEMV,
+    /// announced to `plan`.
     fn run(
         &self,
         kernels: &Kernels,
@@ -304,7 +311,7 @@ impl Layers {
                 plan.collective()?;
             }
             // SAFETY: no flag is polled.
-            unsafe { kernels.launch_collective(stream.cu_stream(), 4, 2_000, 0) }?;
+            unsafe { kernels.launch_collective(stream.cu_stream(), 4, self.window_ns, 0) }?;
             if let Some(plan) = plan.as_deref_mut() {
                 let (address, bytes) = gemv.weights();
                 plan.consume(address, bytes)?;
@@ -378,8 +385,9 @@ fn gemv_matches_the_cpu_reference() -> Result<()> {
         let w = random_bf16(&mut rng, (n * k) as usize);
         let want = reference::gemv(&x, &w, m as usize, k as usize);
         let default = Gemv::new(&kernels, &stream, &x, &w, m, k)?.launch_config();
-        // The host's choice, then every variant that covers m at one split and at the most
-        // splits K allows up to 64 (33 for k = 1056: a partial reduction batch).
+        // The host's choice, then every variant that covers m: global splits at one and at the
+        // most K allows up to 64 (33 for k = 1056: a partial reduction batch), clusters of 1, 2
+        // and 8 blocks (64 splits: uneven, or empty, for k < 2048).
         let steps = k / 32;
         let most = (1..=64.min(steps))
             .rev()
@@ -390,7 +398,11 @@ fn gemv_matches_the_cpu_reference() -> Result<()> {
             if m > v.max_m {
                 continue;
             }
-            for splits in [1, most] {
+            let splits = match v.reduce {
+                Reduce::Global => vec![1, most],
+                Reduce::Cluster => vec![8, 16, 64],
+            };
+            for splits in splits {
                 launches.push(GemvLaunch { variant, splits });
             }
         }
@@ -465,6 +477,21 @@ fn gemv_refuses_bad_shapes() -> Result<()> {
     );
     let gemv = Gemv::new(&kernels, &stream, &x[..64], &w[..8 * 64], 1, 64)?;
     assert!(gemv.launch(&kernels, &stream, None).is_err(), "n = 8");
+    let cluster = gemv::VARIANTS
+        .iter()
+        .position(|v| v.reduce == Reduce::Cluster)
+        .expect("a cluster variant");
+    for splits in [4, 12, 128] {
+        let launch = GemvLaunch {
+            variant: cluster,
+            splits,
+        };
+        let gemv = Gemv::with_launch(&stream, &x[..64], &w, 1, 64, launch)?;
+        assert!(
+            gemv.launch(&kernels, &stream, None).is_err(),
+            "{splits} splits on a cluster variant"
+        );
+    }
     let gemv = Gemv::new(&kernels, &stream, &x[..48], &w[..16 * 48], 1, 48)?;
     assert!(gemv.launch(&kernels, &stream, None).is_err(), "k = 48");
     Ok(())
@@ -499,6 +526,7 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
             }
             Err(e) => return Err(e),
         };
+        let mut bytes = Vec::new();
         for forward in 0..3 {
             layers.poison(&stream)?;
             layers.run(&kernels, &stream, Some(&mut plan), SIG)?;
@@ -507,6 +535,7 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
                 want,
                 "{replay:?}, forward {forward}"
             );
+            bytes.push(plan.counters().bytes_prefetched);
         }
         let c = plan.counters();
         let window = (2048 * K as u64 * 2).min(config.budget_per_window);
@@ -515,10 +544,62 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
         assert_eq!(c.forwards_without_plan, 1, "{replay:?}");
         assert_eq!(c.windows_prefetched, 6, "{replay:?}");
         if let Replay::Prefetch { .. } = replay {
-            assert_eq!(c.bytes_prefetched, 6 * window, "{replay:?}");
+            // The second forward prefetched whole windows and timed them; the third at most
+            // that, each window cut to what its prefetch issued within the 2 us collective.
+            assert_eq!(bytes[1] - bytes[0], 3 * window, "{replay:?}");
+            assert!(bytes[2] - bytes[1] <= 3 * window, "{replay:?}");
+            for k in 0..3 {
+                assert!(plan.window_cap(SIG, k).is_some(), "{replay:?} window {k}");
+            }
         }
         assert_eq!(c.signatures, 1);
         assert_eq!(plan.planner().plan(SIG).map(|w| w.len()), Some(3));
+    }
+    Ok(())
+}
+
+/// A window's prefetch is cut to what it issues within the window, learned over eager
+/// forwards, and a long window keeps it whole; the outputs stay exact either way.
+#[test]
+fn caps_each_window_to_what_its_prefetch_issues_within_it() -> Result<()> {
+    let Some((kernels, stream, _lock)) =
+        open("caps_each_window_to_what_its_prefetch_issues_within_it")?
+    else {
+        return Ok(());
+    };
+    // 16 MiB of weights behind one collective: about 13 us to issue on an H200.
+    let rows = 8192;
+    let weights = rows as u64 * K as u64 * 2;
+    for (window_ns, cut) in [(2_000, true), (200_000, false)] {
+        let mut layers = Layers::new(&kernels, &stream, 1, 1, rows, rand::rng().random())?;
+        layers.window_ns = window_ns;
+        layers.run(&kernels, &stream, None, SIG)?;
+        let want = bits(&layers.outputs(&stream)?);
+        let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
+        config.budget_per_window = weights;
+        let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
+        let mut issued = Vec::new();
+        for forward in 0..4 {
+            layers.poison(&stream)?;
+            let before = plan.counters().bytes_prefetched;
+            layers.run(&kernels, &stream, Some(&mut plan), SIG)?;
+            assert_eq!(bits(&layers.outputs(&stream)?), want, "forward {forward}");
+            issued.push(plan.counters().bytes_prefetched - before);
+        }
+        let cap = plan.window_cap(SIG, 0).expect("a measured window");
+        // Forward 0 learned, 1 prefetched the whole window and timed it, 2 and 3 used the cap.
+        assert_eq!(issued[..2], [0, weights], "{window_ns} ns window");
+        if cut {
+            assert!(cap < weights, "{window_ns} ns window: cap {cap}");
+            assert!(issued[3] < weights, "{window_ns} ns window: {issued:?}");
+            assert!(
+                issued[3] >= SEGMENT_PIECE,
+                "{window_ns} ns window: {issued:?}"
+            );
+        } else {
+            assert!(cap >= weights, "{window_ns} ns window: cap {cap}");
+            assert_eq!(issued[3], weights, "{window_ns} ns window");
+        }
     }
     Ok(())
 }
@@ -566,8 +647,13 @@ fn forward_is_bit_identical_with_prefetch_in_a_graph() -> Result<()> {
         let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
         config.replay = Replay::Prefetch { variant };
         let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
-        layers.run(&kernels, &stream, Some(&mut plan), SIG)?;
-        stream.synchronize().map_err(cuda("cuStreamSynchronize"))?;
+        // One forward learns, two more time the windows (2 us each): the capture bakes in
+        // windows cut to fit.
+        for _ in 0..3 {
+            layers.run(&kernels, &stream, Some(&mut plan), SIG)?;
+            stream.synchronize().map_err(cuda("cuStreamSynchronize"))?;
+        }
+        assert!(plan.window_cap(SIG, 3).is_some());
         // SAFETY: nothing in this test uses cudarc's per-slice event tracking from here on;
         // every launch passes raw addresses.
         unsafe { stream.context().disable_event_tracking() };

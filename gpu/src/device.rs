@@ -439,6 +439,14 @@ pub fn warp_sync() {
     }
 }
 
+/// Waits for every thread of the block, ordering their shared and global memory operations
+/// (`bar.sync 0`). Every thread of the block must execute it.
+#[inline(always)]
+pub fn block_sync() {
+    // SAFETY: a block barrier; callers reach it from every thread.
+    unsafe { asm!("bar.sync 0;", options(nostack, preserves_flags)) }
+}
+
 /// Lane 0's `v`, in every lane. Every lane of the warp must execute it.
 #[inline(always)]
 pub fn warp_broadcast_lane0(v: u32) -> u32 {

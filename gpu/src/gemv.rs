@@ -8,6 +8,12 @@
 //! before any is multiplied, for eight 16-byte weight loads in flight per lane. Splits of K write
 //! f32 partials; the last warp of a row group to finish sums them in split order (so the result
 //! is deterministic) in the same launch, loading [`REDUCE_BATCH`] splits' partials at a time.
+//!
+//! The `_cluster` variants keep the split-K sum on chip: a row group is one thread-block cluster
+//! of 1-8 blocks of [`CLUSTER_BLOCK_WARPS`] warps, each warp a split; the warps' partials meet in
+//! their block's shared memory, the blocks' sums in the first block's (distributed shared
+//! memory), always added in split order. No partials, counters or atomics in global memory: after
+//! its weight loads a warp's only round trips are on chip.
 
 /// Activation rows handled per 8-row MMA tile.
 pub const M_TILE: u32 = 8;
@@ -19,6 +25,50 @@ pub const DEEP_UNROLL: u32 = 8;
 pub const BLOCK_THREADS: u32 = 128;
 /// Split partials the reducing lane loads before it adds any (one memory round trip each batch).
 pub const REDUCE_BATCH: usize = 16;
+/// Warps per block of the [`Reduce::Cluster`] variants (one K split each).
+pub const CLUSTER_BLOCK_WARPS: u32 = 8;
+/// The most blocks a [`Reduce::Cluster`] row group spreads over (the portable cluster size).
+pub const MAX_CLUSTER_BLOCKS: u32 = 8;
+
+/// How a variant sums the K splits of a row group (16 weight rows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduce {
+    /// Each split is a warp anywhere in the grid, blocks of [`BLOCK_THREADS`]: the splits write
+    /// partials to global memory and the last to arrive (an atomic count) sums them. Any number
+    /// of splits that divides K's 32-element steps.
+    Global,
+    /// A row group is one cluster of `splits / CLUSTER_BLOCK_WARPS` blocks (a power of two up to
+    /// [`MAX_CLUSTER_BLOCKS`]) of [`CLUSTER_BLOCK_WARPS`] warps; any K that is a multiple of 32
+    /// (the splits' steps may differ by one, or be none).
+    Cluster,
+}
+
+impl Reduce {
+    /// Threads per block of a launch.
+    pub const fn block_threads(self) -> u32 {
+        match self {
+            Reduce::Global => BLOCK_THREADS,
+            Reduce::Cluster => CLUSTER_BLOCK_WARPS * 32,
+        }
+    }
+
+    /// Whether a launch of `splits` K splits is valid for `k`.
+    pub const fn accepts(self, splits: u32, k: u32) -> bool {
+        let steps = k / crate::params::GEMV_K_STEP;
+        if k == 0 || !k.is_multiple_of(crate::params::GEMV_K_STEP) || splits == 0 {
+            return false;
+        }
+        match self {
+            Reduce::Global => steps.is_multiple_of(splits),
+            Reduce::Cluster => {
+                let blocks = splits / CLUSTER_BLOCK_WARPS;
+                splits.is_multiple_of(CLUSTER_BLOCK_WARPS)
+                    && blocks.is_power_of_two()
+                    && blocks <= MAX_CLUSTER_BLOCKS
+            }
+        }
+    }
+}
 
 /// How a GEMV variant reads its weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +87,7 @@ pub struct Variant {
     /// The most activation rows the variant handles.
     pub max_m: u32,
     pub loads: WeightLoads,
+    pub reduce: Reduce,
     pub about: &'static str,
 }
 
@@ -45,6 +96,8 @@ pub struct Variant {
 /// 10.4 with 256-byte fetches and 14.3 streaming), which is what a prefetch leaves; from DRAM
 /// the streaming loads are fastest (15.7 us against 18.1). The others stay for the benches.
 pub const DEFAULT_LOADS: WeightLoads = WeightLoads::Plain;
+/// How the variants the host launches sum their K splits.
+pub const DEFAULT_REDUCE: Reduce = Reduce::Cluster;
 
 /// Every GEMV kernel.
 pub const VARIANTS: &[Variant] = &[
@@ -52,79 +105,115 @@ pub const VARIANTS: &[Variant] = &[
         name: "gemv_bf16_m8",
         max_m: 8,
         loads: WeightLoads::Plain,
+        reduce: Reduce::Global,
         about: "bf16 GEMV, M <= 8: one mma.m16n8k16 per 16 K, unhinted 16-byte loads",
     },
     Variant {
         name: "gemv_bf16_m16",
         max_m: 16,
         loads: WeightLoads::Plain,
+        reduce: Reduce::Global,
         about: "bf16 GEMV, M <= 16: two mma.m16n8k16 per 16 K, unhinted 16-byte loads",
     },
     Variant {
         name: "gemv_bf16_m8_deep",
         max_m: 8,
         loads: WeightLoads::Plain,
+        reduce: Reduce::Global,
         about: "bf16 GEMV, M <= 8, 16 weight loads in flight per lane",
     },
     Variant {
         name: "gemv_bf16_m16_deep",
         max_m: 16,
         loads: WeightLoads::Plain,
+        reduce: Reduce::Global,
         about: "bf16 GEMV, M <= 16, 16 weight loads in flight per lane",
     },
     Variant {
         name: "gemv_bf16_m8_fetch256",
         max_m: 8,
         loads: WeightLoads::Fetch256,
+        reduce: Reduce::Global,
         about: "bf16 GEMV, M <= 8, weights read with 256-byte L2 fetches",
     },
     Variant {
         name: "gemv_bf16_m16_fetch256",
         max_m: 16,
         loads: WeightLoads::Fetch256,
+        reduce: Reduce::Global,
         about: "bf16 GEMV, M <= 16, weights read with 256-byte L2 fetches",
     },
     Variant {
         name: "gemv_bf16_m8_stream",
         max_m: 8,
         loads: WeightLoads::Stream,
+        reduce: Reduce::Global,
         about: "bf16 GEMV, M <= 8, weights read with L1 bypass and 256-byte L2 fetches",
     },
     Variant {
         name: "gemv_bf16_m16_stream",
         max_m: 16,
         loads: WeightLoads::Stream,
+        reduce: Reduce::Global,
         about: "bf16 GEMV, M <= 16, weights read with L1 bypass and 256-byte L2 fetches",
+    },
+    Variant {
+        name: "gemv_bf16_m8_cluster",
+        max_m: 8,
+        loads: WeightLoads::Plain,
+        reduce: Reduce::Cluster,
+        about: "bf16 GEMV, M <= 8, split-K summed on chip across a cluster of 1-8 blocks",
+    },
+    Variant {
+        name: "gemv_bf16_m16_cluster",
+        max_m: 16,
+        loads: WeightLoads::Plain,
+        reduce: Reduce::Cluster,
+        about: "bf16 GEMV, M <= 16, split-K summed on chip across a cluster of 1-8 blocks",
+    },
+    Variant {
+        name: "gemv_bf16_m8_cluster_deep",
+        max_m: 8,
+        loads: WeightLoads::Plain,
+        reduce: Reduce::Cluster,
+        about: "bf16 GEMV, M <= 8, split-K on chip, 16 weight loads in flight per lane",
+    },
+    Variant {
+        name: "gemv_bf16_m16_cluster_deep",
+        max_m: 16,
+        loads: WeightLoads::Plain,
+        reduce: Reduce::Cluster,
+        about: "bf16 GEMV, M <= 16, split-K on chip, 16 weight loads in flight per lane",
     },
 ];
 
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
-    use super::{DEEP_UNROLL, M_TILE, REDUCE_BATCH, UNROLL};
+    use super::{CLUSTER_BLOCK_WARPS, DEEP_UNROLL, M_TILE, REDUCE_BATCH, UNROLL};
+    use crate::cluster;
     use crate::device::{
-        atomic_inc_acq_rel, global_thread, hint, load_16, load_hinted_16, load_relaxed_f32,
-        mma_16x8x16_bf16, store_f32, store_relaxed_u32, warp_broadcast_lane0, warp_sync,
+        atomic_inc_acq_rel, block_sync, global_thread, hint, load_16, load_hinted_16,
+        load_relaxed_f32, mma_16x8x16_bf16, store_f32, store_relaxed_u32, thread_in_block,
+        warp_broadcast_lane0, warp_sync,
     };
     use crate::params::{GEMV_K_STEP, GEMV_ROWS_PER_WARP, GemvParams};
+    use crate::smem::{load_shared_f32, shared_buffer, store_shared_16};
 
-    /// One warp: rows `16 r .. 16 r + 16` of `w`, split `s` of K, `TILES` tiles of 8 x rows.
+    /// One warp's product of rows `16 group .. 16 group + 16` of `w` with `x` over the 32-element
+    /// steps `first_step .. first_step + steps` of K: lane (g, t)'s `TILES` accumulator
+    /// fragments, for rows g and g + 8 and activation rows 8q + 2t and 8q + 2t + 1.
     #[inline(always)]
-    unsafe fn gemv<const TILES: usize, const HINT: u8, const U: usize>(p: &GemvParams) {
-        let warp = global_thread() / 32;
-        let lane = (global_thread() % 32) as u32;
+    unsafe fn warp_product<const TILES: usize, const HINT: u8, const U: usize>(
+        p: &GemvParams,
+        group: u64,
+        first_step: u64,
+        steps: u64,
+        lane: u32,
+    ) -> [[f32; 4]; TILES] {
         let (g, t) = ((lane / 4) as u64, (lane % 4) as u64);
-        // At least 1 so that the division below cannot trap (the host refuses n < 16 anyway).
-        let row_groups = ((p.n / GEMV_ROWS_PER_WARP) as u64).max(1);
-        let splits = p.splits.max(1) as u64;
-        if warp >= row_groups * splits {
-            return;
-        }
-        let (group, split) = (warp % row_groups, warp / row_groups);
         let row_bytes = p.k as u64 * 2;
-        let steps = p.k as u64 / GEMV_K_STEP as u64 / splits;
-        let first_step = split * steps;
         let row_lo = group * GEMV_ROWS_PER_WARP as u64 + g;
-        // Byte offset of this lane's 8 elements in step 0 of its split.
+        // Byte offset of this lane's 8 elements in the first step.
         let lane_offset = first_step * GEMV_K_STEP as u64 * 2 + t * 16;
         let w_lo = p.w + row_lo * row_bytes + lane_offset;
         let w_hi = w_lo + 8 * row_bytes;
@@ -147,7 +236,7 @@ mod kernels {
                 if j < batch {
                     let off = (step + j as u64) * step_bytes;
                     // SAFETY: rows row_lo and row_lo + 8 < n and elements < k (the host checked
-                    // n % 16 == 0 and k % (32 splits) == 0); nothing writes w or x.
+                    // n % 16 == 0 and the caller's steps lie inside K); nothing writes w or x.
                     unsafe {
                         lo[j] = load_hinted_16::<HINT>(w_lo + off);
                         hi[j] = load_hinted_16::<HINT>(w_hi + off);
@@ -171,7 +260,33 @@ mod kernels {
             }
             step += batch as u64;
         }
-        // Lane (g, t) holds rows g and g + 8, activation rows 8q + 2t and 8q + 2t + 1.
+        acc
+    }
+
+    /// Element `(m, n)` of `y` that value `i` of tile `q` of lane (g, t) holds.
+    #[inline(always)]
+    fn fragment_element(group: u64, lane: u32, q: usize, i: usize) -> (u64, u64) {
+        let (g, t) = ((lane / 4) as u64, (lane % 4) as u64);
+        let m = q as u64 * M_TILE as u64 + 2 * t + (i % 2) as u64;
+        let n = group * GEMV_ROWS_PER_WARP as u64 + g + 8 * (i / 2) as u64;
+        (m, n)
+    }
+
+    /// One warp: rows `16 r .. 16 r + 16` of `w`, split `s` of K, `TILES` tiles of 8 x rows.
+    #[inline(always)]
+    unsafe fn gemv<const TILES: usize, const HINT: u8, const U: usize>(p: &GemvParams) {
+        let warp = global_thread() / 32;
+        let lane = (global_thread() % 32) as u32;
+        // At least 1 so that the division below cannot trap (the host refuses n < 16 anyway).
+        let row_groups = ((p.n / GEMV_ROWS_PER_WARP) as u64).max(1);
+        let splits = p.splits.max(1) as u64;
+        if warp >= row_groups * splits {
+            return;
+        }
+        let (group, split) = (warp % row_groups, warp / row_groups);
+        let steps = p.k as u64 / GEMV_K_STEP as u64 / splits;
+        // SAFETY: split < splits, so steps split * steps .. (split + 1) * steps lie inside K.
+        let acc = unsafe { warp_product::<TILES, HINT, U>(p, group, split * steps, steps, lane) };
         let out = if splits > 1 {
             p.partial + split * p.m as u64 * p.n as u64 * 4
         } else {
@@ -179,8 +294,7 @@ mod kernels {
         };
         for q in 0..TILES {
             for (i, v) in acc[q].iter().enumerate() {
-                let m = q as u64 * M_TILE as u64 + 2 * t + (i % 2) as u64;
-                let n = row_lo + 8 * (i / 2) as u64;
+                let (m, n) = fragment_element(group, lane, q, i);
                 if m < p.m as u64 {
                     // SAFETY: m < p.m and n < p.n index this split's [m, n] output; one lane
                     // owns each element.
@@ -191,6 +305,84 @@ mod kernels {
         if splits > 1 {
             // SAFETY: the host passes n / 16 zeroed counters and the partials with splits > 1.
             unsafe { reduce_if_last(p, group, splits, lane) };
+        }
+    }
+
+    /// Fragment values a lane holds with two tiles (the most); a block's partials are this many
+    /// f32 per lane per warp.
+    const LANE_VALUES: u32 = 8;
+    /// f32 values of one warp's (or one block's) partial fragments.
+    const WARP_VALUES: u32 = 32 * LANE_VALUES;
+    /// The cluster variants' shared buffer: every warp's partials, then one block sum per rank
+    /// of the cluster (written into the first block's by all of them).
+    const CLUSTER_SHARED_BYTES: u32 =
+        (CLUSTER_BLOCK_WARPS + super::MAX_CLUSTER_BLOCKS) * WARP_VALUES * 4;
+
+    /// One block of a row group's cluster: warp w is split `rank * warps + w` of K. The warps'
+    /// fragments meet in this block's shared memory, where thread e sums value e over the warps
+    /// in order; the blocks' sums meet in rank 0's, which sums them in rank order and writes y.
+    #[inline(always)]
+    unsafe fn gemv_cluster<const TILES: usize, const HINT: u8, const U: usize>(p: &GemvParams) {
+        let shared = shared_buffer::<CLUSTER_SHARED_BYTES>();
+        // Says "this block has started": no block writes another's shared memory before the
+        // matching wait below.
+        cluster::arrive_relaxed();
+        let (rank, blocks) = (cluster::block_rank(), cluster::cluster_blocks());
+        let group = cluster::cluster_x() as u64;
+        let (warp, lane) = (thread_in_block() / 32, thread_in_block() % 32);
+        let splits = (blocks * CLUSTER_BLOCK_WARPS) as u64;
+        let split = (rank * CLUSTER_BLOCK_WARPS + warp) as u64;
+        let total_steps = p.k as u64 / GEMV_K_STEP as u64;
+        let (first, end) = (
+            split * total_steps / splits,
+            (split + 1) * total_steps / splits,
+        );
+        // SAFETY: first <= end <= total_steps, so the steps lie inside K; the host launched one
+        // cluster per row group, so group < n / 16.
+        let acc = unsafe { warp_product::<TILES, HINT, U>(p, group, first, end - first, lane) };
+        let warp_slot = shared + (warp * WARP_VALUES + lane * LANE_VALUES) * 4;
+        for (q, a) in acc.iter().enumerate() {
+            // SAFETY: 16-byte aligned, inside this warp's partials; only this lane writes them.
+            unsafe { store_shared_16(warp_slot + q as u32 * 16, a.map(f32::to_bits)) };
+        }
+        block_sync();
+        // Thread e sums value e (lane e / LANE_VALUES's value e % LANE_VALUES) over the warps.
+        let e = thread_in_block();
+        let lane_of = e / LANE_VALUES;
+        let (q, i) = ((e % LANE_VALUES / 4) as usize, (e % 4) as usize);
+        let live = q < TILES;
+        let value = |base: u32, parts: u32| {
+            let mut sum = 0f32;
+            for w in 0..parts {
+                // SAFETY: inside the shared buffer (parts <= the warps or ranks it holds);
+                // written before a barrier this thread has passed.
+                sum += unsafe { load_shared_f32(base + (w * WARP_VALUES + e) * 4) };
+            }
+            sum
+        };
+        let block_sum = if live {
+            value(shared, CLUSTER_BLOCK_WARPS)
+        } else {
+            0.0
+        };
+        let ranks = shared + CLUSTER_BLOCK_WARPS * WARP_VALUES * 4;
+        cluster::wait();
+        if live {
+            let slot = cluster::map_shared(ranks + (rank * WARP_VALUES + e) * 4, 0);
+            // SAFETY: rank < blocks <= MAX_CLUSTER_BLOCKS slots in rank 0's buffer, which has
+            // started (the wait above); only this thread writes this slot, and rank 0 reads it
+            // after the barrier below.
+            unsafe { cluster::store_shared_f32(slot, block_sum) };
+        }
+        cluster::arrive_release();
+        cluster::wait();
+        if rank != 0 || !live {
+            return;
+        }
+        let (m, n) = fragment_element(group, lane_of, q, i);
+        if m < p.m as u64 {
+            // SAFETY: m < p.m and n < p.n index y; rank 0's thread e alone writes this element.
+            unsafe { store_f32(p.y + (m * p.n as u64 + n) * 4, value(ranks, blocks)) };
         }
     }
 
@@ -289,6 +481,34 @@ mod kernels {
     pub unsafe extern "gpu-kernel" fn gemv_bf16_m16_fetch256(p: GemvParams) {
         // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
         unsafe { gemv::<2, { hint::L2_256 }, { UNROLL as usize }>(&p) }
+    }
+
+    /// `gemv_bf16_m8` with the split-K sum on chip across a cluster.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gemv_bf16_m8_cluster(p: GemvParams) {
+        // SAFETY: the host checked p (check_gemv) and launched a cluster per row group.
+        unsafe { gemv_cluster::<1, { hint::PLAIN }, { UNROLL as usize }>(&p) }
+    }
+
+    /// `gemv_bf16_m16` with the split-K sum on chip across a cluster.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gemv_bf16_m16_cluster(p: GemvParams) {
+        // SAFETY: the host checked p (check_gemv) and launched a cluster per row group.
+        unsafe { gemv_cluster::<2, { hint::PLAIN }, { UNROLL as usize }>(&p) }
+    }
+
+    /// `gemv_bf16_m8_cluster` with [`DEEP_UNROLL`] steps loaded before any is multiplied.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gemv_bf16_m8_cluster_deep(p: GemvParams) {
+        // SAFETY: the host checked p (check_gemv) and launched a cluster per row group.
+        unsafe { gemv_cluster::<1, { hint::PLAIN }, { DEEP_UNROLL as usize }>(&p) }
+    }
+
+    /// `gemv_bf16_m16_cluster` with [`DEEP_UNROLL`] steps loaded before any is multiplied.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gemv_bf16_m16_cluster_deep(p: GemvParams) {
+        // SAFETY: the host checked p (check_gemv) and launched a cluster per row group.
+        unsafe { gemv_cluster::<2, { hint::PLAIN }, { DEEP_UNROLL as usize }>(&p) }
     }
 
     /// As `gemv_bf16_m8`, the weights read with L1 bypass and 256-byte L2 fetches.

@@ -25,6 +25,8 @@ pub mod params;
 pub mod spin;
 
 #[cfg(target_arch = "nvptx64")]
+mod cluster;
+#[cfg(target_arch = "nvptx64")]
 mod device;
 #[cfg(target_arch = "nvptx64")]
 mod smem;

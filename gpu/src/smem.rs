@@ -60,6 +60,21 @@ pub unsafe fn load_shared_16(addr: u32) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// One f32 read from shared memory.
+///
+/// # Safety
+/// `addr` is a 4-byte aligned address inside this kernel's shared buffer.
+#[inline(always)]
+pub unsafe fn load_shared_f32(addr: u32) -> f32 {
+    let v: f32;
+    // SAFETY: the caller guarantees an aligned address inside the shared buffer.
+    unsafe {
+        asm!("ld.shared.f32 {0}, [{1}];", out(reg32) v, in(reg32) addr,
+             options(nostack, preserves_flags));
+    }
+    v
+}
+
 /// Starts copying 16 bytes from global `src` to shared `dst` (`cp.async.cg`: through L2 only),
 /// into this thread's current `cp.async` group.
 ///
