@@ -64,17 +64,39 @@ fn every_gather_variant_matches_the_reference() {
     let Some(mut s) = setup("gather variants") else {
         return;
     };
+    check_gathers(&mut s, DIM, &PLACEMENTS, &SIZES);
+}
+
+/// Rows of 1, 3 and 17 16-byte chunks: a warp's chunks then cover many rows, or rows start at
+/// uneven lanes.
+#[test]
+fn every_gather_variant_matches_the_reference_at_other_row_widths() {
+    let Some(mut s) = setup("gather variants, other row widths") else {
+        return;
+    };
+    for row_bytes in [16, 48, 272] {
+        check_gathers(
+            &mut s,
+            row_bytes,
+            &[Placement::Device],
+            &[1, 31, 1000, 4099],
+        );
+    }
+}
+
+/// Every gather variant on rows of `row_bytes`, each placement and batch size.
+fn check_gathers(s: &mut Setup, row_bytes: usize, placements: &[Placement], sizes: &[usize]) {
     let rows = 1u64 << 16;
-    let table_bytes = random_bytes(&mut s.rng, rows as usize * DIM);
+    let table_bytes = random_bytes(&mut s.rng, rows as usize * row_bytes);
     let mut check = IdCheck::new(&s.stream).unwrap();
-    for placement in PLACEMENTS {
+    for &placement in placements {
         let mut table =
-            RowTable::from_bytes(&s.stream, &table_bytes, DIM as u32, placement).unwrap();
-        for n in SIZES {
+            RowTable::from_bytes(&s.stream, &table_bytes, row_bytes as u32, placement).unwrap();
+        for &n in sizes {
             let ids = random_ids(&mut s.rng, n, rows);
-            let want = reference::gather(&table_bytes, DIM, &ids);
+            let want = reference::gather(&table_bytes, row_bytes, &ids);
             let ids_dev = s.stream.clone_htod(&ids).unwrap();
-            let mut out = s.stream.alloc_zeros::<u8>((n * DIM).max(1)).unwrap();
+            let mut out = s.stream.alloc_zeros::<u8>((n * row_bytes).max(1)).unwrap();
             for (variant, v) in gather::VARIANTS.iter().enumerate() {
                 poison(&s.stream, &mut out).unwrap();
                 table
@@ -84,12 +106,17 @@ fn every_gather_variant_matches_the_reference() {
                     .take(&s.stream, address(&s.stream, &ids_dev), n as u64, rows)
                     .unwrap();
                 let got = s.stream.clone_dtoh(&out).unwrap();
-                if let Some(i) = got[..n * DIM].iter().zip(&want).position(|(a, b)| a != b) {
+                let differs = got[..n * row_bytes]
+                    .iter()
+                    .zip(&want)
+                    .position(|(a, b)| a != b);
+                if let Some(i) = differs {
                     panic!(
-                        "{} {placement:?} n={n}: output row {} (id {}) differs",
+                        "{} {placement:?} {row_bytes}-byte rows n={n}: output row {} (id {}) \
+                         differs",
                         v.name,
-                        i / DIM,
-                        ids[i / DIM]
+                        i / row_bytes,
+                        ids[i / row_bytes]
                     );
                 }
             }

@@ -114,6 +114,46 @@ pub const VARIANTS: &[Variant] = &[
         about: "a warp per 2 KiB of output, 4 unhinted loads in flight a lane, 4 blocks an SM",
     },
     Variant {
+        name: "gather_span8_b1_ahead",
+        shape: Shape::WarpSpan {
+            unroll: 8,
+            blocks_per_sm: 1,
+        },
+        about: "as gather_span8_b1, the next span's ids loaded while this span's rows load",
+    },
+    Variant {
+        name: "gather_span8_b2_ahead",
+        shape: Shape::WarpSpan {
+            unroll: 8,
+            blocks_per_sm: 2,
+        },
+        about: "as gather_span8_b2, the next span's ids loaded while this span's rows load",
+    },
+    Variant {
+        name: "gather_span4_b4_ahead",
+        shape: Shape::WarpSpan {
+            unroll: 4,
+            blocks_per_sm: 4,
+        },
+        about: "as gather_span4_b4, the next span's ids loaded while this span's rows load",
+    },
+    Variant {
+        name: "gather_span8_b1_ahead_shfl",
+        shape: Shape::WarpSpan {
+            unroll: 8,
+            blocks_per_sm: 1,
+        },
+        about: "as gather_span8_b1_ahead, one id load a row, shared over the warp by shuffles",
+    },
+    Variant {
+        name: "gather_span8_b2_ahead_shfl",
+        shape: Shape::WarpSpan {
+            unroll: 8,
+            blocks_per_sm: 2,
+        },
+        about: "as gather_span8_b2_ahead, one id load a row, shared over the warp by shuffles",
+    },
+    Variant {
         name: "gather_chunk16_coherent",
         shape: Shape::ChunkPerThread { unroll: 1 },
         about: "a thread per 16-byte chunk, loads through the coherent path (ld.global)",
@@ -359,6 +399,157 @@ mod kernels {
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_span4_b4(p: GatherParams) {
         unsafe { warp_span::<4>(&p) }
+    }
+
+    /// As [`warp_span`], software-pipelined: the ids of the warp's next span (a grid stride on)
+    /// are requested before this span's rows, so they load while the rows do, and after the
+    /// first span no row load waits on an id.
+    #[inline(always)]
+    unsafe fn warp_span_ahead<const UNROLL: usize>(p: &GatherParams) {
+        // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
+        let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
+        let total = p.n * chunks as u64;
+        let lane = global_thread() % 32;
+        let span = 32 * UNROLL as u64;
+        let stride = grid_threads() / 32 * span;
+        // This lane's chunks of the span at `base` as (row, chunk in row), row u32::MAX past the
+        // end (rows are below n < 2^32), and their rows' ids, the id loads issued where they
+        // stand rather than at their use.
+        let span_chunks = |base: u64| {
+            let mut at = [(u32::MAX, 0u32); UNROLL];
+            let mut ids = [-1i64; UNROLL];
+            for j in 0..UNROLL {
+                let t = base + j as u64 * 32 + lane;
+                if t < total {
+                    let (i, c) = split(t, chunks);
+                    at[j] = (i as u32, c);
+                    // SAFETY: i < n, so ids + 8 i lies in the ids array.
+                    ids[j] = unsafe { load_i64_early(p.ids + 8 * i) };
+                }
+            }
+            (at, ids)
+        };
+        let mut base = global_thread() / 32 * span;
+        let (mut at, mut ids) = span_chunks(base);
+        while base < total {
+            let next = base + stride;
+            let (next_at, next_ids) = span_chunks(next);
+            let mut data = [[0u32; 4]; UNROLL];
+            for j in 0..UNROLL {
+                let (i, c) = at[j];
+                if i == u32::MAX {
+                    continue;
+                }
+                // SAFETY: `source_of` returns only addresses of rows inside the table.
+                if let Some(src) = unsafe { source_of(p, ids[j], i as u64, c) } {
+                    data[j] = unsafe { load_hinted_16::<{ hint::PLAIN }>(src) };
+                }
+            }
+            for j in 0..UNROLL {
+                let (i, c) = at[j];
+                if i != u32::MAX {
+                    let dest = p.out + i as u64 * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64;
+                    // SAFETY: dest is chunk c of output row i < n, owned by this thread.
+                    unsafe { store_16(dest, data[j]) };
+                }
+            }
+            (at, ids) = (next_at, next_ids);
+            base = next;
+        }
+    }
+
+    /// As [`warp_span_ahead`], each id loaded once: lane `l` loads the id of the `l`-th row the
+    /// warp's next span touches (a span ahead, as there), and each chunk takes its row's id from
+    /// that lane by shuffle. A 256-byte row's 16 lanes then share one id load instead of issuing
+    /// 16; a span over more than 32 rows (rows narrower than `UNROLL` chunks) loads the ids past
+    /// its 32nd row directly, at their use.
+    #[inline(always)]
+    unsafe fn warp_span_shared_ids<const UNROLL: usize>(p: &GatherParams) {
+        // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
+        let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
+        let total = p.n * chunks as u64;
+        let lane = global_thread() % 32;
+        let span = 32 * UNROLL as u64;
+        let stride = grid_threads() / 32 * span;
+        // The id of the `lane`-th row the span at `base` touches (-1 if it touches fewer),
+        // issued where it stands rather than at its use.
+        let span_row_id = |base: u64| {
+            let row = split(base, chunks).0 + lane;
+            if base < total && row < p.n && row * (chunks as u64) < base + span {
+                // SAFETY: row < n: inside the ids array.
+                unsafe { load_i64_early(p.ids + 8 * row) }
+            } else {
+                -1
+            }
+        };
+        let mut base = global_thread() / 32 * span;
+        let mut id = span_row_id(base);
+        while base < total {
+            let next = base + stride;
+            let next_id = span_row_id(next);
+            let first = split(base, chunks).0;
+            let mut data = [[0u32; 4]; UNROLL];
+            let mut dest = [u64::MAX; UNROLL];
+            for j in 0..UNROLL {
+                let t = base + j as u64 * 32 + lane;
+                let (i, c) = split(t, chunks);
+                let k = i.wrapping_sub(first);
+                // Every lane shuffles (the loop is the same for the whole warp), before any
+                // branches on its own chunk.
+                let shared = shuffle_i64(id, k as u32 & 31);
+                if t < total {
+                    dest[j] = p.out + i * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64;
+                    let row_id = if k < 32 {
+                        shared
+                    } else {
+                        // SAFETY: i < n, so ids + 8 i lies in the ids array.
+                        unsafe { load_i64(p.ids + 8 * i) }
+                    };
+                    // SAFETY: `source_of` returns only addresses of rows inside the table.
+                    if let Some(src) = unsafe { source_of(p, row_id, i, c) } {
+                        data[j] = unsafe { load_hinted_16::<{ hint::PLAIN }>(src) };
+                    }
+                }
+            }
+            for j in 0..UNROLL {
+                if dest[j] != u64::MAX {
+                    // SAFETY: dest is chunk c of output row i < n, owned by this thread.
+                    unsafe { store_16(dest[j], data[j]) };
+                }
+            }
+            id = next_id;
+            base = next;
+        }
+    }
+
+    /// As `gather_span8_b1`, the next span's ids loaded during this span's rows.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_span8_b1_ahead(p: GatherParams) {
+        unsafe { warp_span_ahead::<8>(&p) }
+    }
+
+    /// As `gather_span8_b2`, the next span's ids loaded during this span's rows.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_span8_b2_ahead(p: GatherParams) {
+        unsafe { warp_span_ahead::<8>(&p) }
+    }
+
+    /// As `gather_span4_b4`, the next span's ids loaded during this span's rows.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_span4_b4_ahead(p: GatherParams) {
+        unsafe { warp_span_ahead::<4>(&p) }
+    }
+
+    /// As `gather_span8_b1_ahead`, one id load a row, shared over the warp by shuffles.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_span8_b1_ahead_shfl(p: GatherParams) {
+        unsafe { warp_span_shared_ids::<8>(&p) }
+    }
+
+    /// As `gather_span8_b2_ahead`, one id load a row, shared over the warp by shuffles.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_span8_b2_ahead_shfl(p: GatherParams) {
+        unsafe { warp_span_shared_ids::<8>(&p) }
     }
 
     /// Per thread: one 16-byte chunk at a time; a warp covers two 256-byte rows.
