@@ -73,6 +73,22 @@ pub struct PlanConfig {
     /// Prefetch threads per block.
     pub threads: u32,
     pub replay: Replay,
+    /// When the host launches a window's prefetch (it runs alongside the collective either way).
+    pub launch: PrefetchLaunch,
+}
+
+/// When the host launches a window's prefetch on the side stream. The side stream always waits
+/// for the main stream's point before the collective, so the prefetch runs alongside it either
+/// way; what differs is which launch comes first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefetchLaunch {
+    /// At `collective()`, before the caller launches the collective.
+    BeforeCollective,
+    /// At the first `consume()` after the collective (the caller has launched it by then), or
+    /// at the next `collective()` / `end_forward()` when nothing was consumed. In a captured
+    /// graph the collective's node is then created first; on the H200 a prefetch node created
+    /// first delayed the collective's start by about 1.8 us in replay.
+    AfterCollective,
 }
 
 impl PlanConfig {
@@ -85,6 +101,7 @@ impl PlanConfig {
             max_blocks: l2_prefetch::DEFAULT_MAX_BLOCKS,
             threads: l2_prefetch::DEFAULT_THREADS,
             replay: Replay::Prefetch { variant: 0 },
+            launch: PrefetchLaunch::AfterCollective,
         }
     }
 }
@@ -458,6 +475,8 @@ pub struct L2Plan {
     timing: Vec<WindowTiming>,
     /// A prefetched window whose end is recorded at its first `consume`.
     awaiting: Option<Measure>,
+    /// A prefetch forked but not launched yet ([`PrefetchLaunch::AfterCollective`]).
+    deferred: Option<Deferred>,
     /// Windows with all three events recorded, not yet read.
     pending: Vec<Measure>,
 }
@@ -468,6 +487,16 @@ struct WindowTiming {
     start: CudaEvent,
     end: CudaEvent,
     prefetch_end: CudaEvent,
+}
+
+/// A window's prefetch, forked and ready to launch.
+#[derive(Clone, Copy, Debug)]
+struct Deferred {
+    variant: usize,
+    params: PrefetchParams,
+    blocks: u32,
+    issued: u64,
+    measure: Option<Measure>,
 }
 
 /// A prefetch being measured against its window.
@@ -525,6 +554,7 @@ impl L2Plan {
             fit: WindowFit::default(),
             timing: Vec::new(),
             awaiting: None,
+            deferred: None,
             pending: Vec::new(),
         })
     }
@@ -622,12 +652,13 @@ impl L2Plan {
                     None => span.len,
                 };
                 let issued = window[..n].iter().map(|s| s.bytes).sum();
-                let measure = (!captured).then_some(Measure {
-                    signature,
-                    k,
-                    issued,
-                    floor: first.bytes,
-                });
+                let measure =
+                    (!captured && self.fit.wants_measure(signature, k)).then_some(Measure {
+                        signature,
+                        k,
+                        issued,
+                        floor: first.bytes,
+                    });
                 if measure.is_some() {
                     let ctx = self.main.context();
                     while self.timing.len() <= k {
@@ -648,36 +679,21 @@ impl L2Plan {
                 }
                 self.fork.record(&self.main).call("cuEventRecord")?;
                 self.side.wait(&self.fork).call("cuStreamWaitEvent")?;
-                let p = PrefetchParams {
-                    segments: table.address_of(span.start),
-                    n: n as u64,
-                    chunk: self.config.chunk,
-                    _pad: 0,
-                };
-                let blocks = (n as u32).min(self.config.max_blocks);
-                // SAFETY: the table holds the plan's segments (checked when uploaded), window k's
-                // at `span.start..span.start + span.len`, inside weights the caller reported as
-                // live device memory.
-                unsafe {
-                    self.kernels.launch_l2_prefetch(
-                        self.side.cu_stream(),
-                        variant,
-                        p,
-                        blocks,
-                        self.config.threads,
-                    )
-                }?;
-                if let Some(measure) = measure {
-                    let timing = &self.timing[k];
-                    timing
-                        .prefetch_end
-                        .record(&self.side)
-                        .call("cuEventRecord")?;
-                    self.awaiting = Some(measure);
+                self.deferred = Some(Deferred {
+                    variant,
+                    params: PrefetchParams {
+                        segments: table.address_of(span.start),
+                        n: n as u64,
+                        chunk: self.config.chunk,
+                        _pad: 0,
+                    },
+                    blocks: (n as u32).min(self.config.max_blocks),
+                    issued,
+                    measure,
+                });
+                if self.config.launch == PrefetchLaunch::BeforeCollective {
+                    self.launch_deferred()?;
                 }
-                self.join.record(&self.side).call("cuEventRecord")?;
-                self.branch_open = true;
-                self.planner.count_prefetch(issued);
             }
             Replay::AccessPolicy => {
                 if captured {
@@ -697,6 +713,7 @@ impl L2Plan {
     /// A kernel after the latest collective consumes `bytes` of weights at `address` (a live
     /// device allocation for as long as this plan may prefetch it).
     pub fn consume(&mut self, address: u64, bytes: u64) -> Result<()> {
+        self.launch_deferred()?;
         self.planner.consume(address, bytes)?;
         if let Some(measure) = self.awaiting.take() {
             // Recorded before the reader's launch: it completes when the collective has.
@@ -706,6 +723,37 @@ impl L2Plan {
                 .call("cuEventRecord")?;
             self.pending.push(measure);
         }
+        Ok(())
+    }
+
+    /// Launches the forked prefetch, if one waits, on the side stream.
+    fn launch_deferred(&mut self) -> Result<()> {
+        let Some(d) = self.deferred.take() else {
+            return Ok(());
+        };
+        // SAFETY: the table holds the plan's segments (checked when uploaded), the window's
+        // first `params.n` at `params.segments`, inside weights the caller reported as live
+        // device memory; the table lives as long as the plan (or the captured graph's outcome).
+        unsafe {
+            self.kernels.launch_l2_prefetch(
+                self.side.cu_stream(),
+                d.variant,
+                d.params,
+                d.blocks,
+                self.config.threads,
+            )
+        }?;
+        if let Some(measure) = d.measure {
+            let timing = &self.timing[measure.k];
+            timing
+                .prefetch_end
+                .record(&self.side)
+                .call("cuEventRecord")?;
+            self.awaiting = Some(measure);
+        }
+        self.join.record(&self.side).call("cuEventRecord")?;
+        self.branch_open = true;
+        self.planner.count_prefetch(d.issued);
         Ok(())
     }
 
@@ -798,6 +846,7 @@ impl L2Plan {
     }
 
     fn join_branch(&mut self) -> Result<()> {
+        self.launch_deferred()?;
         if self.branch_open {
             self.main.wait(&self.join).call("cuStreamWaitEvent")?;
             self.branch_open = false;

@@ -11,7 +11,8 @@ use fetchahead::gemv::{Gemv, GemvLaunch};
 use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
 use fetchahead::l2_plan::{
-    L2Plan, Learned, PlanConfig, Planner, Replay, SEGMENT_PIECE, Signature, default_budget,
+    L2Plan, Learned, PlanConfig, Planner, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature,
+    default_budget,
 };
 use fetchahead::segments::{SegmentTable, aligned_segment, check_segment};
 use fetchahead::{Error, Result, reference};
@@ -510,14 +511,20 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
     layers.run(&kernels, &stream, None, SIG)?;
     let want = bits(&layers.outputs(&stream)?);
 
+    let after = PrefetchLaunch::AfterCollective;
     let replays = [
-        Replay::Prefetch { variant: 0 },
-        Replay::Prefetch { variant: 1 },
-        Replay::AccessPolicy,
+        (Replay::Prefetch { variant: 0 }, after),
+        (Replay::Prefetch { variant: 1 }, after),
+        (
+            Replay::Prefetch { variant: 0 },
+            PrefetchLaunch::BeforeCollective,
+        ),
+        (Replay::AccessPolicy, after),
     ];
-    for replay in replays {
+    for (replay, launch) in replays {
         let mut config = PlanConfig::for_l2(l2);
         config.replay = replay;
+        config.launch = launch;
         let mut plan = match L2Plan::new(kernels.clone(), stream.clone(), config) {
             Ok(plan) => plan,
             Err(e) if replay == Replay::AccessPolicy => {
