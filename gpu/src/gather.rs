@@ -114,22 +114,6 @@ pub const VARIANTS: &[Variant] = &[
         about: "a warp per 2 KiB of output, 4 unhinted loads in flight a lane, 4 blocks an SM",
     },
     Variant {
-        name: "gather_span8_b1_ahead",
-        shape: Shape::WarpSpan {
-            unroll: 8,
-            blocks_per_sm: 1,
-        },
-        about: "as gather_span8_b1, the next span's ids loaded while this span's rows load",
-    },
-    Variant {
-        name: "gather_span8_b2_ahead",
-        shape: Shape::WarpSpan {
-            unroll: 8,
-            blocks_per_sm: 2,
-        },
-        about: "as gather_span8_b2, the next span's ids loaded while this span's rows load",
-    },
-    Variant {
         name: "gather_span4_b4_ahead",
         shape: Shape::WarpSpan {
             unroll: 4,
@@ -138,20 +122,12 @@ pub const VARIANTS: &[Variant] = &[
         about: "as gather_span4_b4, the next span's ids loaded while this span's rows load",
     },
     Variant {
-        name: "gather_span8_b1_ahead_shfl",
-        shape: Shape::WarpSpan {
-            unroll: 8,
-            blocks_per_sm: 1,
-        },
-        about: "as gather_span8_b1_ahead, one id load a row, shared over the warp by shuffles",
-    },
-    Variant {
         name: "gather_span8_b2_ahead_shfl",
         shape: Shape::WarpSpan {
             unroll: 8,
             blocks_per_sm: 2,
         },
-        about: "as gather_span8_b2_ahead, one id load a row, shared over the warp by shuffles",
+        about: "as gather_span8_b2, next ids loaded ahead, one id load a row shared by shuffles",
     },
     Variant {
         name: "gather_chunk16_coherent",
@@ -522,31 +498,14 @@ mod kernels {
         }
     }
 
-    /// As `gather_span8_b1`, the next span's ids loaded during this span's rows.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_span8_b1_ahead(p: GatherParams) {
-        unsafe { warp_span_ahead::<8>(&p) }
-    }
-
-    /// As `gather_span8_b2`, the next span's ids loaded during this span's rows.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_span8_b2_ahead(p: GatherParams) {
-        unsafe { warp_span_ahead::<8>(&p) }
-    }
-
     /// As `gather_span4_b4`, the next span's ids loaded during this span's rows.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_span4_b4_ahead(p: GatherParams) {
         unsafe { warp_span_ahead::<4>(&p) }
     }
 
-    /// As `gather_span8_b1_ahead`, one id load a row, shared over the warp by shuffles.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_span8_b1_ahead_shfl(p: GatherParams) {
-        unsafe { warp_span_shared_ids::<8>(&p) }
-    }
-
-    /// As `gather_span8_b2_ahead`, one id load a row, shared over the warp by shuffles.
+    /// As `gather_span8_b2` with the next span's ids loaded ahead, one id load a row, shared over
+    /// the warp by shuffles.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_span8_b2_ahead_shfl(p: GatherParams) {
         unsafe { warp_span_shared_ids::<8>(&p) }
