@@ -330,7 +330,8 @@ mod kernels {
         let (rank, blocks) = (cluster::block_rank(), cluster::cluster_blocks());
         let group = cluster::cluster_x() as u64;
         let (warp, lane) = (thread_in_block() / 32, thread_in_block() % 32);
-        let splits = (blocks * CLUSTER_BLOCK_WARPS) as u64;
+        // At least 1 so that the divisions below cannot trap (a cluster has a block).
+        let splits = (blocks as u64 * CLUSTER_BLOCK_WARPS as u64).max(1);
         let split = (rank * CLUSTER_BLOCK_WARPS + warp) as u64;
         let total_steps = p.k as u64 / GEMV_K_STEP as u64;
         let (first, end) = (
