@@ -40,6 +40,7 @@ enum Mode {
     NoneStream,
     Prefetch,
     PrefetchEarly,
+    PrefetchLines,
     PrefetchWide,
     PrefetchDefaultBudget,
     EvictLast,
@@ -47,11 +48,12 @@ enum Mode {
 }
 
 impl Mode {
-    const ALL: [Mode; 8] = [
+    const ALL: [Mode; 9] = [
         Mode::None,
         Mode::NoneStream,
         Mode::Prefetch,
         Mode::PrefetchEarly,
+        Mode::PrefetchLines,
         Mode::PrefetchWide,
         Mode::PrefetchDefaultBudget,
         Mode::EvictLast,
@@ -64,6 +66,7 @@ impl Mode {
             Mode::NoneStream => "none_stream",
             Mode::Prefetch => "prefetch",
             Mode::PrefetchEarly => "prefetch_early",
+            Mode::PrefetchLines => "prefetch_lines",
             Mode::PrefetchWide => "prefetch_wide",
             Mode::PrefetchDefaultBudget => "prefetch_default_budget",
             Mode::EvictLast => "evict_last",
@@ -242,6 +245,10 @@ fn setup(bench: &Bench, gemv: &Gemv, mode: Mode, ns: u64, graph: bool) -> Result
         Mode::Prefetch => Some(config),
         Mode::PrefetchEarly => Some(PlanConfig {
             launch: PrefetchLaunch::BeforeCollective,
+            ..config
+        }),
+        Mode::PrefetchLines => Some(PlanConfig {
+            replay: Replay::Prefetch { variant: 2 },
             ..config
         }),
         Mode::PrefetchWide => Some(PlanConfig {
@@ -730,14 +737,14 @@ fn summary(samples: &mut BTreeMap<Key, Samples>) {
             t0 / total,
             spread0
         );
-        if matches!(mode, Mode::Prefetch | Mode::PrefetchEarly) && t >= 20 && w <= 32 {
+        if matches!(mode, Mode::Prefetch | Mode::PrefetchLines) && t >= 20 && w <= 32 {
             goal_gemv.push((key, g0 / g, gs / g));
         }
         if !matches!(mode, Mode::None | Mode::NoneStream) && total - t0 > spread0 {
             slower.push((key, total - t0, spread0));
         }
     }
-    for goal_mode in [Mode::Prefetch, Mode::PrefetchEarly] {
+    for goal_mode in [Mode::Prefetch, Mode::PrefetchLines] {
         let of_mode: Vec<_> = goal_gemv
             .iter()
             .filter(|((.., mode), ..)| *mode == goal_mode)

@@ -55,7 +55,8 @@ pub fn default_budget(l2_bytes: u64) -> u64 {
 /// How a learned window is warmed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Replay {
-    /// `l2_prefetch::VARIANTS[variant]` on a side stream (0: plain, 1: evict_last).
+    /// `l2_prefetch::VARIANTS[variant]` on a side stream (0: plain, 1: evict_last, 2: a
+    /// prefetch per 128-byte line).
     Prefetch { variant: usize },
     /// The main stream's access-policy window set over the window's first weight (persisting
     /// lines in the L2 set-aside). Eager forwards only: a captured forward gets no window.

@@ -1,7 +1,8 @@
 //! L2 prefetch: `cp.async.bulk.prefetch.L2.global` over a table of {address, bytes} segments.
 //!
 //! Blocks stride over segments and threads over `chunk`-byte pieces of a segment, each thread
-//! issuing one bulk prefetch per piece. The instruction only hints the cache: nothing is written,
+//! issuing one bulk prefetch per piece (or, in `l2_prefetch_lines`, one `prefetch.global.L2`
+//! per 128-byte line of the piece). The instruction only hints the cache: nothing is written,
 //! so results elsewhere stay bit-identical.
 
 /// Default bytes per prefetch instruction.
@@ -18,10 +19,20 @@ pub enum Priority {
     EvictLast,
 }
 
+/// The instruction a variant prefetches with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// One `cp.async.bulk.prefetch.L2.global` per piece.
+    Bulk,
+    /// One `prefetch.global.L2` per 128-byte line of a piece.
+    Lines,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {
     pub name: &'static str,
     pub priority: Priority,
+    pub method: Method,
     pub about: &'static str,
 }
 
@@ -29,12 +40,20 @@ pub const VARIANTS: &[Variant] = &[
     Variant {
         name: "l2_prefetch",
         priority: Priority::Normal,
+        method: Method::Bulk,
         about: "bulk L2 prefetch, normal priority",
     },
     Variant {
         name: "l2_prefetch_evict_last",
         priority: Priority::EvictLast,
+        method: Method::Bulk,
         about: "bulk L2 prefetch with an evict_last cache policy",
+    },
+    Variant {
+        name: "l2_prefetch_lines",
+        priority: Priority::Normal,
+        method: Method::Lines,
+        about: "L2 prefetch of each 128-byte line (prefetch.global.L2), normal priority",
     },
 ];
 
@@ -42,12 +61,15 @@ pub const VARIANTS: &[Variant] = &[
 mod kernels {
     use crate::device::{
         block, blocks, evict_last_policy, load_i64, prefetch_l2, prefetch_l2_evict_last,
-        thread_in_block, threads_in_block,
+        prefetch_line_l2, thread_in_block, threads_in_block,
     };
     use crate::params::PrefetchParams;
 
+    /// Bytes between the `prefetch.global.L2` of `l2_prefetch_lines`: one L2 line.
+    const LINE: u64 = 128;
+
     #[inline(always)]
-    unsafe fn prefetch<const EVICT_LAST: bool>(p: &PrefetchParams) {
+    unsafe fn prefetch<const EVICT_LAST: bool, const LINES: bool>(p: &PrefetchParams) {
         let policy = if EVICT_LAST { evict_last_policy() } else { 0 };
         let chunk = p.chunk as u64;
         let mut s = block() as u64;
@@ -66,9 +88,16 @@ mod kernels {
                 } else {
                     chunk
                 } as u32;
-                // SAFETY: the host checked that the segment is 16-byte aligned and sized.
+                // SAFETY: the host checked that the segment is 16-byte aligned and sized; every
+                // line prefetch names an address inside the piece.
                 unsafe {
-                    if EVICT_LAST {
+                    if LINES {
+                        let mut line = 0;
+                        while line < size as u64 {
+                            prefetch_line_l2(address + offset + line);
+                            line += LINE;
+                        }
+                    } else if EVICT_LAST {
                         prefetch_l2_evict_last(address + offset, size, policy);
                     } else {
                         prefetch_l2(address + offset, size);
@@ -82,11 +111,16 @@ mod kernels {
 
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn l2_prefetch(p: PrefetchParams) {
-        unsafe { prefetch::<false>(&p) }
+        unsafe { prefetch::<false, false>(&p) }
     }
 
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn l2_prefetch_evict_last(p: PrefetchParams) {
-        unsafe { prefetch::<true>(&p) }
+        unsafe { prefetch::<true, false>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn l2_prefetch_lines(p: PrefetchParams) {
+        unsafe { prefetch::<false, true>(&p) }
     }
 }
