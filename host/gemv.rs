@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use fetchahead_gpu::gemv::{self, Reduce};
+use fetchahead_gpu::gemv::Reduce;
 use fetchahead_gpu::params::GemvParams;
 use half::bf16;
 
@@ -88,10 +88,7 @@ impl Gemv {
         let n = u32::try_from(w.len() / ku)
             .map_err(|_| Error::invalid("gemv", format!("{} weight rows", w.len() / ku)))?;
         let GemvLaunch { variant, splits } = launch;
-        let reduce = gemv::VARIANTS
-            .get(variant)
-            .ok_or_else(|| Error::invalid("gemv", format!("no GEMV variant {variant}")))?
-            .reduce;
+        let reduce = Kernels::gemv_variant_at(variant)?.reduce;
         let bits = |v: &[bf16]| v.iter().map(|b| b.to_bits()).collect::<Vec<u16>>();
         let x = stream.clone_htod(&bits(x)).call("cuMemcpyHtoD")?;
         let w = stream.clone_htod(&bits(w)).call("cuMemcpyHtoD")?;

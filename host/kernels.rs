@@ -286,9 +286,7 @@ impl Kernels {
     /// 32-element step. In the H200 sweep (2026-11-29) a second wave of clusters cost more than
     /// the extra splits gained.
     pub fn gemv_splits(&self, variant: usize, n: u32, k: u32) -> Result<u32> {
-        let v = gemv::VARIANTS
-            .get(variant)
-            .ok_or_else(|| Error::invalid("gemv", format!("no GEMV variant {variant}")))?;
+        let v = Kernels::gemv_variant_at(variant)?;
         let groups = (n / GEMV_ROWS_PER_WARP).max(1);
         let warps = GEMV_WARPS_PER_SM * self.gpu.multiprocessors;
         let steps = k / GEMV_K_STEP;
@@ -348,6 +346,13 @@ impl Kernels {
         Ok(clusters.max(0) as u32)
     }
 
+    /// GEMV `variant` (an index into `gemv::VARIANTS`), or an error naming it.
+    pub fn gemv_variant_at(variant: usize) -> Result<&'static gemv::Variant> {
+        gemv::VARIANTS
+            .get(variant)
+            .ok_or_else(|| Error::invalid("gemv", format!("no GEMV variant {variant}")))
+    }
+
     /// The GEMV variant the host launches for `m` activation rows: the first with
     /// `gemv::DEFAULT_LOADS` and `gemv::DEFAULT_REDUCE` that covers `m` (an index into
     /// `gemv::VARIANTS`).
@@ -367,8 +372,9 @@ impl Kernels {
     ///
     /// # Safety
     /// `x` holds `m x k` bf16, `w` holds `n x k` bf16, `y` holds `m x n` f32 and, for a
-    /// [`Reduce::Global`] variant with splits, `partial` holds `splits x m x n` f32 and `counters` `n / 16` u32 left zero by the last
-    /// launch (zero when new); `y`, `partial` and `counters` are used by nothing else meanwhile.
+    /// [`Reduce::Global`] variant with splits, `partial` holds `splits x m x n` f32 and
+    /// `counters` `n / 16` u32 left zero by the last launch (zero when new); `y`, `partial` and
+    /// `counters` are used by nothing else meanwhile.
     pub unsafe fn launch_gemv(
         &self,
         stream: sys::CUstream,
@@ -376,9 +382,7 @@ impl Kernels {
         p: GemvParams,
         policy: Option<AccessWindow>,
     ) -> Result<()> {
-        let v = gemv::VARIANTS
-            .get(variant)
-            .ok_or_else(|| Error::invalid("gemv", format!("no GEMV variant {variant}")))?;
+        let v = Kernels::gemv_variant_at(variant)?;
         check_gemv(&p, v.reduce)?;
         if p.m > v.max_m {
             return Err(Error::invalid(
@@ -388,13 +392,19 @@ impl Kernels {
         }
         let groups = (p.n / GEMV_ROWS_PER_WARP) as u64;
         let block_threads = v.reduce.block_threads();
-        let mut attrs = Vec::with_capacity(2);
-        attrs.extend(policy.map(|w| w.launch_attribute()));
+        // At most two attributes, in a fixed array: a launch allocates nothing.
+        let mut attrs = [cluster_attribute(1); 2];
+        let mut count = 0;
+        if let Some(window) = policy {
+            attrs[count] = window.launch_attribute();
+            count += 1;
+        }
         let blocks = match v.reduce {
             Reduce::Global => (groups * p.splits as u64 * 32).div_ceil(block_threads as u64),
             Reduce::Cluster => {
                 let cluster = p.splits / gemv::CLUSTER_BLOCK_WARPS;
-                attrs.push(cluster_attribute(cluster));
+                attrs[count] = cluster_attribute(cluster);
+                count += 1;
                 groups * cluster as u64
             }
         };
@@ -412,7 +422,7 @@ impl Kernels {
             sharedMemBytes: 0,
             hStream: stream,
             attrs: attrs.as_mut_ptr(),
-            numAttrs: attrs.len() as u32,
+            numAttrs: count as u32,
         };
         self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
         // SAFETY: one argument of the struct type the kernel takes (build.rs checked its size);
