@@ -15,12 +15,14 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead::access_policy::{AccessWindow, PersistingL2};
-use fetchahead::device_abi::params::PrefetchParams;
+use fetchahead::device_abi::params::{PrefetchParams, Segment};
 use fetchahead::device_abi::{gemv, l2_prefetch};
 use fetchahead::gemv::{Gemv, GemvLaunch};
 use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
-use fetchahead::l2_plan::{L2Plan, PlanConfig, PrefetchLaunch, Replay, Signature, default_budget};
+use fetchahead::l2_plan::{
+    L2Plan, PlanConfig, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature, default_budget,
+};
 use fetchahead::segments::SegmentTable;
 use fetchahead::{Error, Result};
 use half::bf16;
@@ -832,6 +834,28 @@ fn copy_peer(bench: &Bench, samples: &BTreeMap<Key, Samples>) -> Result<()> {
     Ok(())
 }
 
+/// `bytes` (a multiple of [`SEGMENT_PIECE`]) at `address` in the plan's layout: 512 KiB pieces,
+/// one prefetch block per piece up to the launch's blocks.
+fn piece_table(bench: &Bench, address: u64, bytes: u64) -> Result<SegmentTable> {
+    let pieces: Vec<_> = (0..bytes / SEGMENT_PIECE)
+        .map(|i| Segment {
+            address: address + i * SEGMENT_PIECE,
+            bytes: SEGMENT_PIECE,
+        })
+        .collect();
+    SegmentTable::upload(&bench.stream, &pieces)
+}
+
+/// A prefetch of every segment of `table` in the default chunks.
+fn whole_table(table: &SegmentTable) -> PrefetchParams {
+    PrefetchParams {
+        segments: table.address(),
+        n: table.len() as u64,
+        chunk: l2_prefetch::DEFAULT_CHUNK,
+        _pad: 0,
+    }
+}
+
 /// The prefetch kernel alone on an idle GPU: its duration is the time to issue the prefetches.
 fn issue_time(bench: &Bench) -> Result<()> {
     println!("\n== prefetch issue time (kernel duration, median of 20, after an L2 flush)");
@@ -846,32 +870,19 @@ fn issue_time(bench: &Bench) -> Result<()> {
         .map_err(cuda("cuMemAlloc"))?;
     let base = buffer.device_ptr(&bench.stream).0;
     for w_mib in WEIGHTS_MIB {
-        // The plan's layout: 512 KiB pieces, one block per piece up to `blocks`.
-        let pieces: Vec<_> = (0..w_mib * 2)
-            .map(|i| fetchahead::device_abi::params::Segment {
-                address: base + i * fetchahead::l2_plan::SEGMENT_PIECE,
-                bytes: fetchahead::l2_plan::SEGMENT_PIECE,
-            })
-            .collect();
-        let table = SegmentTable::upload(&bench.stream, &pieces)?;
+        let table = piece_table(bench, base, w_mib * MIB)?;
         for (variant, v) in l2_prefetch::VARIANTS.iter().enumerate() {
             for (blocks, threads) in [(8, 64), (1, 64), (32, 64), (8, 256)] {
                 let mut us = Vec::new();
                 for _ in 0..20 {
                     bench.flush_l2()?;
                     bench.mark(1)?;
-                    let p = PrefetchParams {
-                        segments: table.address(),
-                        n: table.len() as u64,
-                        chunk: l2_prefetch::DEFAULT_CHUNK,
-                        _pad: 0,
-                    };
                     // SAFETY: checked segments inside `buffer`, alive past the reads below.
                     unsafe {
                         bench.kernels.launch_l2_prefetch(
                             bench.stream.cu_stream(),
                             variant,
-                            p,
+                            whole_table(&table),
                             blocks,
                             threads,
                         )
@@ -907,13 +918,7 @@ fn slack(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
     let w = random_bf16(rng, rows * K as usize);
     let gemv = Gemv::new(&bench.kernels, &bench.stream, &x, &w, 1, K)?;
     let (address, bytes) = gemv.weights();
-    let pieces: Vec<_> = (0..bytes / fetchahead::l2_plan::SEGMENT_PIECE)
-        .map(|i| fetchahead::device_abi::params::Segment {
-            address: address + i * fetchahead::l2_plan::SEGMENT_PIECE,
-            bytes: fetchahead::l2_plan::SEGMENT_PIECE,
-        })
-        .collect();
-    let table = SegmentTable::upload(&bench.stream, &pieces)?;
+    let table = piece_table(bench, address, bytes)?;
     for s_us in [0u64, 1, 2, 5, 10, 20, 50] {
         let mut row = [0f64; 2];
         for (i, prefetch) in [false, true].into_iter().enumerate() {
@@ -921,12 +926,7 @@ fn slack(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
             for _ in 0..20 {
                 bench.evict_weights(&gemv)?;
                 if prefetch {
-                    let p = PrefetchParams {
-                        segments: table.address(),
-                        n: table.len() as u64,
-                        chunk: l2_prefetch::DEFAULT_CHUNK,
-                        _pad: 0,
-                    };
+                    let p = whole_table(&table);
                     // SAFETY: checked segments inside the GEMV's weights, alive past the reads.
                     unsafe {
                         bench
