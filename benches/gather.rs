@@ -152,48 +152,37 @@ fn main() {
         let gather_bytes = n * DIM * 2 + 8 * n;
         let dequant_bytes = n * (DIM + DIM / 32) + n * DIM * 2 + 8 * n;
         let mut group = c.benchmark_group(format!("gather/n={n}"));
-        for (variant, v) in gather::VARIANTS.iter().enumerate() {
-            // SAFETY: all addresses are live allocations of the sizes the params state.
-            let launch = || unsafe { kernels.launch_gather(cu, variant, gp).unwrap() };
-            group.throughput(Throughput::Bytes(gather_bytes));
-            group.bench_function(v.name, |b| {
+        // Criterion's samples and the summary's row (against the peer launched as gather
+        // `peer_variant` over `gp`) for one kernel moving `bytes`.
+        let mut measure = |name: &str, bytes: u64, peer_variant: usize, launch: &dyn Fn()| {
+            group.throughput(Throughput::Bytes(bytes));
+            group.bench_function(name, |b| {
                 b.iter_custom(|iters| event_timed(&stream, iters, launch))
             });
             let seconds = median_seconds(&stream, 15, launch);
             rows_out.push(peer_row(
                 &kernels,
                 &stream,
-                v.name,
+                name,
                 n,
                 seconds,
-                gather_bytes,
-                variant,
+                bytes,
+                peer_variant,
                 gp,
                 copy_s,
                 copy_bytes,
             ));
+        };
+        for (variant, v) in gather::VARIANTS.iter().enumerate() {
+            // SAFETY: all addresses are live allocations of the sizes the params state.
+            let launch = || unsafe { kernels.launch_gather(cu, variant, gp).unwrap() };
+            measure(v.name, gather_bytes, variant, &launch);
         }
         for (variant, v) in dequant::VARIANTS.iter().enumerate() {
             // SAFETY: as above.
             let launch = || unsafe { kernels.launch_gather_dequant(cu, variant, dp).unwrap() };
-            group.throughput(Throughput::Bytes(dequant_bytes));
-            group.bench_function(v.name, |b| {
-                b.iter_custom(|iters| event_timed(&stream, iters, launch))
-            });
-            let seconds = median_seconds(&stream, 15, launch);
             // The empty kernel gets the grid of the one-thread-per-chunk gather over the same rows.
-            rows_out.push(peer_row(
-                &kernels,
-                &stream,
-                v.name,
-                n,
-                seconds,
-                dequant_bytes,
-                0,
-                gp,
-                copy_s,
-                copy_bytes,
-            ));
+            measure(v.name, dequant_bytes, 0, &launch);
         }
         group.finish();
     }
