@@ -3,8 +3,10 @@
 //! Per iteration, untimed: a write of twice the L2 size evicts the weights (the traffic of the
 //! layers in between). Timed with CUDA events: a simulated collective (4 CTAs polling for T us),
 //! then a weight-bound bf16 GEMV (M = 1 or 16, K = 4096, W MiB of weights). Modes: no prefetch;
-//! the L2 plan's plain prefetch with the whole of W as budget and with the default budget; the
-//! evict_last prefetch; the access-policy window (persisting L2) on the GEMV. Each runs eagerly
+//! the L2 plan's default replay (windows up to a third of L2 read in by loads, larger ones
+//! bulk-prefetched) with the whole of W as budget and with the default budget; each prefetch
+//! variant alone (bulk, per line, loads, evict_last); the bulk prefetch launched before the
+//! collective or over every SM; the access-policy window (persisting L2) on the GEMV. Each runs eagerly
 //! and replayed from a CUDA graph. Criterion times window + GEMV; the summary printed at the end
 //! gives, from the same iterations, the GEMV's own time, both ratios to no prefetch, and the
 //! spread of no prefetch; then the prefetch issue time per MiB, the slack the prefetch needs
@@ -15,13 +17,14 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead::access_policy::{AccessWindow, PersistingL2};
-use fetchahead::device_abi::params::{PrefetchParams, Segment};
+use fetchahead::device_abi::params::{GemvParams, PrefetchParams, Segment};
 use fetchahead::device_abi::{gemv, l2_prefetch};
 use fetchahead::gemv::{Gemv, GemvLaunch};
 use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
 use fetchahead::l2_plan::{
     L2Plan, PlanConfig, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature, default_budget,
+    read_limit,
 };
 use fetchahead::segments::SegmentTable;
 use fetchahead::{Error, Result};
@@ -41,8 +44,10 @@ enum Mode {
     None,
     NoneStream,
     Prefetch,
+    PrefetchBulk,
     PrefetchEarly,
     PrefetchLines,
+    PrefetchLoads,
     PrefetchWide,
     PrefetchDefaultBudget,
     EvictLast,
@@ -50,12 +55,14 @@ enum Mode {
 }
 
 impl Mode {
-    const ALL: [Mode; 9] = [
+    const ALL: [Mode; 11] = [
         Mode::None,
         Mode::NoneStream,
         Mode::Prefetch,
+        Mode::PrefetchBulk,
         Mode::PrefetchEarly,
         Mode::PrefetchLines,
+        Mode::PrefetchLoads,
         Mode::PrefetchWide,
         Mode::PrefetchDefaultBudget,
         Mode::EvictLast,
@@ -67,8 +74,10 @@ impl Mode {
             Mode::None => "none",
             Mode::NoneStream => "none_stream",
             Mode::Prefetch => "prefetch",
+            Mode::PrefetchBulk => "prefetch_bulk",
             Mode::PrefetchEarly => "prefetch_early",
             Mode::PrefetchLines => "prefetch_lines",
+            Mode::PrefetchLoads => "prefetch_loads",
             Mode::PrefetchWide => "prefetch_wide",
             Mode::PrefetchDefaultBudget => "prefetch_default_budget",
             Mode::EvictLast => "evict_last",
@@ -245,12 +254,24 @@ fn setup(bench: &Bench, gemv: &Gemv, mode: Mode, ns: u64, graph: bool) -> Result
     let plan = match mode {
         Mode::None | Mode::NoneStream | Mode::AccessPolicy => None,
         Mode::Prefetch => Some(config),
+        Mode::PrefetchBulk => Some(PlanConfig {
+            replay: Replay::Prefetch {
+                variant: l2_prefetch::BULK_VARIANT,
+            },
+            ..config
+        }),
         Mode::PrefetchEarly => Some(PlanConfig {
             launch: PrefetchLaunch::BeforeCollective,
             ..config
         }),
         Mode::PrefetchLines => Some(PlanConfig {
             replay: Replay::Prefetch { variant: 2 },
+            ..config
+        }),
+        Mode::PrefetchLoads => Some(PlanConfig {
+            replay: Replay::Prefetch {
+                variant: l2_prefetch::LOADS_VARIANT,
+            },
             ..config
         }),
         Mode::PrefetchWide => Some(PlanConfig {
@@ -374,6 +395,9 @@ fn run(c: &mut Criterion) -> Result<()> {
     }
     if sections.sweep {
         gemv_sweep(&bench, &mut rng)?;
+    }
+    if sections.gap {
+        gap(&bench, &mut rng)?;
     }
     if !sections.plan {
         if sections.rest {
@@ -500,9 +524,10 @@ fn run(c: &mut Criterion) -> Result<()> {
     Ok(())
 }
 
-/// Which parts run: `FETCHAHEAD_L2_BENCH` lists them (comma-separated `plan`, `sweep`, `rest`,
-/// `once`; all but `once` when unset). `plan` is the criterion run with its summary and peer,
-/// `sweep` the GEMV launch sweep, `rest` the issue time, slack and DGX Spark figures, `once` a
+/// Which parts run: `FETCHAHEAD_L2_BENCH` lists them (comma-separated `plan`, `sweep`, `gap`,
+/// `rest`, `once`; all but `once` when unset). `plan` is the criterion run with its summary and
+/// peer, `sweep` the GEMV launch sweep, `gap` what separates a prefetched GEMV from a warm one,
+/// `rest` the issue time, slack and DGX Spark figures, `once` a
 /// few eager forwards per configuration for a profiler to time the kernels alone (see
 /// [`once`]).
 struct Sections {
@@ -510,6 +535,7 @@ struct Sections {
     sweep: bool,
     rest: bool,
     once: bool,
+    gap: bool,
 }
 
 impl Sections {
@@ -520,6 +546,7 @@ impl Sections {
                 sweep: true,
                 rest: true,
                 once: false,
+                gap: true,
             });
         };
         let mut s = Sections {
@@ -527,6 +554,7 @@ impl Sections {
             sweep: false,
             rest: false,
             once: false,
+            gap: false,
         };
         for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part {
@@ -534,10 +562,11 @@ impl Sections {
                 "sweep" => s.sweep = true,
                 "rest" => s.rest = true,
                 "once" => s.once = true,
+                "gap" => s.gap = true,
                 other => {
                     return Err(Error::Invalid {
                         what: "FETCHAHEAD_L2_BENCH",
-                        why: format!("unknown part {other:?}; want plan, sweep, rest or once"),
+                        why: format!("unknown part {other:?}; want plan, sweep, rest, gap or once"),
                     });
                 }
             }
@@ -651,6 +680,184 @@ fn gemv_sweep(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
     Ok(())
 }
 
+/// What a GEMV's L2 and TLB start from in [`gap`]: each preparation runs after the weights are
+/// evicted (but `Warm`), then a 20 us idle collective, then the timed GEMV.
+#[derive(Clone, Copy, Debug)]
+enum Start {
+    /// Nothing: weights in DRAM.
+    Cold,
+    /// The same GEMV just ran (no eviction).
+    Warm,
+    /// The plan's prefetch: 512 KiB pieces, 8 blocks x 64 threads.
+    Prefetch,
+    /// The same bytes in 16 KiB pieces over blocks on every SM.
+    PrefetchEverySm,
+    /// [`Start::Prefetch`], then every SM prefetches one line per `stride` bytes of the weights
+    /// (its TLBs learn every page the GEMV reads).
+    PrefetchTouch { stride: u64 },
+    /// Only the touch: the TLBs warm, the weights cold.
+    Touch { stride: u64 },
+    /// The plan's pieces read by `l2_prefetch_loads`, a block of 1024 threads a piece.
+    PrefetchLoads,
+    /// The GEMV's weights read by another launch of it (one-block clusters, other SMs per row).
+    OtherReader,
+}
+
+impl Start {
+    const ALL: [Start; 9] = [
+        Start::Cold,
+        Start::Warm,
+        Start::Prefetch,
+        Start::PrefetchEverySm,
+        Start::PrefetchTouch { stride: 2 * MIB },
+        Start::PrefetchTouch { stride: 64 << 10 },
+        Start::Touch { stride: 64 << 10 },
+        Start::PrefetchLoads,
+        Start::OtherReader,
+    ];
+
+    fn name(self) -> String {
+        match self {
+            Start::Cold => "cold".into(),
+            Start::Warm => "warm".into(),
+            Start::Prefetch => "prefetch 8x64".into(),
+            Start::PrefetchEverySm => "prefetch every SM".into(),
+            Start::PrefetchTouch { stride } => format!("prefetch + touch/{}K", stride >> 10),
+            Start::Touch { stride } => format!("touch/{}K only", stride >> 10),
+            Start::PrefetchLoads => "read by loads".into(),
+            Start::OtherReader => "read by other launch".into(),
+        }
+    }
+}
+
+/// Why a prefetched GEMV runs behind a warm one (1-3 us at 16-32 MiB): the host's GEMV after
+/// each [`Start`], median of 15, event-timed as in the sweep. A prefetch that closes the gap
+/// when every SM also touches the pages points at TLB misses; one that closes it when issued
+/// from every SM, or only when the GEMV's own SMs read the lines, at where in L2 the lines sit.
+///
+/// `FETCHAHEAD_GAP_REPS` (default 15) sets the launches per start; 1 suits a profiler.
+fn gap(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
+    let reps = match std::env::var("FETCHAHEAD_GAP_REPS") {
+        Ok(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|r| *r > 0)
+            .ok_or_else(|| Error::Invalid {
+                what: "FETCHAHEAD_GAP_REPS",
+                why: format!("{v:?} is not a positive count"),
+            })?,
+        Err(_) => 15,
+    };
+    let spread = 4 * bench.kernels.gpu().multiprocessors;
+    let idle = || {
+        // SAFETY: no flag is polled.
+        unsafe {
+            bench
+                .kernels
+                .launch_collective(bench.stream.cu_stream(), 1, 20_000, 0)
+        }
+    };
+    let prefetch = |table: &SegmentTable, variant: usize, blocks: u32, threads: u32| {
+        // SAFETY: checked segments inside the GEMV's weights, alive past the reads.
+        unsafe {
+            bench.kernels.launch_l2_prefetch(
+                bench.stream.cu_stream(),
+                variant,
+                whole_table(table),
+                blocks,
+                threads,
+            )
+        }
+    };
+    println!(
+        "\n== gap: the host's GEMV (K = {K}) after each start, 20 us idle between, median of {reps} us;\n   touch: {spread} blocks each prefetch one line per stride of the weights"
+    );
+    for m in MS {
+        for w_mib in WEIGHTS_MIB {
+            let rows = (w_mib * MIB / (2 * K as u64)) as usize;
+            let x = random_bf16(rng, m as usize * K as usize);
+            let w = random_bf16(rng, rows * K as usize);
+            let gemv = Gemv::new(&bench.kernels, &bench.stream, &x, &w, m, K)?;
+            let (address, bytes) = gemv.weights();
+            let pieces = piece_table(bench, address, bytes)?;
+            let fine: Vec<_> = (0..bytes / l2_prefetch::DEFAULT_CHUNK as u64)
+                .map(|i| Segment {
+                    address: address + i * l2_prefetch::DEFAULT_CHUNK as u64,
+                    bytes: l2_prefetch::DEFAULT_CHUNK as u64,
+                })
+                .collect();
+            let fine = SegmentTable::upload(&bench.stream, &fine)?;
+            // Block b of `spread` handles segments b, b + spread, ...: entry j * spread + b is
+            // line j, so every block touches every line.
+            let touch = |stride: u64| {
+                let lines: Vec<_> = (0..bytes / stride)
+                    .flat_map(|j| {
+                        (0..spread).map(move |_| Segment {
+                            address: address + j * stride,
+                            bytes: 16,
+                        })
+                    })
+                    .collect();
+                SegmentTable::upload(&bench.stream, &lines)
+            };
+            let touches = [touch(2 * MIB)?, touch(64 << 10)?];
+            let touch_of = |stride: u64| &touches[usize::from(stride != 2 * MIB)];
+            let config = gemv.launch_config();
+            let other = GemvParams {
+                splits: gemv::CLUSTER_BLOCK_WARPS,
+                ..gemv.params()
+            };
+            print!("M {m:>2} W {w_mib:>2} MiB ({} splits):", config.splits);
+            for start in Start::ALL {
+                let mut us = Vec::new();
+                for _ in 0..reps {
+                    if let Start::Warm = start {
+                        gemv.launch(&bench.kernels, &bench.stream, None)?;
+                    } else {
+                        bench.evict_weights(&gemv)?;
+                    }
+                    match start {
+                        Start::Cold | Start::Warm => {}
+                        Start::Prefetch => prefetch(&pieces, 0, 8, 64)?,
+                        Start::PrefetchEverySm => prefetch(&fine, 0, spread, 32)?,
+                        Start::PrefetchTouch { stride } => {
+                            prefetch(&pieces, 0, 8, 64)?;
+                            prefetch(touch_of(stride), 2, spread, 32)?;
+                        }
+                        Start::Touch { stride } => prefetch(touch_of(stride), 2, spread, 32)?,
+                        Start::PrefetchLoads => prefetch(
+                            &pieces,
+                            l2_prefetch::LOADS_VARIANT,
+                            (pieces.len() as u32).min(spread),
+                            l2_prefetch::LOADS_THREADS,
+                        )?,
+                        Start::OtherReader => {
+                            // SAFETY: the GEMV's own buffers; a cluster variant needs no
+                            // partials or counters, and y is rewritten by the timed launch.
+                            unsafe {
+                                bench.kernels.launch_gemv(
+                                    bench.stream.cu_stream(),
+                                    config.variant,
+                                    other,
+                                    None,
+                                )
+                            }?
+                        }
+                    }
+                    idle()?;
+                    bench.mark(1)?;
+                    gemv.launch(&bench.kernels, &bench.stream, None)?;
+                    bench.mark(2)?;
+                    us.push(event_us(bench)?);
+                }
+                print!("  {} {:.2}", start.name(), median(&mut us));
+            }
+            println!();
+        }
+    }
+    Ok(())
+}
+
 /// For a profiler (ncu with `--cache-control none --clock-control none -k regex:gemv`): per M and
 /// W, `ONCE_REPS` eager forwards with a 20 us window and no prefetch, then as many with the
 /// plain prefetch (budget W), each after an L2 flush, one at a time. The profiler serializes the
@@ -739,14 +946,14 @@ fn summary(samples: &mut BTreeMap<Key, Samples>) {
             t0 / total,
             spread0
         );
-        if matches!(mode, Mode::Prefetch | Mode::PrefetchLines) && t >= 20 && w <= 32 {
+        if matches!(mode, Mode::Prefetch | Mode::PrefetchBulk) && t >= 20 && w <= 32 {
             goal_gemv.push((key, g0 / g, gs / g));
         }
         if !matches!(mode, Mode::None | Mode::NoneStream) && total - t0 > spread0 {
             slower.push((key, total - t0, spread0));
         }
     }
-    for goal_mode in [Mode::Prefetch, Mode::PrefetchLines] {
+    for goal_mode in [Mode::Prefetch, Mode::PrefetchBulk] {
         let of_mode: Vec<_> = goal_gemv
             .iter()
             .filter(|((.., mode), ..)| *mode == goal_mode)
@@ -872,7 +1079,13 @@ fn issue_time(bench: &Bench) -> Result<()> {
     for w_mib in WEIGHTS_MIB {
         let table = piece_table(bench, base, w_mib * MIB)?;
         for (variant, v) in l2_prefetch::VARIANTS.iter().enumerate() {
-            for (blocks, threads) in [(8, 64), (1, 64), (32, 64), (8, 256)] {
+            let shapes: &[(u32, u32)] = if v.method == l2_prefetch::Method::Loads {
+                // Pieces of 512 KiB, a block each: W / 512 KiB blocks at most do work.
+                &[(8, 1024), (64, 1024), (8, 256)]
+            } else {
+                &[(8, 64), (1, 64), (32, 64), (8, 256)]
+            };
+            for &(blocks, threads) in shapes {
                 let mut us = Vec::new();
                 for _ in 0..20 {
                     bench.flush_l2()?;
@@ -977,6 +1190,11 @@ fn spark(bench: &Bench) {
     }
     println!(
         "   The issue time per MiB and the slack above bound how much of a window's budget is warm in time."
+    );
+    println!(
+        "   The default replay reads windows of up to {:.2} MiB in with loads there ({:.2} MiB here), so every\n   default-budget window; whether its L2 favours loads as the H200's does is not known.",
+        read_limit(spark_l2) as f64 / MIB as f64,
+        read_limit(here) as f64 / MIB as f64
     );
 }
 

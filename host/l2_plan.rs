@@ -52,11 +52,22 @@ pub fn default_budget(l2_bytes: u64) -> u64 {
     (budget - budget % SEGMENT_ALIGN).max(SEGMENT_ALIGN)
 }
 
+/// The most bytes a window may have for [`Replay::Auto`] to read it in with loads: a third of
+/// L2 (16-byte multiple). On the H200 (60 MiB L2, 2026-11-29) a GEMV after a load-read window
+/// of 8 or 16 MiB ran faster than after a bulk-prefetched one, after 32 MiB slower (BENCHMARKS.md).
+pub fn read_limit(l2_bytes: u64) -> u64 {
+    let limit = l2_bytes / 3;
+    limit - limit % SEGMENT_ALIGN
+}
+
 /// How a learned window is warmed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Replay {
-    /// `l2_prefetch::VARIANTS[variant]` on a side stream (0: plain, 1: evict_last, 2: a
-    /// prefetch per 128-byte line).
+    /// The default: a window of at most [`read_limit`] bytes is read in by the SMs
+    /// (`l2_prefetch_loads`), a larger one bulk-prefetched (`l2_prefetch`), on a side stream.
+    Auto,
+    /// `l2_prefetch::VARIANTS[variant]` on a side stream (0: plain bulk, 1: evict_last, 2: a
+    /// prefetch per 128-byte line, 3: loads).
     Prefetch { variant: usize },
     /// The main stream's access-policy window set over the window's first weight (persisting
     /// lines in the L2 set-aside). Eager forwards only: a captured forward gets no window.
@@ -69,9 +80,11 @@ pub struct PlanConfig {
     pub budget_per_window: u64,
     /// Bytes per prefetch instruction (a multiple of 16).
     pub chunk: u32,
-    /// Prefetch blocks: `min(segments, max_blocks)`.
+    /// Prefetch blocks of the bulk and per-line variants: `min(segments, max_blocks)`. The loads
+    /// variant runs a block per segment on up to every SM.
     pub max_blocks: u32,
-    /// Prefetch threads per block.
+    /// Threads per block of the bulk and per-line variants (the loads variant's:
+    /// `l2_prefetch::LOADS_THREADS`).
     pub threads: u32,
     pub replay: Replay,
     /// When the host launches a window's prefetch (it runs alongside the collective either way).
@@ -93,15 +106,15 @@ pub enum PrefetchLaunch {
 }
 
 impl PlanConfig {
-    /// The defaults for a device with `l2_bytes` of L2: [`default_budget`], 16 KiB chunks,
-    /// `min(n, 8)` blocks of 64 threads, the plain prefetch.
+    /// The defaults for a device with `l2_bytes` of L2: [`default_budget`], [`Replay::Auto`],
+    /// and for bulk prefetches 16 KiB chunks and `min(n, 8)` blocks of 64 threads.
     pub fn for_l2(l2_bytes: u64) -> PlanConfig {
         PlanConfig {
             budget_per_window: default_budget(l2_bytes),
             chunk: l2_prefetch::DEFAULT_CHUNK,
             max_blocks: l2_prefetch::DEFAULT_MAX_BLOCKS,
             threads: l2_prefetch::DEFAULT_THREADS,
-            replay: Replay::Prefetch { variant: 0 },
+            replay: Replay::Auto,
             launch: PrefetchLaunch::AfterCollective,
         }
     }
@@ -496,6 +509,7 @@ struct Deferred {
     variant: usize,
     params: PrefetchParams,
     blocks: u32,
+    threads: u32,
     issued: u64,
     measure: Option<Measure>,
 }
@@ -533,7 +547,7 @@ impl L2Plan {
                     format!("no prefetch variant {variant}"),
                 ));
             }
-            Replay::Prefetch { .. } => None,
+            Replay::Auto | Replay::Prefetch { .. } => None,
             Replay::AccessPolicy => Some(PersistingL2::reserve(
                 kernels.gpu(),
                 config.budget_per_window,
@@ -640,7 +654,7 @@ impl L2Plan {
             return Ok(());
         };
         match self.config.replay {
-            Replay::Prefetch { variant } => {
+            Replay::Auto | Replay::Prefetch { .. } => {
                 let window = self
                     .planner
                     .plan(signature)
@@ -653,6 +667,22 @@ impl L2Plan {
                     None => span.len,
                 };
                 let issued = window[..n].iter().map(|s| s.bytes).sum();
+                let variant = match self.config.replay {
+                    Replay::Prefetch { variant } => variant,
+                    _ if issued <= read_limit(self.kernels.gpu().l2_bytes) => {
+                        l2_prefetch::LOADS_VARIANT
+                    }
+                    _ => l2_prefetch::BULK_VARIANT,
+                };
+                // A load holds its bytes in registers until they land: a block of many threads
+                // per piece, on up to every SM. A bulk prefetch holds nothing: the config's shape.
+                let (blocks, threads) =
+                    if l2_prefetch::VARIANTS[variant].method == l2_prefetch::Method::Loads {
+                        let sms = self.kernels.gpu().multiprocessors;
+                        ((n as u32).min(sms), l2_prefetch::LOADS_THREADS)
+                    } else {
+                        ((n as u32).min(self.config.max_blocks), self.config.threads)
+                    };
                 let measure =
                     (!captured && self.fit.wants_measure(signature, k)).then_some(Measure {
                         signature,
@@ -688,7 +718,8 @@ impl L2Plan {
                         chunk: self.config.chunk,
                         _pad: 0,
                     },
-                    blocks: (n as u32).min(self.config.max_blocks),
+                    blocks,
+                    threads,
                     issued,
                     measure,
                 });
@@ -741,7 +772,7 @@ impl L2Plan {
                 d.variant,
                 d.params,
                 d.blocks,
-                self.config.threads,
+                d.threads,
             )
         }?;
         if let Some(measure) = d.measure {

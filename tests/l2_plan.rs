@@ -12,7 +12,7 @@ use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
 use fetchahead::l2_plan::{
     L2Plan, Learned, PlanConfig, Planner, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature,
-    default_budget,
+    default_budget, read_limit,
 };
 use fetchahead::segments::{SegmentTable, aligned_segment, check_segment};
 use fetchahead::{Error, Result, reference};
@@ -259,6 +259,19 @@ fn default_budget_follows_the_l2_size() {
     assert_eq!(default_budget(24 * MIB), 2_516_576);
     assert_eq!(default_budget(0), 16);
     assert_eq!(PlanConfig::for_l2(60 * MIB).budget_per_window, 6 * MIB);
+}
+
+#[test]
+fn reads_windows_in_up_to_a_third_of_l2_by_default() {
+    assert_eq!(PlanConfig::for_l2(60 * MIB).replay, Replay::Auto);
+    assert_eq!(read_limit(60 * MIB), 20 * MIB);
+    // 8 MiB on the DGX Spark, rounded down to 16 bytes.
+    assert_eq!(read_limit(24 * MIB), 8 * MIB);
+    assert_eq!(read_limit(100), 32);
+    // The default budget's windows are always read in.
+    for l2 in [24 * MIB, 50 * MIB, 60 * MIB, 126 * MIB] {
+        assert!(default_budget(l2) <= read_limit(l2), "L2 {l2}");
+    }
 }
 
 // ---- On the GPU ----
@@ -513,8 +526,10 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
 
     let after = PrefetchLaunch::AfterCollective;
     let replays = [
+        (Replay::Auto, after),
         (Replay::Prefetch { variant: 0 }, after),
         (Replay::Prefetch { variant: 1 }, after),
+        (Replay::Prefetch { variant: 3 }, after),
         (
             Replay::Prefetch { variant: 0 },
             PrefetchLaunch::BeforeCollective,
@@ -550,7 +565,7 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
         assert_eq!(c.forwards, 3, "{replay:?}");
         assert_eq!(c.forwards_without_plan, 1, "{replay:?}");
         assert_eq!(c.windows_prefetched, 6, "{replay:?}");
-        if let Replay::Prefetch { .. } = replay {
+        if replay != Replay::AccessPolicy {
             // The second forward prefetched whole windows and timed them; the third at most
             // that, each window cut to what its prefetch issued within the 2 us collective.
             assert_eq!(bytes[1] - bytes[0], 3 * window, "{replay:?}");

@@ -4,6 +4,16 @@
 //! issuing one bulk prefetch per piece (or, in `l2_prefetch_lines`, one `prefetch.global.L2`
 //! per 128-byte line of the piece). The instruction only hints the cache: nothing is written,
 //! so results elsewhere stay bit-identical.
+//!
+//! `l2_prefetch_loads` reads the bytes instead, with the load a weight-bound kernel uses
+//! (`ld.global.nc`): the block's threads load a segment's 16-byte words in order,
+//! [`LOADS_IN_FLIGHT`] a thread a round. The values are folded by XOR into one shared-memory
+//! slot a thread, which nothing reads: `ptxas` deletes loads whose values go unused (strong
+//! ones too), and the fold puts each round's loads in distinct registers (ptxas folds the first
+//! four before it issues the last four). The values are dropped, so a weight written meanwhile
+//! can only make the read useless, never change a result. On the H200 a GEMV found lines an SM
+//! had read faster than lines a prefetch instruction had brought in, up to about a quarter of
+//! L2 (`FETCHAHEAD_L2_BENCH=gap`, BENCHMARKS.md).
 
 /// Default bytes per prefetch instruction.
 pub const DEFAULT_CHUNK: u32 = 16 << 10;
@@ -26,7 +36,15 @@ pub enum Method {
     Bulk,
     /// One `prefetch.global.L2` per 128-byte line of a piece.
     Lines,
+    /// Every 16-byte word loaded (and dropped); `chunk` is unused.
+    Loads,
 }
+
+/// 16-byte loads a thread of `l2_prefetch_loads` has in flight.
+pub const LOADS_IN_FLIGHT: u32 = 8;
+/// Threads per block for `l2_prefetch_loads` (each holds [`LOADS_IN_FLIGHT`] loads in flight,
+/// 128 KiB a block; a bulk prefetch holds nothing, so 64 suffice there).
+pub const LOADS_THREADS: u32 = 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {
@@ -55,15 +73,30 @@ pub const VARIANTS: &[Variant] = &[
         method: Method::Lines,
         about: "L2 prefetch of each 128-byte line (prefetch.global.L2), normal priority",
     },
+    Variant {
+        name: "l2_prefetch_loads",
+        priority: Priority::Normal,
+        method: Method::Loads,
+        about: "every 16-byte word read by the SMs and dropped (lines enter L2 as a read's)",
+    },
 ];
+
+/// The plain bulk prefetch's index in [`VARIANTS`].
+pub const BULK_VARIANT: usize = 0;
+/// `l2_prefetch_loads`'s index in [`VARIANTS`].
+pub const LOADS_VARIANT: usize = 3;
+const _: () = assert!(matches!(VARIANTS[BULK_VARIANT].method, Method::Bulk));
+const _: () = assert!(matches!(VARIANTS[LOADS_VARIANT].method, Method::Loads));
 
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
+    use super::LOADS_IN_FLIGHT;
     use crate::device::{
-        block, blocks, evict_last_policy, load_i64, prefetch_l2, prefetch_l2_evict_last,
+        block, blocks, evict_last_policy, load_16, load_i64, prefetch_l2, prefetch_l2_evict_last,
         prefetch_line_l2, thread_in_block, threads_in_block,
     };
     use crate::params::PrefetchParams;
+    use crate::smem::{shared_buffer, store_shared_16};
 
     /// Bytes between the `prefetch.global.L2` of `l2_prefetch_lines`: one L2 line.
     const LINE: u64 = 128;
@@ -109,6 +142,55 @@ mod kernels {
         }
     }
 
+    /// Reads every 16-byte word of every segment: blocks over segments, a block's threads over
+    /// consecutive words, [`LOADS_IN_FLIGHT`] words a thread before the next round. The sink
+    /// has a slot for each of the 1024 threads a block can have.
+    #[inline(always)]
+    unsafe fn read_segments(p: &PrefetchParams) {
+        let sink = shared_buffer::<{ 1024 * 16 }>();
+        let mut fold = [0u32; 4];
+        let word = 16u64;
+        let stride = threads_in_block() as u64 * word;
+        let round = stride * LOADS_IN_FLIGHT as u64;
+        let mut s = block() as u64;
+        while s < p.n {
+            // SAFETY: s < n, so segment s lies in the table the host validated.
+            let (address, bytes) = unsafe {
+                (
+                    load_i64(p.segments + 16 * s) as u64,
+                    load_i64(p.segments + 16 * s + 8) as u64,
+                )
+            };
+            let mut base = thread_in_block() as u64 * word;
+            // Whole rounds: every load unconditional, so all are in flight before the fold.
+            while base + (LOADS_IN_FLIGHT as u64 - 1) * stride < bytes {
+                let mut words = [[0u32; 4]; LOADS_IN_FLIGHT as usize];
+                for j in 0..LOADS_IN_FLIGHT as usize {
+                    // SAFETY: the host checked that the segment is 16-byte aligned and sized,
+                    // inside a live allocation; base + j * stride < bytes.
+                    words[j] = unsafe { load_16(address + base + j as u64 * stride) };
+                }
+                for j in 0..LOADS_IN_FLIGHT as usize {
+                    fold = xor(fold, words[j]);
+                }
+                base += round;
+            }
+            while base < bytes {
+                // SAFETY: as above; base < bytes.
+                fold = xor(fold, unsafe { load_16(address + base) });
+                base += stride;
+            }
+            s += blocks() as u64;
+        }
+        // SAFETY: this thread's own 16-byte slot of the sink (a block has at most 1024 threads).
+        unsafe { store_shared_16(sink + thread_in_block() * 16, fold) };
+    }
+
+    #[inline(always)]
+    fn xor(a: [u32; 4], b: [u32; 4]) -> [u32; 4] {
+        [a[0] ^ b[0], a[1] ^ b[1], a[2] ^ b[2], a[3] ^ b[3]]
+    }
+
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn l2_prefetch(p: PrefetchParams) {
         unsafe { prefetch::<false, false>(&p) }
@@ -122,5 +204,10 @@ mod kernels {
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn l2_prefetch_lines(p: PrefetchParams) {
         unsafe { prefetch::<false, true>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn l2_prefetch_loads(p: PrefetchParams) {
+        unsafe { read_segments(&p) }
     }
 }
