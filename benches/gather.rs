@@ -1,6 +1,7 @@
 //! Every gather and gather + dequant variant, 256-byte rows, random ids into a 4 GiB table (many
 //! times the L2), n in {72, 4096, 1M, 4M}. Effective bandwidth counts table bytes read, output
-//! bytes written and id bytes; its peer is a device-to-device copy measured in the same run. At
+//! bytes written and id bytes; its peer is a device-to-device copy of the same table and output
+//! bytes measured in the same run (and a 1 GiB copy, printed for reference). At
 //! n = 72 the peer is an empty kernel launched with the same grid. A pinned host table is
 //! measured against a pinned host-to-device copy of the same bytes.
 //!
@@ -117,7 +118,8 @@ fn main() {
     let ids_addr = ids_dev.device_ptr(&stream).0;
     let out_addr = out.device_ptr_mut(&stream).0;
 
-    // Peer: a device-to-device copy of 1 GiB (read + written bytes counted).
+    // Peer: a device-to-device copy of the bytes a gather of n rows reads and writes (read +
+    // written bytes counted), measured per n; 1 GiB is the largest n's.
     let copy_bytes = 1u64 << 30;
     let copy_src = stream.alloc_zeros::<u8>(copy_bytes as usize).unwrap();
     let mut copy_dst = stream.alloc_zeros::<u8>(copy_bytes as usize).unwrap();
@@ -126,9 +128,15 @@ fn main() {
     });
     let copy_bw = 2.0 * copy_bytes as f64 / copy_s;
     println!(
-        "device-to-device copy: {:.1} GB/s (read + write)",
+        "device-to-device copy of 1 GiB: {:.1} GB/s (read + write)",
         copy_bw / 1e9
     );
+    // The same copy of `bytes` (a gather's table bytes): its median seconds.
+    let mut copy_of = |bytes: u64| {
+        let len = bytes.min(copy_bytes) as usize;
+        let (src, mut dst) = (copy_src.slice(..len), copy_dst.slice_mut(..len));
+        median_seconds(&stream, 15, || stream.memcpy_dtod(&src, &mut dst).unwrap())
+    };
 
     let mut c = Criterion::default()
         .sample_size(10)
@@ -150,6 +158,14 @@ fn main() {
             _pad: 0,
         };
         let gather_bytes = n * DIM * 2 + 8 * n;
+        let (copy_s, copy_bytes) = (copy_of(n * DIM), (n * DIM).min(copy_bytes));
+        if n > 72 {
+            println!(
+                "n = {n}: device-to-device copy of {:.0} MiB: {:.1} GB/s (read + write)",
+                copy_bytes as f64 / (1 << 20) as f64,
+                2.0 * copy_bytes as f64 / copy_s / 1e9
+            );
+        }
         let dequant_bytes = n * (DIM + DIM / 32) + n * DIM * 2 + 8 * n;
         let mut group = c.benchmark_group(format!("gather/n={n}"));
         // Criterion's samples and the summary's row (against the peer launched as gather

@@ -697,7 +697,7 @@ enum Start {
     PrefetchTouch { stride: u64 },
     /// Only the touch: the TLBs warm, the weights cold.
     Touch { stride: u64 },
-    /// The plan's pieces read by `l2_prefetch_loads`, a block of 1024 threads a piece.
+    /// The plan's pieces read by `l2_prefetch_loads`, launched as the plan launches it.
     PrefetchLoads,
     /// The GEMV's weights read by another launch of it (one-block clusters, other SMs per row).
     OtherReader,
@@ -828,7 +828,8 @@ fn gap(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
                         Start::PrefetchLoads => prefetch(
                             &pieces,
                             l2_prefetch::LOADS_VARIANT,
-                            (pieces.len() as u32).min(spread),
+                            (pieces.len() as u32 * l2_prefetch::LOADS_BLOCKS_PER_SEGMENT)
+                                .min(bench.kernels.gpu().multiprocessors),
                             l2_prefetch::LOADS_THREADS,
                         )?,
                         Start::OtherReader => {
@@ -1080,8 +1081,9 @@ fn issue_time(bench: &Bench) -> Result<()> {
         let table = piece_table(bench, base, w_mib * MIB)?;
         for (variant, v) in l2_prefetch::VARIANTS.iter().enumerate() {
             let shapes: &[(u32, u32)] = if v.method == l2_prefetch::Method::Loads {
-                // Pieces of 512 KiB, a block each: W / 512 KiB blocks at most do work.
-                &[(8, 1024), (64, 1024), (8, 256)]
+                // Pieces of 512 KiB: 8 blocks take one a piece at 4 MiB; the plan launches
+                // LOADS_BLOCKS_PER_SEGMENT a piece, up to one an SM (132 on the H200).
+                &[(8, 1024), (32, 1024), (132, 1024)]
             } else {
                 &[(8, 64), (1, 64), (32, 64), (8, 256)]
             };

@@ -81,7 +81,7 @@ pub struct PlanConfig {
     /// Bytes per prefetch instruction (a multiple of 16).
     pub chunk: u32,
     /// Prefetch blocks of the bulk and per-line variants: `min(segments, max_blocks)`. The loads
-    /// variant runs a block per segment on up to every SM.
+    /// variant runs `l2_prefetch::LOADS_BLOCKS_PER_SEGMENT` blocks a segment, up to one an SM.
     pub max_blocks: u32,
     /// Threads per block of the bulk and per-line variants (the loads variant's:
     /// `l2_prefetch::LOADS_THREADS`).
@@ -674,15 +674,17 @@ impl L2Plan {
                     }
                     _ => l2_prefetch::BULK_VARIANT,
                 };
-                // A load holds its bytes in registers until they land: a block of many threads
-                // per piece, on up to every SM. A bulk prefetch holds nothing: the config's shape.
-                let (blocks, threads) =
-                    if l2_prefetch::VARIANTS[variant].method == l2_prefetch::Method::Loads {
-                        let sms = self.kernels.gpu().multiprocessors;
-                        ((n as u32).min(sms), l2_prefetch::LOADS_THREADS)
-                    } else {
-                        ((n as u32).min(self.config.max_blocks), self.config.threads)
-                    };
+                // A load holds its bytes in registers until they land: blocks of many threads,
+                // several a piece, up to one an SM. A bulk prefetch holds nothing: the config's.
+                let (blocks, threads) = if l2_prefetch::VARIANTS[variant].method
+                    == l2_prefetch::Method::Loads
+                {
+                    let sms = self.kernels.gpu().multiprocessors;
+                    let wanted = (n as u32).saturating_mul(l2_prefetch::LOADS_BLOCKS_PER_SEGMENT);
+                    (wanted.min(sms), l2_prefetch::LOADS_THREADS)
+                } else {
+                    ((n as u32).min(self.config.max_blocks), self.config.threads)
+                };
                 let measure =
                     (!captured && self.fit.wants_measure(signature, k)).then_some(Measure {
                         signature,

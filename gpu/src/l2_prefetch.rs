@@ -45,6 +45,9 @@ pub const LOADS_IN_FLIGHT: u32 = 8;
 /// Threads per block for `l2_prefetch_loads` (each holds [`LOADS_IN_FLIGHT`] loads in flight,
 /// 128 KiB a block; a bulk prefetch holds nothing, so 64 suffice there).
 pub const LOADS_THREADS: u32 = 1024;
+/// Blocks of `l2_prefetch_loads` the host launches per segment (up to one block an SM): a
+/// 512 KiB piece is then one round of loads.
+pub const LOADS_BLOCKS_PER_SEGMENT: u32 = 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {
@@ -90,6 +93,8 @@ const _: () = assert!(matches!(VARIANTS[LOADS_VARIANT].method, Method::Loads));
 
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
+    use core::num::NonZeroU64;
+
     use super::LOADS_IN_FLIGHT;
     use crate::device::{
         block, blocks, evict_last_policy, load_16, load_i64, prefetch_l2, prefetch_l2_evict_last,
@@ -142,18 +147,24 @@ mod kernels {
         }
     }
 
-    /// Reads every 16-byte word of every segment: blocks over segments, a block's threads over
-    /// consecutive words, [`LOADS_IN_FLIGHT`] words a thread before the next round. The sink
+    /// Reads every 16-byte word of every segment: blocks over segments (several a segment when
+    /// the grid has more blocks than segments), a block's threads over consecutive words,
+    /// [`LOADS_IN_FLIGHT`] words a thread before the next round. The sink
     /// has a slot for each of the 1024 threads a block can have.
     #[inline(always)]
     unsafe fn read_segments(p: &PrefetchParams) {
         let sink = shared_buffer::<{ 1024 * 16 }>();
         let mut fold = [0u32; 4];
         let word = 16u64;
-        let stride = threads_in_block() as u64 * word;
+        // With more blocks than segments, `parts` blocks share each segment, interleaved by
+        // block-wide strides.
+        let grid = blocks() as u64;
+        let parts = NonZeroU64::new(grid / p.n.max(1)).unwrap_or(NonZeroU64::MIN);
+        let stride = threads_in_block() as u64 * word * parts.get();
         let round = stride * LOADS_IN_FLIGHT as u64;
-        let mut s = block() as u64;
-        while s < p.n {
+        let mut job = block() as u64;
+        while job < p.n * parts.get() {
+            let (s, part) = (job / parts, job % parts);
             // SAFETY: s < n, so segment s lies in the table the host validated.
             let (address, bytes) = unsafe {
                 (
@@ -161,7 +172,7 @@ mod kernels {
                     load_i64(p.segments + 16 * s + 8) as u64,
                 )
             };
-            let mut base = thread_in_block() as u64 * word;
+            let mut base = (part * threads_in_block() as u64 + thread_in_block() as u64) * word;
             // Whole rounds: every load unconditional, so all are in flight before the fold.
             while base + (LOADS_IN_FLIGHT as u64 - 1) * stride < bytes {
                 let mut words = [[0u32; 4]; LOADS_IN_FLIGHT as usize];
@@ -180,7 +191,7 @@ mod kernels {
                 fold = xor(fold, unsafe { load_16(address + base) });
                 base += stride;
             }
-            s += blocks() as u64;
+            job += grid;
         }
         // SAFETY: this thread's own 16-byte slot of the sink (a block has at most 1024 threads).
         unsafe { store_shared_16(sink + thread_in_block() * 16, fold) };
