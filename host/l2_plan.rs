@@ -60,6 +60,16 @@ pub fn read_limit(l2_bytes: u64) -> u64 {
     limit - limit % SEGMENT_ALIGN
 }
 
+/// The prefetch variant [`Replay::Auto`] warms a window of `bytes` with on a device with
+/// `l2_bytes` of L2: loads up to [`read_limit`], the bulk prefetch above.
+pub fn auto_variant(bytes: u64, l2_bytes: u64) -> usize {
+    if bytes <= read_limit(l2_bytes) {
+        l2_prefetch::LOADS_VARIANT
+    } else {
+        l2_prefetch::BULK_VARIANT
+    }
+}
+
 /// How a learned window is warmed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Replay {
@@ -669,10 +679,7 @@ impl L2Plan {
                 let issued = window[..n].iter().map(|s| s.bytes).sum();
                 let variant = match self.config.replay {
                     Replay::Prefetch { variant } => variant,
-                    _ if issued <= read_limit(self.kernels.gpu().l2_bytes) => {
-                        l2_prefetch::LOADS_VARIANT
-                    }
-                    _ => l2_prefetch::BULK_VARIANT,
+                    _ => auto_variant(issued, self.kernels.gpu().l2_bytes),
                 };
                 // A load holds its bytes in registers until they land: blocks of many threads,
                 // several a piece, up to one an SM. A bulk prefetch holds nothing: the config's.

@@ -12,7 +12,7 @@ use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
 use fetchahead::l2_plan::{
     L2Plan, Learned, PlanConfig, Planner, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature,
-    default_budget, read_limit,
+    auto_variant, default_budget, read_limit,
 };
 use fetchahead::segments::{SegmentTable, aligned_segment, check_segment};
 use fetchahead::{Error, Result, reference};
@@ -271,7 +271,18 @@ fn reads_windows_in_up_to_a_third_of_l2_by_default() {
     // The default budget's windows are always read in.
     for l2 in [24 * MIB, 50 * MIB, 60 * MIB, 126 * MIB] {
         assert!(default_budget(l2) <= read_limit(l2), "L2 {l2}");
+        assert_eq!(
+            auto_variant(default_budget(l2), l2),
+            l2_prefetch::LOADS_VARIANT
+        );
     }
+    let (loads, bulk) = (l2_prefetch::LOADS_VARIANT, l2_prefetch::BULK_VARIANT);
+    assert_eq!(auto_variant(16 * MIB, 60 * MIB), loads);
+    assert_eq!(auto_variant(20 * MIB, 60 * MIB), loads);
+    assert_eq!(auto_variant(20 * MIB + 16, 60 * MIB), bulk);
+    assert_eq!(auto_variant(32 * MIB, 60 * MIB), bulk);
+    assert_eq!(auto_variant(8 * MIB, 24 * MIB), loads);
+    assert_eq!(auto_variant(9 * MIB, 24 * MIB), bulk);
 }
 
 // ---- On the GPU ----
