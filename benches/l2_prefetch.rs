@@ -350,6 +350,14 @@ fn random_bf16(rng: &mut SmallRng, n: usize) -> Vec<bf16> {
         .collect()
 }
 
+/// Random activations (`m x K`) and weights (`W MiB`, `K` wide) for a GEMV: (x, w, weight rows).
+fn random_inputs(rng: &mut SmallRng, m: u32, w_mib: u64) -> (Vec<bf16>, Vec<bf16>, usize) {
+    let rows = (w_mib * MIB / (2 * K as u64)) as usize;
+    let x = random_bf16(rng, m as usize * K as usize);
+    let w = random_bf16(rng, rows * K as usize);
+    (x, w, rows)
+}
+
 fn median(v: &mut [f64]) -> f64 {
     percentile(v, 0.5)
 }
@@ -419,9 +427,7 @@ fn run(c: &mut Criterion) -> Result<()> {
         .nresamples(1000);
     for m in MS {
         for w_mib in WEIGHTS_MIB {
-            let rows = (w_mib * MIB / (2 * K as u64)) as usize;
-            let x = random_bf16(&mut rng, m as usize * K as usize);
-            let w = random_bf16(&mut rng, rows * K as usize);
+            let (x, w, _) = random_inputs(&mut rng, m, w_mib);
             let host_gemv = Gemv::new(&bench.kernels, &bench.stream, &x, &w, m, K)?;
             // The same product with streaming weight loads: the fastest GEMV from DRAM.
             let stream_launch = GemvLaunch {
@@ -627,9 +633,7 @@ fn gemv_sweep(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
     // 1 MiB (sweep only) shows the fixed cost.
     for m in MS {
         for w_mib in [1].into_iter().chain(WEIGHTS_MIB) {
-            let rows = (w_mib * MIB / (2 * K as u64)) as usize;
-            let x = random_bf16(rng, m as usize * K as usize);
-            let w = random_bf16(rng, rows * K as usize);
+            let (x, w, rows) = random_inputs(rng, m, w_mib);
             let default = GemvLaunch::default_for(&bench.kernels, m, rows as u32, K)?;
             for (variant, v) in gemv::VARIANTS.iter().enumerate() {
                 if m > v.max_m {
@@ -774,9 +778,7 @@ fn gap(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
     );
     for m in MS {
         for w_mib in WEIGHTS_MIB {
-            let rows = (w_mib * MIB / (2 * K as u64)) as usize;
-            let x = random_bf16(rng, m as usize * K as usize);
-            let w = random_bf16(rng, rows * K as usize);
+            let (x, w, _) = random_inputs(rng, m, w_mib);
             let gemv = Gemv::new(&bench.kernels, &bench.stream, &x, &w, m, K)?;
             let (address, bytes) = gemv.weights();
             let pieces = piece_table(bench, address, bytes)?;
@@ -871,9 +873,7 @@ fn once(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
     );
     for m in MS {
         for w_mib in WEIGHTS_MIB {
-            let rows = (w_mib * MIB / (2 * K as u64)) as usize;
-            let x = random_bf16(rng, m as usize * K as usize);
-            let w = random_bf16(rng, rows * K as usize);
+            let (x, w, _) = random_inputs(rng, m, w_mib);
             let gemv = Gemv::new(&bench.kernels, &bench.stream, &x, &w, m, K)?;
             println!("M {m} W {w_mib} MiB: {:?}", gemv.launch_config());
             for mode in [Mode::None, Mode::Prefetch] {
@@ -1128,9 +1128,7 @@ fn slack(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
         "\n== slack: {w_mib} MiB prefetched (plain, 8 x 64), S us of idle collective, then the GEMV (M = 1); median of 20"
     );
     println!("{:>6} {:>10} {:>14}", "S us", "cold us", "prefetched us");
-    let rows = (w_mib * MIB / (2 * K as u64)) as usize;
-    let x = random_bf16(rng, K as usize);
-    let w = random_bf16(rng, rows * K as usize);
+    let (x, w, _) = random_inputs(rng, 1, w_mib);
     let gemv = Gemv::new(&bench.kernels, &bench.stream, &x, &w, 1, K)?;
     let (address, bytes) = gemv.weights();
     let table = piece_table(bench, address, bytes)?;
