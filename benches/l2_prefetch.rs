@@ -827,13 +827,17 @@ fn gap(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
                             prefetch(touch_of(stride), 2, spread, 32)?;
                         }
                         Start::Touch { stride } => prefetch(touch_of(stride), 2, spread, 32)?,
-                        Start::PrefetchLoads => prefetch(
-                            &pieces,
-                            l2_prefetch::LOADS_VARIANT,
-                            (pieces.len() as u32 * l2_prefetch::LOADS_BLOCKS_PER_SEGMENT)
-                                .min(bench.kernels.gpu().multiprocessors),
-                            l2_prefetch::LOADS_THREADS,
-                        )?,
+                        Start::PrefetchLoads => {
+                            let variant = l2_prefetch::LOADS_VARIANT;
+                            let (blocks, threads) = l2_prefetch::launch_shape(
+                                variant,
+                                pieces.len() as u32,
+                                bench.kernels.gpu().multiprocessors,
+                                l2_prefetch::DEFAULT_MAX_BLOCKS,
+                                l2_prefetch::DEFAULT_THREADS,
+                            );
+                            prefetch(&pieces, variant, blocks, threads)?
+                        }
                         Start::OtherReader => {
                             // SAFETY: the GEMV's own buffers; a cluster variant needs no
                             // partials or counters, and y is rewritten by the timed launch.

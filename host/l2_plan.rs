@@ -681,17 +681,13 @@ impl L2Plan {
                     Replay::Prefetch { variant } => variant,
                     _ => auto_variant(issued, self.kernels.gpu().l2_bytes),
                 };
-                // A load holds its bytes in registers until they land: blocks of many threads,
-                // several a piece, up to one an SM. A bulk prefetch holds nothing: the config's.
-                let (blocks, threads) = if l2_prefetch::VARIANTS[variant].method
-                    == l2_prefetch::Method::Loads
-                {
-                    let sms = self.kernels.gpu().multiprocessors;
-                    let wanted = (n as u32).saturating_mul(l2_prefetch::LOADS_BLOCKS_PER_SEGMENT);
-                    (wanted.min(sms), l2_prefetch::LOADS_THREADS)
-                } else {
-                    ((n as u32).min(self.config.max_blocks), self.config.threads)
-                };
+                let (blocks, threads) = l2_prefetch::launch_shape(
+                    variant,
+                    n as u32,
+                    self.kernels.gpu().multiprocessors,
+                    self.config.max_blocks,
+                    self.config.threads,
+                );
                 let measure =
                     (!captured && self.fit.wants_measure(signature, k)).then_some(Measure {
                         signature,

@@ -285,6 +285,28 @@ fn reads_windows_in_up_to_a_third_of_l2_by_default() {
     assert_eq!(auto_variant(9 * MIB, 24 * MIB), bulk);
 }
 
+#[test]
+fn loads_launch_four_blocks_a_segment_up_to_one_an_sm() {
+    let (loads, bulk) = (l2_prefetch::LOADS_VARIANT, l2_prefetch::BULK_VARIANT);
+    let threads = l2_prefetch::LOADS_THREADS;
+    assert_eq!(
+        l2_prefetch::launch_shape(loads, 8, 132, 8, 64),
+        (32, threads)
+    );
+    assert_eq!(
+        l2_prefetch::launch_shape(loads, 64, 132, 8, 64),
+        (132, threads)
+    );
+    assert_eq!(
+        l2_prefetch::launch_shape(loads, u32::MAX, 132, 8, 64),
+        (132, threads)
+    );
+    // The other variants keep the configured shape.
+    assert_eq!(l2_prefetch::launch_shape(bulk, 64, 132, 8, 64), (8, 64));
+    assert_eq!(l2_prefetch::launch_shape(bulk, 3, 132, 8, 64), (3, 64));
+    assert_eq!(l2_prefetch::launch_shape(1, 64, 132, 32, 256), (32, 256));
+}
+
 // ---- On the GPU ----
 
 /// The layers of a test forward: a collective, then a GEMV over its own weights.
@@ -540,7 +562,12 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
         (Replay::Auto, after),
         (Replay::Prefetch { variant: 0 }, after),
         (Replay::Prefetch { variant: 1 }, after),
-        (Replay::Prefetch { variant: 3 }, after),
+        (
+            Replay::Prefetch {
+                variant: l2_prefetch::LOADS_VARIANT,
+            },
+            after,
+        ),
         (
             Replay::Prefetch { variant: 0 },
             PrefetchLaunch::BeforeCollective,

@@ -12,8 +12,8 @@
 //! ones too), and the fold puts each round's loads in distinct registers (ptxas folds the first
 //! four before it issues the last four). The values are dropped, so a weight written meanwhile
 //! can only make the read useless, never change a result. On the H200 a GEMV found lines an SM
-//! had read faster than lines a prefetch instruction had brought in, up to about a quarter of
-//! L2 (`FETCHAHEAD_L2_BENCH=gap`, BENCHMARKS.md).
+//! had read faster than lines a prefetch instruction had brought in, for windows up to 16 MiB of
+//! its 60 MiB L2 (`FETCHAHEAD_L2_BENCH=gap`, BENCHMARKS.md).
 
 /// Default bytes per prefetch instruction.
 pub const DEFAULT_CHUNK: u32 = 16 << 10;
@@ -90,6 +90,26 @@ pub const BULK_VARIANT: usize = 0;
 pub const LOADS_VARIANT: usize = 3;
 const _: () = assert!(matches!(VARIANTS[BULK_VARIANT].method, Method::Bulk));
 const _: () = assert!(matches!(VARIANTS[LOADS_VARIANT].method, Method::Loads));
+
+/// Blocks and threads of a launch of `VARIANTS[variant]` over `segments` segments on a device of
+/// `sms` multiprocessors. The loads variant holds its bytes in registers until they land: blocks
+/// of [`LOADS_THREADS`], [`LOADS_BLOCKS_PER_SEGMENT`] a segment, up to one an SM. The others hold
+/// nothing: `min(segments, max_blocks)` blocks of `threads`, as configured.
+pub fn launch_shape(
+    variant: usize,
+    segments: u32,
+    sms: u32,
+    max_blocks: u32,
+    threads: u32,
+) -> (u32, u32) {
+    match VARIANTS.get(variant).map(|v| v.method) {
+        Some(Method::Loads) => (
+            segments.saturating_mul(LOADS_BLOCKS_PER_SEGMENT).min(sms),
+            LOADS_THREADS,
+        ),
+        _ => (segments.min(max_blocks), threads),
+    }
+}
 
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
