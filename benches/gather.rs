@@ -25,23 +25,11 @@ const LAUNCHES_PER_SAMPLE: u32 = 20;
 
 /// Median seconds per call of `f` over `samples` event-timed batches of `LAUNCHES_PER_SAMPLE`.
 fn median_seconds(stream: &Arc<CudaStream>, samples: usize, mut f: impl FnMut()) -> f64 {
-    let ctx = stream.context();
-    let (start, end) = (
-        ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .unwrap(),
-        ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .unwrap(),
-    );
     f();
     let mut times: Vec<f64> = (0..samples)
         .map(|_| {
-            start.record(stream).unwrap();
-            for _ in 0..LAUNCHES_PER_SAMPLE {
-                f();
-            }
-            end.record(stream).unwrap();
-            end.synchronize().unwrap();
-            start.elapsed_ms(&end).unwrap() as f64 / 1e3 / LAUNCHES_PER_SAMPLE as f64
+            event_timed(stream, LAUNCHES_PER_SAMPLE as u64, &mut f).as_secs_f64()
+                / LAUNCHES_PER_SAMPLE as f64
         })
         .collect();
     times.sort_by(f64::total_cmp);
