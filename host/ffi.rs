@@ -76,7 +76,9 @@ fn set_last_error(message: String) {
 }
 
 /// Runs `body`, turning an error or a panic into a status code and the thread's last message.
+/// Every entry that can log also installs the stderr logger (once, unless the engine has one).
 fn guard(body: impl FnOnce() -> Result<()>) -> c_int {
+    crate::logging::init_stderr();
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => FETCHAHEAD_OK,
         Ok(Err(e)) => {
@@ -167,7 +169,8 @@ pub unsafe extern "C" fn fetchahead_open_memory_table(
 /// Opens one Engram layer of an on-disk table (a model directory or one `.safetensors` file):
 /// the rows `row_start..row_start + num_rows` (`num_rows` 0: every row from `row_start`), with the
 /// row store's defaults (read path chosen by `fetchahead tune`, scales resident in DRAM,
-/// O_DIRECT where the filesystem allows it, no DRAM row cache).
+/// O_DIRECT where the filesystem allows it, no DRAM row cache), each overridden by its
+/// `FETCHAHEAD_*` variable when set (`store::ENV_SETTINGS`).
 ///
 /// # Safety
 /// `dir` is a NUL-terminated path; `out` is writable; on success `*out` is a table to close with
@@ -195,7 +198,7 @@ pub unsafe extern "C" fn fetchahead_open_store(
         let options = StoreOptions {
             row_start,
             num_rows: (num_rows > 0).then_some(num_rows),
-            ..StoreOptions::default()
+            ..StoreOptions::from_env()?
         };
         let store = Arc::new(RowStore::open(path, options)?);
         let rows = LayerRows::new(store, layer)?;
@@ -373,7 +376,8 @@ pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
 pub struct FfiPrefetcherConfig {
     /// Most rows per prefetch (rounded up to a power of two).
     pub capacity: u64,
-    /// Gather + dequant variant, an index into `dequant::VARIANTS` (0: `gather_dequant_cvt`).
+    /// Gather + dequant variant, an index into `dequant::VARIANTS` (0: `gather_dequant_cvt`;
+    /// [`fetchahead_prefetcher_config_default`] gives the fastest measured one).
     pub variant: u32,
     /// Nonzero: check mode.
     pub check: u32,
@@ -384,6 +388,35 @@ pub struct FfiPrefetcherConfig {
     /// Check mode: the count's log period in milliseconds (0: the default, 10 s).
     pub check_log_ms: u32,
     pub _reserved: u32,
+}
+
+/// Writes the recommended configuration to `*out`: capacity 4096, the fastest measured
+/// gather + dequant variant, flag completion (the measured best), fallback on, check mode off.
+///
+/// # Safety
+/// `out` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_prefetcher_config_default(
+    out: *mut FfiPrefetcherConfig,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let out = unsafe { out.as_mut() }.ok_or(null("out"))?;
+        let d = PrefetcherConfig::default();
+        *out = FfiPrefetcherConfig {
+            capacity: d.capacity as u64,
+            variant: d.variant as u32,
+            check: d.check as u32,
+            fallback_on_error: d.fallback_on_error as u32,
+            completion: match d.completion {
+                Completion::HostFunction => FETCHAHEAD_COMPLETION_HOST_FUNCTION,
+                Completion::Flag => FETCHAHEAD_COMPLETION_FLAG,
+            },
+            check_log_ms: 0,
+            _reserved: 0,
+        };
+        Ok(())
+    })
 }
 
 /// Lookups run in a host function on the driver's callback thread.
@@ -522,7 +555,7 @@ unsafe fn create_prefetcher(
 
 /// The loaded kernels of device `ordinal`, shared by its live prefetchers: the module is loaded
 /// (and its PTX compiled by the driver) once, not once per Engram layer.
-fn kernels_for(ordinal: usize) -> Result<Arc<Kernels>> {
+pub fn kernels_for(ordinal: usize) -> Result<Arc<Kernels>> {
     static LOADED: Mutex<Vec<(usize, Weak<Kernels>)>> = Mutex::new(Vec::new());
     let mut loaded = LOADED.lock().unwrap_or_else(PoisonError::into_inner);
     loaded.retain(|(_, k)| k.strong_count() > 0);

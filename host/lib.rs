@@ -11,6 +11,7 @@
 //! - [`table`]: row tables in device memory or in pinned host memory mapped for the device.
 //! - [`reference`]: the CPU reference every kernel is checked against.
 //! - [`selfcheck`]: runs every kernel against the reference on this machine's GPU.
+//! - [`logging`]: the stderr logger of the CLI and the C library (`FETCHAHEAD_LOG`).
 //! - [`lookup`]: the row lookup the prefetcher calls ([`lookup::RowLookup`]), and an in-memory table.
 //! - [`staging`]: pinned host buffers and device mirrors for staged rows.
 //! - [`host_fn`]: enqueuing Rust work on a stream (`cuLaunchHostFunc`).
@@ -31,6 +32,7 @@ pub mod host_fn;
 pub mod id_check;
 pub mod kernels;
 pub mod l2_plan;
+pub mod logging;
 pub mod lookup;
 pub mod lookup_job;
 pub mod prefetcher;

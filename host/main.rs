@@ -17,6 +17,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    fetchahead::logging::init_stderr();
     let args = Args::parse();
     match cli::run(args.command.unwrap_or_default()) {
         Ok(code) => code,

@@ -49,22 +49,36 @@ pub struct PrefetcherConfig {
 pub enum Completion {
     /// The lookup runs in a host function (`cuLaunchHostFunc`), on the driver's one callback
     /// thread shared by all streams.
-    #[default]
     HostFunction,
     /// The lookup runs on a lookup thread (a [`FlagLane`]: the prefetcher's own, or one shared
     /// with [`Prefetcher::in_lane`]); the stream waits on a pinned flag (`cuStreamWaitValue32`).
+    /// The default: on the H200 it stalled the side stream 0.0-0.8% of the lookup time where
+    /// host functions stalled it 3.7-25.6% (BENCHMARKS.md).
+    #[default]
     Flag,
 }
+
+/// The gather + dequant variant prefetchers use unless told otherwise: the fastest measured on
+/// the H200 (BENCHMARKS.md), an index into `fetchahead_gpu::dequant::VARIANTS`.
+pub fn default_dequant_variant() -> usize {
+    fetchahead_gpu::dequant::VARIANTS
+        .iter()
+        .position(|v| v.name == DEFAULT_DEQUANT)
+        .unwrap_or(0)
+}
+
+/// The name of [`default_dequant_variant`].
+pub const DEFAULT_DEQUANT: &str = "gather_dequant_packed_nohint";
 
 impl Default for PrefetcherConfig {
     fn default() -> Self {
         PrefetcherConfig {
             capacity: 4096,
-            variant: 0,
+            variant: default_dequant_variant(),
             check: false,
             check_log_every: Duration::from_secs(10),
             fallback_on_error: true,
-            completion: Completion::HostFunction,
+            completion: Completion::Flag,
         }
     }
 }

@@ -109,6 +109,10 @@ typedef struct fetchahead_prefetcher_config {
     uint32_t _reserved;         /* 0 */
 } fetchahead_prefetcher_config;
 
+/* The recommended configuration: capacity 4096, the fastest measured gather + dequant variant,
+ * FETCHAHEAD_COMPLETION_FLAG (the measured best), fallback on, check mode off. */
+int fetchahead_prefetcher_config_default(fetchahead_prefetcher_config *out);
+
 enum {
     /* The lookup runs in a host function, on the driver's one callback thread (all streams). */
     FETCHAHEAD_COMPLETION_HOST_FUNCTION = 0,

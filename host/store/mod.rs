@@ -144,6 +144,96 @@ impl Default for StoreOptions {
     }
 }
 
+/// The variables [`StoreOptions::from_env`] reads, each overriding one default.
+pub const ENV_SETTINGS: [(&str, &str); 5] = [
+    (
+        "FETCHAHEAD_READ_PATH",
+        "read_path: auto, uring, preadv, mmap or buffered",
+    ),
+    (
+        "FETCHAHEAD_CACHE_BYTES",
+        "cache_bytes: bytes, or with a K, M or G suffix (powers of 1024)",
+    ),
+    (
+        "FETCHAHEAD_URING_DEPTH",
+        "uring_depth: reads in flight per io_uring lookup",
+    ),
+    (
+        "FETCHAHEAD_PREADV_THREADS",
+        "preadv_threads: threads of the preadv pool",
+    ),
+    ("FETCHAHEAD_DIRECT_IO", "direct_io: 1 or 0"),
+];
+
+impl StoreOptions {
+    /// The defaults, with each `FETCHAHEAD_*` variable of [`ENV_SETTINGS`] that is set replacing
+    /// its field; set fields on the result to override the environment. A malformed value is an
+    /// error naming the variable.
+    pub fn from_env() -> Result<StoreOptions> {
+        StoreOptions::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`StoreOptions::from_env`] with the variables read through `var`.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<StoreOptions> {
+        let mut options = StoreOptions::default();
+        let bad = |name: &'static str, value: &str, want: &str| {
+            Error::invalid(name, format!("`{value}`; want {want}"))
+        };
+        let [read_path, cache, depth, threads, direct] = ENV_SETTINGS.map(|(name, _)| name);
+        if let Some(v) = var(read_path) {
+            options.read_path = v
+                .trim()
+                .parse()
+                .map_err(|_| bad(read_path, &v, "auto, uring, preadv, mmap or buffered"))?;
+        }
+        if let Some(v) = var(cache) {
+            options.cache_bytes =
+                parse_bytes(&v).ok_or_else(|| bad(cache, &v, "bytes, e.g. 1073741824 or 1G"))?;
+        }
+        if let Some(v) = var(depth) {
+            options.uring_depth = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|d| (1..=4096).contains(d))
+                .ok_or_else(|| bad(depth, &v, "1 to 4096"))?;
+        }
+        if let Some(v) = var(threads) {
+            options.preadv_threads = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|t| (1..=1024).contains(t))
+                .ok_or_else(|| bad(threads, &v, "1 to 1024"))?;
+        }
+        if let Some(v) = var(direct) {
+            options.direct_io = match v.trim() {
+                "1" | "true" | "on" => true,
+                "0" | "false" | "off" => false,
+                _ => return Err(bad(direct, &v, "1 or 0")),
+            };
+        }
+        Ok(options)
+    }
+}
+
+/// `123`, `64K`, `512M`, `2G` (powers of 1024; an optional trailing `iB` or `B`).
+fn parse_bytes(value: &str) -> Option<u64> {
+    let v = value.trim();
+    let v = v
+        .strip_suffix("iB")
+        .or_else(|| v.strip_suffix('B'))
+        .unwrap_or(v);
+    let (digits, shift) = match v.chars().last()? {
+        'K' | 'k' => (&v[..v.len() - 1], 10),
+        'M' | 'm' => (&v[..v.len() - 1], 20),
+        'G' | 'g' => (&v[..v.len() - 1], 30),
+        'T' | 't' => (&v[..v.len() - 1], 40),
+        _ => (v, 0),
+    };
+    digits.trim().parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
 /// Counters since the store opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -756,5 +846,65 @@ impl Inner {
                 .fetch_add(plan.uniques.len() as u64, Ordering::Relaxed);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod env_tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        }
+    }
+
+    #[test]
+    fn no_variables_give_the_defaults() {
+        let o = StoreOptions::from_vars(vars(&[])).unwrap();
+        let d = StoreOptions::default();
+        assert_eq!(
+            (o.read_path, o.cache_bytes, o.uring_depth, o.direct_io),
+            (d.read_path, d.cache_bytes, d.uring_depth, d.direct_io)
+        );
+    }
+
+    #[test]
+    fn each_variable_overrides_its_field() {
+        let o = StoreOptions::from_vars(vars(&[
+            ("FETCHAHEAD_READ_PATH", "preadv"),
+            ("FETCHAHEAD_CACHE_BYTES", "512M"),
+            ("FETCHAHEAD_URING_DEPTH", "32"),
+            ("FETCHAHEAD_PREADV_THREADS", "8"),
+            ("FETCHAHEAD_DIRECT_IO", "0"),
+        ]))
+        .unwrap();
+        assert_eq!(o.read_path, ReadPath::Preadv);
+        assert_eq!(o.cache_bytes, 512 << 20);
+        assert_eq!(o.uring_depth, 32);
+        assert_eq!(o.preadv_threads, 8);
+        assert!(!o.direct_io);
+        assert_eq!(parse_bytes("2GiB"), Some(2 << 30));
+        assert_eq!(parse_bytes("4096"), Some(4096));
+    }
+
+    #[test]
+    fn a_malformed_value_names_its_variable() {
+        for (name, value) in [
+            ("FETCHAHEAD_READ_PATH", "fast"),
+            ("FETCHAHEAD_CACHE_BYTES", "lots"),
+            ("FETCHAHEAD_URING_DEPTH", "0"),
+            ("FETCHAHEAD_DIRECT_IO", "maybe"),
+        ] {
+            let e = StoreOptions::from_vars(vars(&[(name, value)])).unwrap_err();
+            assert!(e.to_string().contains(name), "{e}");
+        }
     }
 }
