@@ -601,6 +601,25 @@ impl L2Plan {
         &self.side
     }
 
+    /// Moves the plan between forwards to another main stream of its context, for example the
+    /// stream a framework captures a CUDA graph on. The side stream stays the plan's own.
+    pub fn set_main_stream(&mut self, main: Arc<CudaStream>) -> Result<()> {
+        if self.planner.current().is_some() {
+            return Err(Error::invalid(
+                "L2 plan main stream",
+                "changed inside a forward; change it before begin_forward",
+            ));
+        }
+        if !Arc::ptr_eq(main.context(), self.main.context()) {
+            return Err(Error::invalid(
+                "L2 plan main stream",
+                "belongs to another CUDA context than the plan's",
+            ));
+        }
+        self.main = main;
+        Ok(())
+    }
+
     /// Changes the budget per window for plans learned from now on.
     pub fn set_budget(&mut self, budget_per_window: u64) -> Result<()> {
         self.planner.set_budget(budget_per_window)?;

@@ -1,0 +1,645 @@
+"""fetchahead: gets bytes to the GPU's multiprocessors before the kernels that need them start.
+
+For PyTorch engines:
+
+- :func:`gather`, :func:`gather_dequant` (and their ``_out`` forms): the row gather and the
+  fused gather + MXFP8 dequant kernels as registered torch ops (``torch.ops.fetchahead.*``),
+  on the current stream, on CUDA tensors or pinned host tensors (read zero-copy).
+- :class:`RowStore`: Engram rows read from safetensors shards on NVMe (needs only numpy).
+- :class:`Prefetcher` and :class:`FlagLane`: one Engram layer's rows looked up and staged on a
+  side stream while the model computes; ``prefetch`` and ``gather_dequant`` are torch ops too,
+  so a compiled forward keeps them in its graph and a CUDA graph captures them.
+- :class:`L2Plan`: learns which weights follow each collective and warms them into L2 while
+  the collective runs.
+
+Errors derive from :class:`fetchahead.Error` (see :mod:`fetchahead.errors`). Log records go to
+``logging.getLogger("fetchahead")``; nothing is printed. ``torch`` is imported only by the parts
+that need it.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _native
+from .errors import (
+    CudaError,
+    Error,
+    FileError,
+    IdsOutOfRangeError,
+    InvalidArgumentError,
+    NoDeviceError,
+    NoPtxError,
+    NotWarmedError,
+    PrefetchOrderError,
+    ReadPathUnavailableError,
+    RowIdError,
+    RowLookupError,
+    RowReadError,
+    StagingFullError,
+    TableError,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__version__: str = _native.__version__
+
+__all__ = [
+    "Error",
+    "CudaError",
+    "FileError",
+    "IdsOutOfRangeError",
+    "InvalidArgumentError",
+    "NoDeviceError",
+    "NoPtxError",
+    "NotWarmedError",
+    "PrefetchOrderError",
+    "ReadPathUnavailableError",
+    "RowIdError",
+    "RowLookupError",
+    "RowReadError",
+    "StagingFullError",
+    "TableError",
+    "FlagLane",
+    "IdStatus",
+    "L2Plan",
+    "MemoryTable",
+    "Prefetcher",
+    "RowStore",
+    "default_variant",
+    "env_settings",
+    "flush_logs",
+    "gather",
+    "gather_dequant",
+    "gather_dequant_out",
+    "gather_out",
+    "make_table",
+    "variants",
+]
+
+atexit.register(_native.drain_logs)
+
+
+def flush_logs() -> None:
+    """Forwards log records queued by fetchahead's threads to ``logging`` now.
+
+    Records from background threads (the driver's callback thread, lookup lanes) are queued and
+    forwarded at the end of the next fetchahead call on a Python thread, or by this function;
+    they never wait for the GIL. Past 4096 queued records new ones are dropped.
+    """
+    _native.drain_logs()
+
+
+def variants() -> dict[str, list[tuple[str, str]]]:
+    """Every kernel variant by family: ``{"gather": [(name, about), ...], "gather_dequant": ...}``."""
+    return _native.variants()
+
+
+def default_variant(family: str, arch: Optional[str] = None) -> str:
+    """The variant ``family`` ("gather" or "gather_dequant") uses by default: the fastest
+    measured for the device's arch."""
+    return _native.default_variant(family, arch)
+
+
+def env_settings() -> list[tuple[str, str]]:
+    """The ``FETCHAHEAD_*`` variables that override row store defaults, with their meaning."""
+    return _native.env_settings()
+
+
+def make_table(
+    dir: Union[str, os.PathLike],
+    rows: int,
+    layers: Sequence[int],
+    *,
+    dim: int = 256,
+    shards: int = 1,
+    seed: int = 1,
+) -> list[str]:
+    """Writes a generated Engram table (FP8-E4M3 weights, E8M0 scales) as safetensors shards in
+    ``dir``, as ``fetchahead make-table`` does; returns the shard paths."""
+    paths = _native.make_table(os.fspath(dir), rows, list(layers), dim, shards, seed)
+    return [os.fspath(p) for p in paths]
+
+
+# ---- host arrays -------------------------------------------------------------------------------
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _host_ids(ids: Any) -> np.ndarray:
+    """Ids as a C-contiguous int64 numpy array (a copy only when needed)."""
+    if _is_torch(ids):
+        if ids.device.type != "cpu":
+            raise InvalidArgumentError(
+                f"invalid ids: a {ids.device} tensor; the row store reads host ids",
+                argument="ids",
+                why="not on the CPU",
+            )
+        ids = ids.numpy()
+    arr = np.ascontiguousarray(ids, dtype=np.int64)
+    if arr.ndim != 1:
+        raise InvalidArgumentError(
+            f"invalid ids: shape {arr.shape}; want one dimension",
+            argument="ids",
+            why="not one-dimensional",
+        )
+    return arr
+
+
+def _host_buffer(x: Any, name: str, nbytes: int) -> int:
+    """The address of a caller's C-contiguous host buffer of exactly ``nbytes`` bytes."""
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise InvalidArgumentError(
+                f"invalid {name}: a {x.device} tensor; want a (pinned) CPU tensor",
+                argument=name,
+                why="not on the CPU",
+            )
+        if not x.is_contiguous():
+            raise InvalidArgumentError(
+                f"invalid {name}: not contiguous", argument=name, why="not contiguous"
+            )
+        size = x.numel() * x.element_size()
+        address = x.data_ptr()
+    elif isinstance(x, np.ndarray):
+        if not x.flags.c_contiguous or not x.flags.writeable:
+            raise InvalidArgumentError(
+                f"invalid {name}: not a writable C-contiguous array",
+                argument=name,
+                why="not writable and C-contiguous",
+            )
+        size = x.nbytes
+        address = x.ctypes.data
+    else:
+        raise InvalidArgumentError(
+            f"invalid {name}: {type(x).__name__}; want a numpy array or a CPU tensor",
+            argument=name,
+            why="unsupported type",
+        )
+    if size != nbytes:
+        raise InvalidArgumentError(
+            f"invalid {name}: {size} bytes; want {nbytes}",
+            argument=name,
+            why="wrong size",
+        )
+    return address
+
+
+class RowStore:
+    """Engram rows of one tensor-parallel rank, read from safetensors shards on NVMe.
+
+    ``path`` is a model directory or one ``.safetensors`` file. Every option left ``None``
+    takes its ``FETCHAHEAD_*`` environment variable when set (see :func:`env_settings`), else
+    the default: ``read_path="auto"`` (chosen by batch size from :meth:`tune`'s figures),
+    no DRAM row cache, resident scales, 64 preadv threads, the default io_uring depth, O_DIRECT
+    where the filesystem allows it.
+
+    Lookups release the GIL; one store serves many threads at once.
+    """
+
+    def __init__(
+        self,
+        path: Union[str, os.PathLike],
+        *,
+        row_start: Optional[int] = None,
+        num_rows: Optional[int] = None,
+        read_path: Optional[str] = None,
+        cache_bytes: Optional[int] = None,
+        resident_scales: Optional[bool] = None,
+        preadv_threads: Optional[int] = None,
+        uring_depth: Optional[int] = None,
+        direct_io: Optional[bool] = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self._store = _native.RowStore(
+            self.path,
+            row_start,
+            num_rows,
+            read_path,
+            cache_bytes,
+            resident_scales,
+            preadv_threads,
+            uring_depth,
+            direct_io,
+        )
+
+    @property
+    def dim(self) -> int:
+        """FP8 elements (bytes) per row; a row's scales are ``dim // 32`` bytes."""
+        return self._store.dim
+
+    @property
+    def layers(self) -> list[int]:
+        """The Engram layers in the table."""
+        return self._store.layers
+
+    @property
+    def row_range(self) -> range:
+        """The row ids this store owns."""
+        start, end = self._store.row_range
+        return range(start, end)
+
+    @property
+    def read_path(self) -> str:
+        """The configured read path (``auto``, ``uring``, ``preadv``, ``mmap``, ``buffered``)."""
+        return self._store.read_path
+
+    @property
+    def direct_io_off(self) -> Optional[str]:
+        """Why O_DIRECT is off, or None when reads bypass the page cache."""
+        return self._store.direct_io_off
+
+    @property
+    def uring_off(self) -> Optional[str]:
+        """Why io_uring is unavailable, or None."""
+        return self._store.uring_off
+
+    def auto_path(self, n: int) -> str:
+        """The read path ``auto`` takes for a batch of ``n`` rows."""
+        return self._store.auto_path(n)
+
+    def lookup(
+        self,
+        layer: int,
+        ids: Any,
+        *,
+        weights: Any = None,
+        scales: Any = None,
+        path: Optional[str] = None,
+    ) -> tuple[Any, Any]:
+        """The rows of ``ids`` (absolute row ids in :attr:`row_range`) of ``layer``, in order.
+
+        Returns ``(weights, scales)``: ``[n, dim]`` and ``[n, dim // 32]`` uint8 numpy arrays
+        (E4M3 and E8M0 bytes), or the caller's ``weights`` and ``scales`` filled in place (numpy
+        arrays or CPU tensors, pinned for the engine's own copies, of exactly that many bytes).
+        ``path`` reads through one read path instead of the configured one.
+        """
+        ids_arr = _host_ids(ids)
+        n = ids_arr.shape[0]
+        dim = self.dim
+        if weights is None:
+            weights = np.empty((n, dim), dtype=np.uint8)
+        if scales is None:
+            scales = np.empty((n, dim // 32), dtype=np.uint8)
+        w = _host_buffer(weights, "weights", n * dim)
+        s = _host_buffer(scales, "scales", n * dim // 32)
+        self._store.lookup_into(layer, ids_arr.ctypes.data, n, w, s, path)
+        return weights, scales
+
+    def advise(self, layer: int, ids: Any) -> None:
+        """Starts warming the rows of a coming batch (the next prefill chunk) and returns at
+        once: into the row cache when there is one, else into the page cache."""
+        ids_arr = _host_ids(ids)
+        self._store.advise(layer, ids_arr.ctypes.data, ids_arr.shape[0])
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since the store opened: ``hits``, ``misses``, ``reads``, ``bytes``,
+        ``advised``, ``advise_dropped``, ``advise_failed``, ``cached_rows``, ``cached_bytes``,
+        and the ``read_path`` configured, ``direct_io`` and ``uring`` availability."""
+        return self._store.stats()
+
+    def tune(self, *, seed: int = 1) -> list[tuple[int, str]]:
+        """Measures each read path on this disk (cold batches of growing size) and writes
+        ``auto``'s choice beside the table, as ``fetchahead tune`` does; stores opened later
+        use it. Returns ``[(max_batch, path), ...]``. Takes seconds to minutes."""
+        return self._store.tune(self.path, seed)
+
+    def evict_page_cache(self) -> None:
+        """Drops the table's pages from the page cache, so that the next reads hit the disk."""
+        self._store.evict_page_cache()
+
+    def __repr__(self) -> str:
+        r = self.row_range
+        return (
+            f"RowStore({self.path!r}, layers={self.layers}, rows={r.start}..{r.stop}, "
+            f"dim={self.dim}, read_path={self.read_path!r})"
+        )
+
+
+class MemoryTable:
+    """A generated MXFP8 table in RAM, deterministic from ``seed``, with fault injection:
+    a row source for :class:`Prefetcher` in tests and examples."""
+
+    def __init__(self, rows: int, dim: int = 256, *, seed: int = 1) -> None:
+        self._table = _native.MemoryTable(rows, dim, seed)
+
+    @property
+    def rows(self) -> int:
+        return self._table.rows
+
+    @property
+    def dim(self) -> int:
+        return self._table.dim
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(weights [rows, dim], scales [rows, dim // 32])`` as uint8 numpy copies."""
+        w, s = self._table.bytes()
+        return (
+            np.frombuffer(w, dtype=np.uint8).reshape(self.rows, self.dim),
+            np.frombuffer(s, dtype=np.uint8).reshape(self.rows, self.dim // 32),
+        )
+
+    def inject(self, fault: str, arg: int = 0) -> None:
+        """Arms a fault: ``"fail_on_id"`` (``arg``: the id, -1 disarms), ``"fail_next"`` and
+        ``"corrupt_next"`` (``arg``: how many lookups), ``"latency_us"``, ``"none"``."""
+        self._table.inject(fault, arg)
+
+
+# ---- torch parts (imported on first use) -------------------------------------------------------
+
+
+def _torch_ops() -> Any:
+    from . import _torch
+
+    return _torch
+
+
+class IdStatus:
+    """A device record of ids outside ``0..rows`` that gather launches given it update: the
+    count and the first position. Reading it waits for the device; launching never does.
+
+    ``tensor`` is the int64 ``[2]`` CUDA tensor the kernels write (pass ``status=`` this object
+    or that tensor).
+    """
+
+    def __init__(self, device: Any = None) -> None:
+        import torch
+
+        dev = torch.device("cuda") if device is None else torch.device(device)
+        self.tensor = torch.tensor([0, -1], dtype=torch.int64, device=dev)
+
+    def read(self) -> tuple[int, Optional[int]]:
+        """``(count, first_index)`` since the last reset (``first_index`` None when clean).
+        Waits for the work enqueued before it on the current stream."""
+        word0, first = self.tensor.tolist()
+        count = word0 & 0xFFFFFFFF
+        return count, (None if count == 0 else first)
+
+    def reset(self) -> None:
+        """Clears the record (on the current stream)."""
+        self.tensor.copy_(self.tensor.new_tensor([0, -1]))
+
+    def check(self, rows: int = -1) -> None:
+        """Raises :class:`IdsOutOfRangeError` if a launch saw a bad id, then resets."""
+        count, first = self.read()
+        if count:
+            self.reset()
+            raise IdsOutOfRangeError(
+                f"{count} ids outside 0..{rows}; the first at position {first} "
+                "(those output rows were written as zeros)",
+                count=count,
+                first_index=first,
+                first_id=None,
+                rows=rows,
+            )
+
+
+def gather(
+    table: "torch.Tensor",
+    ids: "torch.Tensor",
+    *,
+    variant: Optional[str] = None,
+    status: Union[IdStatus, "torch.Tensor", None] = None,
+) -> "torch.Tensor":
+    """``out[i] = table[ids[i]]``: a ``[rows, width]`` table (any dtype, rows of a multiple of
+    16 bytes; on the GPU or pinned in host memory) gathered by int64 ``ids`` on the GPU, on the
+    current stream. An id outside ``0..rows`` gives a zero row and is counted in ``status``.
+    ``variant`` names a kernel of ``variants()["gather"]``."""
+    return _torch_ops().gather(table, ids, variant=variant, status=status)
+
+
+def gather_out(
+    table: "torch.Tensor",
+    ids: "torch.Tensor",
+    out: "torch.Tensor",
+    *,
+    variant: Optional[str] = None,
+    status: Union[IdStatus, "torch.Tensor", None] = None,
+) -> "torch.Tensor":
+    """:func:`gather` into ``out`` (``[n, width]``, the table's dtype, 16-byte aligned); returns
+    ``out``."""
+    return _torch_ops().gather_out(table, ids, out, variant=variant, status=status)
+
+
+def gather_dequant(
+    weights: "torch.Tensor",
+    scales: "torch.Tensor",
+    ids: "torch.Tensor",
+    *,
+    variant: Optional[str] = None,
+    status: Union[IdStatus, "torch.Tensor", None] = None,
+) -> "torch.Tensor":
+    """Rows of an MXFP8 table dequantized to bf16: ``weights`` ``[rows, dim]`` E4M3
+    (``torch.float8_e4m3fn`` or uint8), ``scales`` ``[rows, dim // 32]`` E8M0
+    (``torch.float8_e8m0fnu`` or uint8), ``dim`` a multiple of 32; returns ``[n, dim]``
+    bfloat16, exactly ``bf16(e4m3 * 2^(e8m0 - 127))``. ``variant`` names a kernel of
+    ``variants()["gather_dequant"]``."""
+    return _torch_ops().gather_dequant(weights, scales, ids, variant=variant, status=status)
+
+
+def gather_dequant_out(
+    weights: "torch.Tensor",
+    scales: "torch.Tensor",
+    ids: "torch.Tensor",
+    out: "torch.Tensor",
+    *,
+    variant: Optional[str] = None,
+    status: Union[IdStatus, "torch.Tensor", None] = None,
+) -> "torch.Tensor":
+    """:func:`gather_dequant` into ``out`` (``[n, dim]`` bfloat16, 16-byte aligned); returns
+    ``out``."""
+    return _torch_ops().gather_dequant_out(
+        weights, scales, ids, out, variant=variant, status=status
+    )
+
+
+class FlagLane:
+    """A lookup thread that flag-mode prefetchers share: one lookup at a time, in the order the
+    prefetches were enqueued (the layers' gather order)."""
+
+    def __init__(self) -> None:
+        self._lane = _native.FlagLane()
+
+
+class Prefetcher:
+    """Prefetches one Engram layer's rows on a side stream; see the module documentation.
+
+    ``source`` is a :class:`RowStore` (reading ``layer``) or a :class:`MemoryTable`.
+    ``completion="flag"`` (the default, the measured best: lookups on a lookup thread, the side
+    stream waits on a pinned flag) or ``"host_function"`` (lookups in a host function on the
+    driver's callback thread). ``lane`` shares one :class:`FlagLane` between layers (``rank``:
+    the layer's gather order). ``check=True`` also runs the synchronous path after every gather
+    and counts differing outputs on the device (:meth:`check_differed`). With
+    ``fallback_on_error`` a failed lookup switches gathers to the synchronous path until
+    :meth:`resume`; :meth:`take_errors` returns the failures.
+
+    Call :meth:`prefetch` then :meth:`gather_dequant` with the same ids, in pairs, on the
+    current stream; both are torch ops (``torch.ops.fetchahead.prefetch`` /
+    ``prefetched_gather_dequant``), fine under ``torch.compile`` and inside
+    ``torch.cuda.graph`` capture. Keep the ids tensor unchanged until the gather, and keep the
+    prefetcher alive as long as a graph that captured it may be replayed.
+    """
+
+    def __init__(
+        self,
+        source: Union[RowStore, MemoryTable],
+        *,
+        layer: int = 0,
+        device: Any = None,
+        capacity: int = 4096,
+        variant: Optional[str] = None,
+        check: bool = False,
+        fallback_on_error: bool = True,
+        completion: str = "flag",
+        check_log_ms: int = 0,
+        lane: Optional[FlagLane] = None,
+        rank: int = 0,
+    ) -> None:
+        t = _torch_ops()
+        self._device = t.cuda_device(device)
+        native_source = source._store if isinstance(source, RowStore) else source._table
+        self._prefetcher = _native.Prefetcher(
+            t.native_device(self._device),
+            native_source,
+            layer,
+            capacity,
+            t.variant_index("gather_dequant", variant),
+            check,
+            fallback_on_error,
+            completion,
+            check_log_ms,
+            None if lane is None else lane._lane,
+            rank,
+        )
+        self.handle, self._ticket = t.register_prefetcher(self._prefetcher, self._device)
+
+    @property
+    def dim(self) -> int:
+        return self._prefetcher.dim
+
+    @property
+    def capacity(self) -> int:
+        return self._prefetcher.capacity
+
+    def prefetch(self, ids: "torch.Tensor") -> None:
+        """Starts fetching the rows of int64 CUDA ``ids`` on the side stream, after the work
+        enqueued on the current stream so far."""
+        _torch_ops().ops.prefetch(self.handle, ids, self._ticket)
+
+    def gather_dequant(
+        self, ids: "torch.Tensor", *, out: Optional["torch.Tensor"] = None
+    ) -> "torch.Tensor":
+        """Joins the side stream and returns the rows of the ``ids`` last prefetched as
+        ``[n, dim]`` bfloat16 (into ``out`` when given)."""
+        ops = _torch_ops().ops
+        if out is None:
+            return ops.prefetched_gather_dequant(self.handle, ids, self._ticket)
+        ops.prefetched_gather_dequant_out(self.handle, ids, self._ticket, out)
+        return out
+
+    def gather_dequant_sync(self, ids: "torch.Tensor") -> "torch.Tensor":
+        """The synchronous path: lookup and gather of ``ids`` on the current stream."""
+        return _torch_ops().ops.sync_gather_dequant(self.handle, ids, self._ticket)
+
+    def take_errors(self) -> list[tuple[str, list[int]]]:
+        """The failed lookups since the last call (their rows were zero-filled), oldest first:
+        ``[(message, ids), ...]``."""
+        return self._prefetcher.take_errors()
+
+    def resume(self) -> None:
+        """Goes back to prefetching after a fallback to the synchronous path."""
+        self._prefetcher.resume()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: ``prefetches``, ``gathers``, ``sync_gathers`` (calls; a graph replay adds
+        none), ``lookups``, ``rows_looked_up``, ``lookup_ns``, ``lookup_errors`` (replays
+        included), ``check_logs``, ``fell_back``."""
+        return self._prefetcher.stats()
+
+    def check_differed(self) -> Optional[int]:
+        """Check mode: gathers whose output differed from the synchronous path's (expected 0);
+        None with check mode off. Waits for the device."""
+        return self._prefetcher.check_differed()
+
+    def poll_check(self) -> Optional[int]:
+        """Check mode's periodic count for callers that replay graphs: a count that has
+        arrived (also logged), else None. Never waits for the device."""
+        return self._prefetcher.poll_check(_torch_ops().stream_of(self._device))
+
+    def close(self) -> None:
+        """Releases the prefetcher after waiting for the device (no graph may replay it)."""
+        _torch_ops().unregister_prefetcher(self.handle)
+
+
+class L2Plan:
+    """Learns which weights the kernels after each collective read, and in later forwards warms
+    them into L2 while the collective runs (a cache hint: outputs stay bit-identical).
+
+    Per forward: ``begin_forward(signature)``, then before launching each collective
+    ``collective()``, and for each weight a kernel reads after it ``consume(tensor)``; then
+    ``end_forward()``. Or ``with plan.forward(signature): ...``. Works eagerly and inside
+    ``torch.cuda.graph`` capture (the current stream is read at ``begin_forward``); a signature
+    is frozen once captured, and its tables live as long as the plan: keep the plan alive as
+    long as the graph.
+    """
+
+    def __init__(self, *, device: Any = None, budget_per_window: Optional[int] = None) -> None:
+        t = _torch_ops()
+        self._device = t.cuda_device(device)
+        self._plan = _native.L2Plan(
+            t.native_device(self._device), t.stream_of(self._device), budget_per_window
+        )
+
+    def begin_forward(self, signature: int) -> None:
+        """Starts a forward of ``signature`` (a number the caller chooses per shape, e.g. the
+        batch's token count) on the current stream."""
+        self._plan.begin_forward(signature, _torch_ops().stream_of(self._device))
+
+    def collective(self) -> None:
+        """Call right before launching each collective (all-reduce, custom op) on the current
+        stream."""
+        self._plan.collective()
+
+    def consume(self, tensor: "torch.Tensor", nbytes: Optional[int] = None) -> None:
+        """A kernel after the latest collective reads ``tensor`` (a live CUDA weight; its first
+        ``nbytes`` bytes when given)."""
+        size = tensor.numel() * tensor.element_size() if nbytes is None else nbytes
+        self._plan.consume(tensor.data_ptr(), size)
+
+    def end_forward(self) -> dict[str, Any]:
+        """Ends the forward: ``{"signature", "collectives", "captured", "learned",
+        "new_signature"}``."""
+        return self._plan.end_forward()
+
+    def forward(self, signature: int) -> "_PlanForward":
+        """``with plan.forward(signature):`` brackets one forward."""
+        return _PlanForward(self, signature)
+
+    def set_budget(self, budget_per_window: int) -> None:
+        """Bytes kept per window for plans learned from now on."""
+        self._plan.set_budget(budget_per_window)
+
+    def counters(self) -> dict[str, int]:
+        """``windows_prefetched``, ``bytes_prefetched``, ``forwards_without_plan``,
+        ``mismatches_at_capture``, ``forwards``, ``signatures``."""
+        return self._plan.counters()
+
+
+class _PlanForward:
+    def __init__(self, plan: L2Plan, signature: int) -> None:
+        self._plan = plan
+        self._signature = signature
+        self.summary: Optional[dict[str, Any]] = None
+
+    def __enter__(self) -> "_PlanForward":
+        self._plan.begin_forward(self._signature)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.summary = self._plan.end_forward()

@@ -1,0 +1,443 @@
+"""The torch ops under ``torch.ops.fetchahead``: registered with ``torch.library.custom_op``,
+each with a fake implementation, launched on the current stream.
+
+Imported on first use of a torch-facing part of :mod:`fetchahead`.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+import torch
+
+from . import _native
+from .errors import InvalidArgumentError
+
+ops = torch.ops.fetchahead
+
+_devices: dict[int, Any] = {}
+_devices_lock = threading.Lock()
+_variant_cache: dict[tuple[str, Optional[str]], int] = {}
+
+_E4M3 = (torch.uint8, getattr(torch, "float8_e4m3fn", torch.uint8))
+_E8M0 = (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8))
+
+
+def cuda_device(device: Any) -> torch.device:
+    """The CUDA device for ``device`` (None: the current one)."""
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise _bad("device", f"{dev}; want a CUDA device")
+    return torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
+
+
+def native_device(device: torch.device) -> Any:
+    """The loaded kernels of ``device`` (loaded once per process)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    found = _devices.get(index)
+    if found is None:
+        with _devices_lock:
+            found = _devices.get(index)
+            if found is None:
+                torch.cuda.init()  # the primary context torch uses, before fetchahead retains it
+                found = _native.Device(index)
+                _devices[index] = found
+    return found
+
+
+def stream_of(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def variant_index(family: str, name: Optional[str]) -> int:
+    key = (family, name)
+    found = _variant_cache.get(key)
+    if found is None:
+        resolved = name if name is not None else _native.default_variant(family, None)
+        found = _native.variant_index(family, resolved)
+        _variant_cache[key] = found
+    return found
+
+
+def _bad(argument: str, why: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"invalid {argument}: {why}", argument=argument, why=why)
+
+
+# ---- checks (shared by the real and the fake implementations) ------------------------------------
+
+
+def _check_2d(t: torch.Tensor, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise _bad(name, f"{type(t).__name__}; want a tensor")
+    if t.dim() != 2:
+        raise _bad(name, f"shape {tuple(t.shape)}; want two dimensions")
+    if not t.is_contiguous():
+        raise _bad(name, "not contiguous")
+
+
+def _check_ids(ids: torch.Tensor) -> None:
+    if not isinstance(ids, torch.Tensor):
+        raise _bad("ids", f"{type(ids).__name__}; want a tensor")
+    if ids.dtype != torch.int64:
+        raise _bad("ids", f"dtype {ids.dtype}; want torch.int64")
+    if ids.dim() != 1:
+        raise _bad("ids", f"shape {tuple(ids.shape)}; want one dimension")
+    if not ids.is_contiguous():
+        raise _bad("ids", "not contiguous")
+
+
+def _check_status(status: Optional[torch.Tensor]) -> None:
+    if status is None:
+        return
+    if status.dtype != torch.int64 or status.shape != (2,) or not status.is_contiguous():
+        raise _bad("status", "want a contiguous int64 tensor of shape [2] (fetchahead.IdStatus)")
+
+
+def _check_gather_shapes(table: torch.Tensor, ids: torch.Tensor) -> int:
+    _check_2d(table, "table")
+    _check_ids(ids)
+    row_bytes = table.shape[1] * table.element_size()
+    if row_bytes == 0 or row_bytes % 16:
+        raise _bad("table", f"rows of {row_bytes} bytes; want a positive multiple of 16")
+    return row_bytes
+
+
+def _check_dequant_shapes(weights: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor) -> int:
+    _check_2d(weights, "weights")
+    _check_2d(scales, "scales")
+    _check_ids(ids)
+    if weights.dtype not in _E4M3:
+        raise _bad("weights", f"dtype {weights.dtype}; want torch.float8_e4m3fn or torch.uint8")
+    if scales.dtype not in _E8M0:
+        raise _bad("scales", f"dtype {scales.dtype}; want torch.float8_e8m0fnu or torch.uint8")
+    rows, dim = weights.shape
+    if dim == 0 or dim % 32:
+        raise _bad("weights", f"dim {dim} is not a positive multiple of 32")
+    if tuple(scales.shape) != (rows, dim // 32):
+        raise _bad("scales", f"shape {tuple(scales.shape)}; want [{rows}, {dim // 32}]")
+    return dim
+
+
+def _device_address(t: torch.Tensor, name: str, device: torch.device, align: int) -> int:
+    """A tensor's address for the kernels: CUDA on ``device``, or pinned host memory mapped
+    for it (tables only)."""
+    if t.device.type == "cuda":
+        if t.device.index != device.index:
+            raise _bad(name, f"on {t.device}; want {device}")
+        address = t.data_ptr()
+    elif t.device.type == "cpu" and name in ("table", "weights", "scales"):
+        if not t.is_pinned():
+            raise _bad(name, "a CPU tensor that is not pinned (use tensor.pin_memory())")
+        address = native_device(device).host_device_address(t.data_ptr()) if t.numel() else 0
+    else:
+        raise _bad(name, f"on {t.device}; want {device}")
+    if t.numel() and address % align:
+        raise _bad(name, f"address {address:#x} is not {align}-byte aligned")
+    return address
+
+
+def _launch_gather(
+    table: torch.Tensor,
+    ids: torch.Tensor,
+    out: torch.Tensor,
+    status: Optional[torch.Tensor],
+    variant: int,
+) -> None:
+    row_bytes = _check_gather_shapes(table, ids)
+    _check_status(status)
+    n = ids.shape[0]
+    if ids.device.type != "cuda":
+        raise _bad("ids", f"on {ids.device}; want a CUDA device")
+    device = ids.device
+    if n == 0:
+        return
+    dev = native_device(device)
+    dev.gather(
+        variant,
+        _device_address(table, "table", device, 16),
+        table.shape[0],
+        row_bytes,
+        _device_address(ids, "ids", device, 8),
+        n,
+        _device_address(out, "out", device, 16),
+        0 if status is None else _device_address(status, "status", device, 8),
+        torch.cuda.current_stream(device).cuda_stream,
+    )
+
+
+def _launch_gather_dequant(
+    weights: torch.Tensor,
+    scales: torch.Tensor,
+    ids: torch.Tensor,
+    out: torch.Tensor,
+    status: Optional[torch.Tensor],
+    variant: int,
+) -> None:
+    dim = _check_dequant_shapes(weights, scales, ids)
+    _check_status(status)
+    n = ids.shape[0]
+    if ids.device.type != "cuda":
+        raise _bad("ids", f"on {ids.device}; want a CUDA device")
+    device = ids.device
+    if n == 0:
+        return
+    dev = native_device(device)
+    dev.gather_dequant(
+        variant,
+        _device_address(weights, "weights", device, 16),
+        _device_address(scales, "scales", device, 1),
+        weights.shape[0],
+        dim,
+        _device_address(ids, "ids", device, 8),
+        n,
+        _device_address(out, "out", device, 16),
+        0 if status is None else _device_address(status, "status", device, 8),
+        torch.cuda.current_stream(device).cuda_stream,
+    )
+
+
+def _check_out(out: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise _bad("out", f"{type(out).__name__}; want a tensor")
+    if tuple(out.shape) != shape:
+        raise _bad("out", f"shape {tuple(out.shape)}; want {list(shape)}")
+    if out.dtype != dtype:
+        raise _bad("out", f"dtype {out.dtype}; want {dtype}")
+    if not out.is_contiguous():
+        raise _bad("out", "not contiguous")
+
+
+# ---- the kernel ops ----------------------------------------------------------------------------
+
+
+@torch.library.custom_op("fetchahead::gather", mutates_args=("status",))
+def _gather(
+    table: torch.Tensor, ids: torch.Tensor, status: Optional[torch.Tensor], variant: int
+) -> torch.Tensor:
+    _check_gather_shapes(table, ids)
+    out = torch.empty((ids.shape[0], table.shape[1]), dtype=table.dtype, device=ids.device)
+    _launch_gather(table, ids, out, status, variant)
+    return out
+
+
+@_gather.register_fake
+def _gather_fake(table, ids, status, variant):
+    _check_gather_shapes(table, ids)
+    _check_status(status)
+    return ids.new_empty((ids.shape[0], table.shape[1]), dtype=table.dtype)
+
+
+@torch.library.custom_op("fetchahead::gather_out", mutates_args=("out", "status"))
+def _gather_out(
+    table: torch.Tensor,
+    ids: torch.Tensor,
+    out: torch.Tensor,
+    status: Optional[torch.Tensor],
+    variant: int,
+) -> None:
+    _check_gather_shapes(table, ids)
+    _check_out(out, (ids.shape[0], table.shape[1]), table.dtype)
+    _launch_gather(table, ids, out, status, variant)
+
+
+@_gather_out.register_fake
+def _gather_out_fake(table, ids, out, status, variant):
+    _check_gather_shapes(table, ids)
+    _check_out(out, (ids.shape[0], table.shape[1]), table.dtype)
+    _check_status(status)
+
+
+@torch.library.custom_op("fetchahead::gather_dequant", mutates_args=("status",))
+def _gather_dequant(
+    weights: torch.Tensor,
+    scales: torch.Tensor,
+    ids: torch.Tensor,
+    status: Optional[torch.Tensor],
+    variant: int,
+) -> torch.Tensor:
+    dim = _check_dequant_shapes(weights, scales, ids)
+    out = torch.empty((ids.shape[0], dim), dtype=torch.bfloat16, device=ids.device)
+    _launch_gather_dequant(weights, scales, ids, out, status, variant)
+    return out
+
+
+@_gather_dequant.register_fake
+def _gather_dequant_fake(weights, scales, ids, status, variant):
+    dim = _check_dequant_shapes(weights, scales, ids)
+    _check_status(status)
+    return ids.new_empty((ids.shape[0], dim), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op("fetchahead::gather_dequant_out", mutates_args=("out", "status"))
+def _gather_dequant_out(
+    weights: torch.Tensor,
+    scales: torch.Tensor,
+    ids: torch.Tensor,
+    out: torch.Tensor,
+    status: Optional[torch.Tensor],
+    variant: int,
+) -> None:
+    dim = _check_dequant_shapes(weights, scales, ids)
+    _check_out(out, (ids.shape[0], dim), torch.bfloat16)
+    _launch_gather_dequant(weights, scales, ids, out, status, variant)
+
+
+@_gather_dequant_out.register_fake
+def _gather_dequant_out_fake(weights, scales, ids, out, status, variant):
+    dim = _check_dequant_shapes(weights, scales, ids)
+    _check_out(out, (ids.shape[0], dim), torch.bfloat16)
+    _check_status(status)
+
+
+def _status_tensor(status: Any) -> Optional[torch.Tensor]:
+    if status is None or isinstance(status, torch.Tensor):
+        return status
+    tensor = getattr(status, "tensor", None)
+    if not isinstance(tensor, torch.Tensor):
+        raise _bad("status", f"{type(status).__name__}; want a fetchahead.IdStatus or a tensor")
+    return tensor
+
+
+def gather(table, ids, *, variant=None, status=None):
+    return ops.gather(table, ids, _status_tensor(status), variant_index("gather", variant))
+
+
+def gather_out(table, ids, out, *, variant=None, status=None):
+    ops.gather_out(table, ids, out, _status_tensor(status), variant_index("gather", variant))
+    return out
+
+
+def gather_dequant(weights, scales, ids, *, variant=None, status=None):
+    return ops.gather_dequant(
+        weights, scales, ids, _status_tensor(status), variant_index("gather_dequant", variant)
+    )
+
+
+def gather_dequant_out(weights, scales, ids, out, *, variant=None, status=None):
+    ops.gather_dequant_out(
+        weights,
+        scales,
+        ids,
+        out,
+        _status_tensor(status),
+        variant_index("gather_dequant", variant),
+    )
+    return out
+
+
+# ---- prefetcher ops ----------------------------------------------------------------------------
+#
+# A prefetcher is named by an integer handle (a constant in a compiled graph). `ticket` is a
+# one-element device tensor per prefetcher that `prefetch` declares it mutates and the gathers
+# read: it orders prefetch before gather in a compiled graph and keeps `prefetch`, which returns
+# nothing, from being dropped as dead code. The kernels never touch it.
+
+_prefetchers: dict[int, Any] = {}
+_next_handle = [1]
+_handles_lock = threading.Lock()
+
+
+def register_prefetcher(native: Any, device: torch.device) -> tuple[int, torch.Tensor]:
+    with _handles_lock:
+        handle = _next_handle[0]
+        _next_handle[0] += 1
+        _prefetchers[handle] = (native, device)
+    return handle, torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def unregister_prefetcher(handle: int) -> None:
+    with _handles_lock:
+        _prefetchers.pop(handle, None)
+
+
+def _prefetcher(handle: int) -> tuple[Any, torch.device]:
+    found = _prefetchers.get(handle)
+    if found is None:
+        raise _bad("handle", f"no live prefetcher {handle}")
+    return found
+
+
+def _check_prefetch_ids(ids: torch.Tensor, device: torch.device) -> int:
+    _check_ids(ids)
+    if ids.device.type != "cuda" or ids.device.index != device.index:
+        raise _bad("ids", f"on {ids.device}; want {device}")
+    address = ids.data_ptr()
+    if ids.numel() and address % 8:
+        raise _bad("ids", f"address {address:#x} is not 8-byte aligned")
+    return address
+
+
+@torch.library.custom_op("fetchahead::prefetch", mutates_args=("ticket",))
+def _prefetch(handle: int, ids: torch.Tensor, ticket: torch.Tensor) -> None:
+    native, device = _prefetcher(handle)
+    address = _check_prefetch_ids(ids, device)
+    native.prefetch(address, ids.shape[0], torch.cuda.current_stream(device).cuda_stream)
+
+
+@_prefetch.register_fake
+def _prefetch_fake(handle, ids, ticket):
+    _check_ids(ids)
+
+
+def _dequant_out(native: Any, device: torch.device, ids: torch.Tensor) -> torch.Tensor:
+    return torch.empty((ids.shape[0], native.dim), dtype=torch.bfloat16, device=device)
+
+
+@torch.library.custom_op("fetchahead::prefetched_gather_dequant", mutates_args=())
+def _prefetched_gather_dequant(
+    handle: int, ids: torch.Tensor, ticket: torch.Tensor
+) -> torch.Tensor:
+    native, device = _prefetcher(handle)
+    _check_prefetch_ids(ids, device)
+    out = _dequant_out(native, device, ids)
+    native.gather_dequant(out.data_ptr(), torch.cuda.current_stream(device).cuda_stream)
+    return out
+
+
+@_prefetched_gather_dequant.register_fake
+def _prefetched_gather_dequant_fake(handle, ids, ticket):
+    _check_ids(ids)
+    native, _ = _prefetcher(handle)
+    return ids.new_empty((ids.shape[0], native.dim), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op("fetchahead::prefetched_gather_dequant_out", mutates_args=("out",))
+def _prefetched_gather_dequant_out(
+    handle: int, ids: torch.Tensor, ticket: torch.Tensor, out: torch.Tensor
+) -> None:
+    native, device = _prefetcher(handle)
+    _check_prefetch_ids(ids, device)
+    _check_out(out, (ids.shape[0], native.dim), torch.bfloat16)
+    address = out.data_ptr()
+    if out.numel() and address % 16:
+        raise _bad("out", f"address {address:#x} is not 16-byte aligned")
+    if out.device != device:
+        raise _bad("out", f"on {out.device}; want {device}")
+    native.gather_dequant(address, torch.cuda.current_stream(device).cuda_stream)
+
+
+@_prefetched_gather_dequant_out.register_fake
+def _prefetched_gather_dequant_out_fake(handle, ids, ticket, out):
+    _check_ids(ids)
+    native, _ = _prefetcher(handle)
+    _check_out(out, (ids.shape[0], native.dim), torch.bfloat16)
+
+
+@torch.library.custom_op("fetchahead::sync_gather_dequant", mutates_args=())
+def _sync_gather_dequant(handle: int, ids: torch.Tensor, ticket: torch.Tensor) -> torch.Tensor:
+    native, device = _prefetcher(handle)
+    address = _check_prefetch_ids(ids, device)
+    out = _dequant_out(native, device, ids)
+    native.gather_dequant_sync(
+        address, ids.shape[0], out.data_ptr(), torch.cuda.current_stream(device).cuda_stream
+    )
+    return out
+
+
+@_sync_gather_dequant.register_fake
+def _sync_gather_dequant_fake(handle, ids, ticket):
+    _check_ids(ids)
+    native, _ = _prefetcher(handle)
+    return ids.new_empty((ids.shape[0], native.dim), dtype=torch.bfloat16)

@@ -1,0 +1,136 @@
+"""fetchahead's exceptions: every error the library raises derives from :class:`Error`.
+
+Each carries, as attributes, what the caller needs to act: the file and tensor of a bad table,
+the row ids of a failed read, the CUDA call that failed. Errors about an argument also derive
+from :class:`ValueError`, file errors from :class:`OSError`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "Error",
+    "CudaError",
+    "NoDeviceError",
+    "NoPtxError",
+    "InvalidArgumentError",
+    "IdsOutOfRangeError",
+    "RowIdError",
+    "RowLookupError",
+    "RowReadError",
+    "StagingFullError",
+    "NotWarmedError",
+    "PrefetchOrderError",
+    "FileError",
+    "TableError",
+    "ReadPathUnavailableError",
+]
+
+
+class Error(Exception):
+    """The base of every fetchahead error; ``str(e)`` is the full message."""
+
+    def __init__(self, message: str, **attributes: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        for name, value in attributes.items():
+            setattr(self, name, value)
+
+
+class CudaError(Error):
+    """A CUDA driver call failed: ``.call`` names it, ``.code`` is its ``CUresult``."""
+
+    call: str
+    code: int
+
+
+class NoDeviceError(Error):
+    """No CUDA driver or no device: ``.why`` says which."""
+
+    why: str
+
+
+class NoPtxError(Error):
+    """This build has no PTX for the device's arch (``.arch``; ``.built`` lists those built)."""
+
+    arch: str
+    built: str
+
+
+class InvalidArgumentError(Error, ValueError):
+    """A bad argument: ``.argument`` names it, ``.why`` says what is wrong."""
+
+    argument: str
+    why: str
+
+
+class IdsOutOfRangeError(Error, ValueError):
+    """Ids outside ``0..rows`` (their output rows were written as zeros): ``.count``,
+    ``.first_index``, ``.first_id``, ``.rows``."""
+
+    count: int
+    first_index: int
+    first_id: int
+    rows: int
+
+
+class RowIdError(Error, IndexError):
+    """Row ids outside the rows this store owns (nothing was read): ``.row_ids`` (the first),
+    ``.row_range``, ``.count``."""
+
+    row_ids: list[int]
+
+
+class RowLookupError(Error):
+    """A row lookup failed (``.row_ids`` when known)."""
+
+    row_ids: list[int]
+
+
+class RowReadError(RowLookupError, OSError):
+    """Reading rows from a shard failed: ``.file``, ``.layer``, ``.row_ids``, ``.offset``."""
+
+    file: str
+    layer: int
+    offset: int
+
+
+class StagingFullError(Error, ValueError):
+    """More ids than the prefetcher's capacity: ``.count``, ``.capacity``."""
+
+    count: int
+    capacity: int
+
+
+class NotWarmedError(Error):
+    """A prefetcher was first used inside a CUDA graph capture (``.what``)."""
+
+    what: str
+
+
+class PrefetchOrderError(Error):
+    """``prefetch`` and ``gather_dequant`` were not called in pairs (``.why``)."""
+
+    why: str
+
+
+class FileError(Error, OSError):
+    """A file operation failed: ``.file``, ``.op``, ``.errno``."""
+
+    file: str
+    op: str
+
+
+class TableError(Error, ValueError):
+    """A table that is missing, malformed or truncated: ``.file``, ``.tensor`` (when one is
+    named), ``.layer`` / ``.layers`` for a missing layer."""
+
+    file: str
+    tensor: str
+
+
+class ReadPathUnavailableError(Error):
+    """The read path asked for is not available here (``.path``, ``.why``)."""
+
+    path: str
+    why: str

@@ -1,0 +1,233 @@
+//! The crate's `Error` as the exception classes of `fetchahead.errors`, with the fields a user
+//! acts on as attributes.
+use fetchahead::Error;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyModule};
+
+/// The exception class name for `e`, and its attributes.
+fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'py, PyDict>)> {
+    let a = PyDict::new(py);
+    let class = match e {
+        Error::Cuda { call, source } => {
+            a.set_item("call", *call)?;
+            a.set_item("code", source.0 as u32)?;
+            "CudaError"
+        }
+        Error::NoDevice(why) => {
+            a.set_item("why", why)?;
+            "NoDeviceError"
+        }
+        Error::NoPtxForDevice {
+            device,
+            wanted,
+            built,
+            ..
+        } => {
+            a.set_item("device", device)?;
+            a.set_item("arch", wanted)?;
+            a.set_item("built", built)?;
+            "NoPtxError"
+        }
+        Error::UnknownArch { arch, built } => {
+            a.set_item("arch", arch)?;
+            a.set_item("built", built)?;
+            "NoPtxError"
+        }
+        Error::IdsOutOfRange {
+            count,
+            n,
+            rows,
+            first_index,
+            first_id,
+        } => {
+            a.set_item("count", *count)?;
+            a.set_item("n", *n)?;
+            a.set_item("rows", *rows)?;
+            a.set_item("first_index", *first_index)?;
+            a.set_item("first_id", *first_id)?;
+            "IdsOutOfRangeError"
+        }
+        Error::RowOutOfRange { id, rows } => {
+            a.set_item("row_ids", vec![*id])?;
+            a.set_item("rows", *rows)?;
+            "RowIdError"
+        }
+        Error::RowsOutOfRange {
+            count,
+            n,
+            start,
+            end,
+            first_index,
+            first_id,
+        } => {
+            a.set_item("row_ids", vec![*first_id])?;
+            a.set_item("count", *count)?;
+            a.set_item("n", *n)?;
+            a.set_item("row_range", (*start, *end))?;
+            a.set_item("first_index", *first_index)?;
+            "RowIdError"
+        }
+        Error::InjectedFault { id } => {
+            a.set_item("row_ids", vec![*id])?;
+            "RowLookupError"
+        }
+        Error::LookupPanicked(why) => {
+            a.set_item("why", why)?;
+            "RowLookupError"
+        }
+        Error::RowRead {
+            layer,
+            rows,
+            file,
+            offset,
+            ..
+        } => {
+            a.set_item("layer", *layer)?;
+            a.set_item("row_ids", rows.0.clone())?;
+            a.set_item("file", file.display().to_string())?;
+            a.set_item("offset", *offset)?;
+            "RowReadError"
+        }
+        Error::StagingFull { count, capacity } => {
+            a.set_item("count", *count)?;
+            a.set_item("capacity", *capacity)?;
+            "StagingFullError"
+        }
+        Error::NotWarmed { what } => {
+            a.set_item("what", *what)?;
+            "NotWarmedError"
+        }
+        Error::PrefetchOrder(why) => {
+            a.set_item("why", *why)?;
+            "PrefetchOrderError"
+        }
+        Error::Invalid { what, why } => {
+            a.set_item("argument", *what)?;
+            a.set_item("why", why)?;
+            "InvalidArgumentError"
+        }
+        Error::Io { file, op, source } => {
+            a.set_item("file", file.display().to_string())?;
+            a.set_item("op", *op)?;
+            a.set_item("errno", source.raw_os_error())?;
+            "FileError"
+        }
+        Error::TableHeader { file, .. } => {
+            a.set_item("file", file.display().to_string())?;
+            "TableError"
+        }
+        Error::MissingTensor { file, tensor } | Error::BadTensor { file, tensor, .. } => {
+            a.set_item("file", file.display().to_string())?;
+            a.set_item("tensor", tensor)?;
+            "TableError"
+        }
+        Error::TruncatedShard {
+            file,
+            tensor,
+            len,
+            end,
+        } => {
+            a.set_item("file", file.display().to_string())?;
+            a.set_item("tensor", tensor)?;
+            a.set_item("file_bytes", *len)?;
+            a.set_item("tensor_end", *end)?;
+            "TableError"
+        }
+        Error::NoSuchLayer { layer, have } => {
+            a.set_item("layer", *layer)?;
+            a.set_item("layers", have.clone())?;
+            "TableError"
+        }
+        Error::ReadPathUnavailable { path, why } => {
+            a.set_item("path", *path)?;
+            a.set_item("why", why)?;
+            "ReadPathUnavailableError"
+        }
+    };
+    Ok((class, a))
+}
+
+/// The Python exception for `e`: `fetchahead.errors.<Class>(message, **attributes)`.
+pub fn to_py(py: Python<'_>, e: Error) -> PyErr {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    let made = (|| -> PyResult<PyErr> {
+        let module =
+            MODULE.get_or_try_init(py, || py.import("fetchahead.errors").map(Bound::unbind))?;
+        let (class, attrs) = classify(py, &e)?;
+        let exc = module
+            .bind(py)
+            .getattr(class)?
+            .call((e.to_string(),), Some(&attrs))?;
+        Ok(PyErr::from_value(exc))
+    })();
+    made.unwrap_or_else(|err| err)
+}
+
+/// One error of each kind, for the tests of the mapping.
+pub fn example(kind: &str) -> Error {
+    use std::io;
+    use std::path::PathBuf;
+    let file = PathBuf::from("/models/engram/shard-0.safetensors");
+    match kind {
+        "cuda" => Error::Cuda {
+            call: "cuLaunchKernel",
+            source: cudarc::driver::DriverError(
+                cudarc::driver::sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE,
+            ),
+        },
+        "no_device" => Error::NoDevice("no device here".into()),
+        "no_ptx" => Error::UnknownArch {
+            arch: "sm_70".into(),
+            built: "sm_90".into(),
+        },
+        "ids_out_of_range" => Error::IdsOutOfRange {
+            count: 2,
+            n: 8,
+            rows: 100,
+            first_index: 3,
+            first_id: 1000,
+        },
+        "row_id" => Error::RowsOutOfRange {
+            count: 1,
+            n: 4,
+            start: 0,
+            end: 10,
+            first_index: 2,
+            first_id: 99,
+        },
+        "row_lookup" => Error::InjectedFault { id: 7 },
+        "row_read" => Error::RowRead {
+            layer: 2,
+            rows: fetchahead::error::RowIds(vec![5, 6, 7]),
+            file: file.clone(),
+            offset: 4096,
+            source: io::Error::from_raw_os_error(5),
+        },
+        "staging_full" => Error::StagingFull {
+            count: 5000,
+            capacity: 4096,
+        },
+        "not_warmed" => Error::NotWarmed {
+            what: "the prefetcher",
+        },
+        "prefetch_order" => Error::PrefetchOrder("gather_dequant without a prefetch"),
+        "file" => Error::Io {
+            file: file.clone(),
+            op: "open",
+            source: io::Error::from_raw_os_error(2),
+        },
+        "table" => Error::MissingTensor {
+            file,
+            tensor: "engram.2.weight".into(),
+        },
+        "read_path" => Error::ReadPathUnavailable {
+            path: "uring",
+            why: "io_uring is disabled".into(),
+        },
+        _ => Error::Invalid {
+            what: "kind",
+            why: format!("no example error `{kind}`"),
+        },
+    }
+}

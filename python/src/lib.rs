@@ -1,0 +1,885 @@
+//! `fetchahead._native`: the pyo3 layer under the `fetchahead` Python package.
+//!
+//! This module is private: it takes raw addresses (the Python layer passes `data_ptr()` of
+//! tensors and arrays it has checked) and raw stream handles. The public API, with its
+//! validation, torch ops and docstrings, is `python/fetchahead/__init__.py`.
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cudarc::driver::{CudaSlice, DevicePtr, sys};
+use fetchahead::device_abi::params::{DequantParams, GatherParams, IdStatus};
+use fetchahead::device_abi::{dequant, gather};
+use fetchahead::flag_worker::FlagLane as RustFlagLane;
+use fetchahead::kernels::Kernels;
+use fetchahead::l2_plan::{L2Plan as RustL2Plan, PlanConfig, Signature};
+use fetchahead::lookup::{MemoryRows, RowLookup};
+use fetchahead::prefetcher::{
+    Completion, DEFAULT_DEQUANT, Prefetcher as RustPrefetcher, PrefetcherConfig,
+};
+use fetchahead::segments::SegmentTable;
+use fetchahead::store::{LayerRows, ReadPath, RowStore as RustRowStore, StoreOptions};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+mod errors;
+mod logs;
+
+use errors::to_py;
+
+/// The fastest gather variant measured on the H200 (BENCHMARKS.md).
+const DEFAULT_GATHER: &str = "gather_chunk16_nohint_x2";
+
+type PyRes<T> = PyResult<T>;
+
+/// Ends every entry: forwards the queued log records to Python, then maps the crate's error.
+fn done<T>(py: Python<'_>, r: fetchahead::Result<T>) -> PyRes<T> {
+    logs::drain(py);
+    r.map_err(|e| to_py(py, e))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// `{"gather": [(name, about), ...], "gather_dequant": [...]}`.
+#[pyfunction]
+fn variants(py: Python<'_>) -> PyRes<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    let g: Vec<(&str, &str)> = gather::VARIANTS.iter().map(|v| (v.name, v.about)).collect();
+    let q: Vec<(&str, &str)> = dequant::VARIANTS
+        .iter()
+        .map(|v| (v.name, v.about))
+        .collect();
+    d.set_item("gather", g)?;
+    d.set_item("gather_dequant", q)?;
+    Ok(d)
+}
+
+/// The default variant's name of `family` ("gather" or "gather_dequant") for an arch.
+#[pyfunction]
+#[pyo3(signature = (family, arch=None))]
+fn default_variant(py: Python<'_>, family: &str, arch: Option<&str>) -> PyRes<&'static str> {
+    let _ = arch; // one default for every arch until others are measured
+    match family {
+        "gather" => Ok(DEFAULT_GATHER),
+        "gather_dequant" => Ok(DEFAULT_DEQUANT),
+        other => done(
+            py,
+            Err(fetchahead::Error::Invalid {
+                what: "family",
+                why: format!("`{other}`; want gather or gather_dequant"),
+            }),
+        ),
+    }
+}
+
+/// The index of variant `name` in `family`'s table.
+#[pyfunction]
+fn variant_index(py: Python<'_>, family: &str, name: &str) -> PyRes<usize> {
+    let found = match family {
+        "gather" => gather::VARIANTS.iter().position(|v| v.name == name),
+        "gather_dequant" => dequant::VARIANTS.iter().position(|v| v.name == name),
+        _ => None,
+    };
+    done(
+        py,
+        found.ok_or_else(|| fetchahead::Error::Invalid {
+            what: "variant",
+            why: format!("`{name}` is not a {family} variant; fetchahead.variants() lists them"),
+        }),
+    )
+}
+
+/// Writes a generated table (the CLI's `make-table`); returns the shard paths.
+#[pyfunction]
+#[pyo3(signature = (dir, rows, layers, dim=256, shards=1, seed=1))]
+fn make_table(
+    py: Python<'_>,
+    dir: std::path::PathBuf,
+    rows: u64,
+    layers: Vec<u32>,
+    dim: usize,
+    shards: usize,
+    seed: u64,
+) -> PyRes<Vec<std::path::PathBuf>> {
+    let spec = fetchahead::store::make::TableSpec {
+        rows,
+        layers,
+        dim,
+        shards,
+        seed,
+    };
+    let r = py.detach(|| fetchahead::store::make::write_table(&dir, &spec, |_| {}));
+    done(py, r)
+}
+
+/// Forwards queued log records to `logging.getLogger("fetchahead")`.
+#[pyfunction]
+fn drain_logs(py: Python<'_>) {
+    logs::drain(py);
+}
+
+/// Log records dropped because the queue was full before Python drained it.
+#[pyfunction]
+fn dropped_log_records() -> u64 {
+    logs::dropped()
+}
+
+/// The kernels of one device and a scratch id status for launches given none.
+#[pyclass(frozen, module = "fetchahead._native")]
+struct Device {
+    kernels: Arc<Kernels>,
+    scratch: CudaSlice<u64>,
+    scratch_address: u64,
+}
+
+#[pymethods]
+impl Device {
+    #[new]
+    fn new(py: Python<'_>, ordinal: usize) -> PyRes<Self> {
+        let r = (|| {
+            let kernels = fetchahead::ffi::kernels_for(ordinal)?;
+            let stream = kernels.gpu().ctx.default_stream();
+            let clean = [IdStatus::CLEAN.bad as u64, IdStatus::CLEAN.first_index];
+            let scratch = stream
+                .clone_htod(&clean)
+                .map_err(|source| fetchahead::Error::Cuda {
+                    call: "cuMemcpyHtoD",
+                    source,
+                })?;
+            let scratch_address = scratch.device_ptr(&stream).0;
+            stream
+                .synchronize()
+                .map_err(|source| fetchahead::Error::Cuda {
+                    call: "cuStreamSynchronize",
+                    source,
+                })?;
+            Ok(Device {
+                kernels,
+                scratch,
+                scratch_address,
+            })
+        })();
+        done(py, r)
+    }
+
+    #[getter]
+    fn arch(&self) -> &'static str {
+        self.kernels.arch()
+    }
+
+    #[getter]
+    fn name(&self) -> String {
+        self.kernels.gpu().name.clone()
+    }
+
+    #[getter]
+    fn l2_bytes(&self) -> u64 {
+        self.kernels.gpu().l2_bytes
+    }
+
+    /// The device address of a pinned host address (mapped memory, zero-copy).
+    fn host_device_address(&self, py: Python<'_>, host: u64) -> PyRes<u64> {
+        let r =
+            (|| {
+                self.kernels.gpu().ctx.bind_to_thread().map_err(|source| {
+                    fetchahead::Error::Cuda {
+                        call: "cuCtxSetCurrent",
+                        source,
+                    }
+                })?;
+                let mut device: sys::CUdeviceptr = 0;
+                // SAFETY: a query: the driver checks that `host` lies in page-locked memory it
+                // mapped, and writes one address.
+                unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut _, 0) }
+                    .result()
+                    .map_err(|_| fetchahead::Error::Invalid {
+                        what: "table",
+                        why: "a CPU tensor that is not pinned (use tensor.pin_memory())".into(),
+                    })?;
+                Ok(device)
+            })();
+        done(py, r)
+    }
+
+    /// Launches gather `variant` on `stream` (status 0: the device's scratch status).
+    #[allow(clippy::too_many_arguments)]
+    fn gather(
+        &self,
+        py: Python<'_>,
+        variant: usize,
+        table: u64,
+        rows: u64,
+        row_bytes: u32,
+        ids: u64,
+        n: u64,
+        out: u64,
+        status: u64,
+        stream: usize,
+    ) -> PyRes<()> {
+        let p = GatherParams {
+            table,
+            ids,
+            out,
+            status: if status == 0 {
+                self.scratch_address
+            } else {
+                status
+            },
+            n,
+            rows,
+            row_bytes,
+            _pad: 0,
+        };
+        // SAFETY: the Python layer checked each tensor's device, size, dtype and alignment
+        // against these numbers; the tensors outlive the launch in the stream's order.
+        let r = unsafe {
+            self.kernels
+                .launch_gather(stream as sys::CUstream, variant, p)
+        };
+        done(py, r)
+    }
+
+    /// Launches gather + dequant `variant` on `stream` (status 0: the scratch status).
+    #[allow(clippy::too_many_arguments)]
+    fn gather_dequant(
+        &self,
+        py: Python<'_>,
+        variant: usize,
+        weights: u64,
+        scales: u64,
+        rows: u64,
+        dim: u32,
+        ids: u64,
+        n: u64,
+        out: u64,
+        status: u64,
+        stream: usize,
+    ) -> PyRes<()> {
+        let p = DequantParams {
+            weights,
+            scales,
+            ids,
+            out,
+            status: if status == 0 {
+                self.scratch_address
+            } else {
+                status
+            },
+            n,
+            rows,
+            dim,
+            _pad: 0,
+        };
+        // SAFETY: as for `gather`.
+        let r = unsafe {
+            self.kernels
+                .launch_gather_dequant(stream as sys::CUstream, variant, p)
+        };
+        done(py, r)
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        let _ = &self.scratch;
+    }
+}
+
+/// Where a prefetcher's rows come from.
+#[derive(Clone)]
+enum Source {
+    Store(Arc<RustRowStore>),
+    Memory(Arc<MemoryRows>),
+}
+
+/// A row store (see `fetchahead.RowStore`).
+#[pyclass(frozen, module = "fetchahead._native")]
+struct RowStore {
+    store: Arc<RustRowStore>,
+}
+
+fn read_path(name: &str) -> fetchahead::Result<ReadPath> {
+    name.parse()
+}
+
+#[pymethods]
+impl RowStore {
+    #[new]
+    #[pyo3(signature = (path, row_start=None, num_rows=None, read_path=None, cache_bytes=None,
+        resident_scales=None, preadv_threads=None, uring_depth=None, direct_io=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        row_start: Option<u64>,
+        num_rows: Option<u64>,
+        read_path: Option<String>,
+        cache_bytes: Option<u64>,
+        resident_scales: Option<bool>,
+        preadv_threads: Option<usize>,
+        uring_depth: Option<u32>,
+        direct_io: Option<bool>,
+    ) -> PyRes<Self> {
+        let r = py.detach(|| {
+            let mut o = StoreOptions::from_env()?;
+            if let Some(v) = row_start {
+                o.row_start = v;
+            }
+            if num_rows.is_some() {
+                o.num_rows = num_rows;
+            }
+            if let Some(v) = read_path {
+                o.read_path = self::read_path(&v)?;
+            }
+            if let Some(v) = cache_bytes {
+                o.cache_bytes = v;
+            }
+            if let Some(v) = resident_scales {
+                o.resident_scales = v;
+            }
+            if let Some(v) = preadv_threads {
+                o.preadv_threads = v;
+            }
+            if let Some(v) = uring_depth {
+                o.uring_depth = v;
+            }
+            if let Some(v) = direct_io {
+                o.direct_io = v;
+            }
+            RustRowStore::open(&path, o)
+        });
+        let store = done(py, r)?;
+        Ok(RowStore {
+            store: Arc::new(store),
+        })
+    }
+
+    #[getter]
+    fn dim(&self) -> usize {
+        self.store.dim()
+    }
+
+    #[getter]
+    fn layers(&self) -> Vec<u32> {
+        self.store.layers().to_vec()
+    }
+
+    #[getter]
+    fn row_range(&self) -> (u64, u64) {
+        let r = self.store.row_range();
+        (r.start, r.end)
+    }
+
+    #[getter]
+    fn read_path(&self) -> &'static str {
+        self.store.read_path().name()
+    }
+
+    /// Why O_DIRECT is off, or None when it is on.
+    #[getter]
+    fn direct_io_off(&self) -> Option<String> {
+        self.store.direct_io().err().map(str::to_string)
+    }
+
+    /// Why io_uring is unavailable, or None.
+    #[getter]
+    fn uring_off(&self) -> Option<String> {
+        self.store.uring().err().map(str::to_string)
+    }
+
+    /// The path `auto` takes for a batch of `n` rows.
+    fn auto_path(&self, n: usize) -> &'static str {
+        self.store.auto_path(n).name()
+    }
+
+    /// Lookup into caller buffers (`n` int64 ids at `ids`, `n * dim` bytes at `weights`,
+    /// `n * dim / 32` at `scales`), without the GIL.
+    #[pyo3(signature = (layer, ids, n, weights, scales, path=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn lookup_into(
+        &self,
+        py: Python<'_>,
+        layer: u32,
+        ids: usize,
+        n: usize,
+        weights: usize,
+        scales: usize,
+        path: Option<String>,
+    ) -> PyRes<()> {
+        let dim = self.store.dim();
+        let store = self.store.clone();
+        let r = py.detach(move || {
+            let path = path.as_deref().map(read_path).transpose()?;
+            if n == 0 {
+                return Ok(());
+            }
+            // SAFETY: the Python layer passes C-contiguous buffers of these sizes that it keeps
+            // alive (and unaliased) for the call.
+            let (ids, w, s) = unsafe {
+                (
+                    std::slice::from_raw_parts(ids as *const i64, n),
+                    std::slice::from_raw_parts_mut(weights as *mut u8, n * dim),
+                    std::slice::from_raw_parts_mut(scales as *mut u8, n * dim / 32),
+                )
+            };
+            match path {
+                Some(p) => store.lookup_with(p, layer, ids, w, s),
+                None => store.lookup(layer, ids, w, s),
+            }
+        });
+        done(py, r)
+    }
+
+    /// Starts warming `n` ids at `ids` and returns at once.
+    fn advise(&self, py: Python<'_>, layer: u32, ids: usize, n: usize) -> PyRes<()> {
+        let ids: &[i64] = if n == 0 {
+            &[]
+        } else {
+            // SAFETY: as for `lookup_into`; the store copies the ids before returning.
+            unsafe { std::slice::from_raw_parts(ids as *const i64, n) }
+        };
+        let r = self.store.advise(layer, ids);
+        done(py, r)
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyRes<Bound<'py, PyDict>> {
+        let s = self.store.stats();
+        let (cached_rows, cached_bytes) = self.store.cached();
+        let d = PyDict::new(py);
+        d.set_item("hits", s.hits)?;
+        d.set_item("misses", s.misses)?;
+        d.set_item("reads", s.reads)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("advised", s.advised)?;
+        d.set_item("advise_dropped", s.advise_dropped)?;
+        d.set_item("advise_failed", s.advise_failed)?;
+        d.set_item("cached_rows", cached_rows)?;
+        d.set_item("cached_bytes", cached_bytes)?;
+        d.set_item("read_path", self.store.read_path().name())?;
+        d.set_item("direct_io", self.store.direct_io().is_ok())?;
+        d.set_item("uring", self.store.uring().is_ok())?;
+        logs::drain(py);
+        Ok(d)
+    }
+
+    /// Measures each read path (cold batches) and writes `auto`'s choice beside the table.
+    /// Returns `[(max_batch, path), ...]`; a reopened store uses it.
+    fn tune(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        seed: u64,
+    ) -> PyRes<Vec<(u64, String)>> {
+        let store = self.store.clone();
+        let r = py.detach(move || {
+            let layer = store.layers().first().copied().unwrap_or(0);
+            let tuning = fetchahead::store::tune::measure(&store, layer, seed, |_| {})?;
+            tuning.save(&fetchahead::store::tune::tune_file(&path))?;
+            Ok(tuning
+                .ranges
+                .iter()
+                .map(|r| (r.max_batch, r.path.name().to_string()))
+                .collect())
+        });
+        done(py, r)
+    }
+
+    /// Drops the table's pages from the page cache.
+    fn evict_page_cache(&self, py: Python<'_>) -> PyRes<()> {
+        let r = self.store.evict_page_cache();
+        done(py, r)
+    }
+}
+
+/// A generated in-memory table with fault injection (tests and examples).
+#[pyclass(frozen, module = "fetchahead._native")]
+struct MemoryTable {
+    rows: Arc<MemoryRows>,
+}
+
+#[pymethods]
+impl MemoryTable {
+    #[new]
+    fn new(py: Python<'_>, rows: u64, dim: usize, seed: u64) -> PyRes<Self> {
+        let r = py.detach(|| MemoryRows::generate(rows, dim, seed));
+        Ok(MemoryTable {
+            rows: Arc::new(done(py, r)?),
+        })
+    }
+
+    #[getter]
+    fn rows(&self) -> u64 {
+        self.rows.rows()
+    }
+
+    #[getter]
+    fn dim(&self) -> usize {
+        self.rows.dim()
+    }
+
+    /// `(weights, scales)` as bytes.
+    fn bytes<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> (
+        Bound<'py, pyo3::types::PyBytes>,
+        Bound<'py, pyo3::types::PyBytes>,
+    ) {
+        (
+            pyo3::types::PyBytes::new(py, self.rows.weights()),
+            pyo3::types::PyBytes::new(py, self.rows.scales()),
+        )
+    }
+
+    /// Faults: `fail_on_id` (-1 disarms), `fail_next`, `corrupt_next` (lookups),
+    /// `latency_us`, `none`.
+    fn inject(&self, py: Python<'_>, fault: &str, arg: i64) -> PyRes<()> {
+        let n = u32::try_from(arg.max(0)).unwrap_or(u32::MAX);
+        let m = &self.rows;
+        let r = match fault {
+            "none" => {
+                m.fail_on_id(None);
+                m.fail_next(0);
+                m.corrupt_next(0);
+                m.set_latency(std::time::Duration::ZERO);
+                Ok(())
+            }
+            "fail_on_id" => {
+                m.fail_on_id((arg >= 0).then_some(arg));
+                Ok(())
+            }
+            "fail_next" => {
+                m.fail_next(n);
+                Ok(())
+            }
+            "corrupt_next" => {
+                m.corrupt_next(n);
+                Ok(())
+            }
+            "latency_us" => {
+                m.set_latency(std::time::Duration::from_micros(n as u64));
+                Ok(())
+            }
+            other => Err(fetchahead::Error::Invalid {
+                what: "fault",
+                why: format!(
+                    "`{other}`; want none, fail_on_id, fail_next, corrupt_next or latency_us"
+                ),
+            }),
+        };
+        done(py, r)
+    }
+}
+
+/// A lookup thread shared by flag-mode prefetchers.
+#[pyclass(frozen, module = "fetchahead._native")]
+struct FlagLane {
+    lane: Arc<RustFlagLane>,
+}
+
+#[pymethods]
+impl FlagLane {
+    #[new]
+    fn new(py: Python<'_>) -> PyRes<Self> {
+        let r = RustFlagLane::start("fetchahead-lane".into());
+        Ok(FlagLane { lane: done(py, r)? })
+    }
+}
+
+/// One Engram layer's side-stream prefetcher.
+#[pyclass(frozen, module = "fetchahead._native")]
+struct Prefetcher {
+    inner: Mutex<RustPrefetcher>,
+    dim: usize,
+    capacity: usize,
+}
+
+#[pymethods]
+impl Prefetcher {
+    #[new]
+    #[pyo3(signature = (device, source, layer, capacity, variant, check, fallback_on_error,
+        completion, check_log_ms, lane=None, rank=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        device: &Device,
+        source: &Bound<'_, PyAny>,
+        layer: u32,
+        capacity: usize,
+        variant: usize,
+        check: bool,
+        fallback_on_error: bool,
+        completion: &str,
+        check_log_ms: u64,
+        lane: Option<&FlagLane>,
+        rank: u32,
+    ) -> PyRes<Self> {
+        let source = if let Ok(s) = source.cast::<RowStore>() {
+            Source::Store(s.get().store.clone())
+        } else if let Ok(m) = source.cast::<MemoryTable>() {
+            Source::Memory(m.get().rows.clone())
+        } else {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "source must be a fetchahead.RowStore or a fetchahead.MemoryTable",
+            ));
+        };
+        let kernels = device.kernels.clone();
+        let lane = lane.map(|l| l.lane.clone());
+        let completion = completion.to_string();
+        let r = py.detach(move || {
+            let store: Arc<dyn RowLookup> = match source {
+                Source::Store(s) => Arc::new(LayerRows::new(s, layer)?),
+                Source::Memory(m) => m,
+            };
+            let completion = match completion.as_str() {
+                "flag" => Completion::Flag,
+                "host_function" => Completion::HostFunction,
+                other => {
+                    return Err(fetchahead::Error::Invalid {
+                        what: "completion",
+                        why: format!("`{other}`; want flag or host_function"),
+                    });
+                }
+            };
+            let defaults = PrefetcherConfig::default();
+            let config = PrefetcherConfig {
+                capacity,
+                variant,
+                check,
+                fallback_on_error,
+                completion,
+                check_log_every: if check_log_ms == 0 {
+                    defaults.check_log_every
+                } else {
+                    std::time::Duration::from_millis(check_log_ms)
+                },
+            };
+            let mut p = match lane {
+                Some(lane) => RustPrefetcher::in_lane(kernels, store, config, &lane, rank)?,
+                None => RustPrefetcher::new(kernels, store, config)?,
+            };
+            p.warm()?;
+            Ok(p)
+        });
+        let p = done(py, r)?;
+        Ok(Prefetcher {
+            dim: p.dim(),
+            capacity: p.capacity(),
+            inner: Mutex::new(p),
+        })
+    }
+
+    #[getter]
+    fn dim(&self) -> usize {
+        self.dim
+    }
+
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn prefetch(&self, py: Python<'_>, ids: u64, n: usize, stream: usize) -> PyRes<()> {
+        // SAFETY: the Python layer checked that `ids` holds `n` int64 on this device; the
+        // tensor is kept alive until the gather (the op's contract).
+        let r = unsafe { lock(&self.inner).prefetch(ids, n, stream as sys::CUstream) };
+        done(py, r)
+    }
+
+    fn gather_dequant(&self, py: Python<'_>, out: u64, stream: usize) -> PyRes<()> {
+        // SAFETY: the Python layer checked `out`'s size, dtype, device and alignment.
+        let r = unsafe { lock(&self.inner).gather_dequant(out, stream as sys::CUstream) };
+        done(py, r)
+    }
+
+    fn gather_dequant_sync(
+        &self,
+        py: Python<'_>,
+        ids: u64,
+        n: usize,
+        out: u64,
+        stream: usize,
+    ) -> PyRes<()> {
+        // SAFETY: as for `prefetch` and `gather_dequant`.
+        let r =
+            unsafe { lock(&self.inner).gather_dequant_sync(ids, n, out, stream as sys::CUstream) };
+        done(py, r)
+    }
+
+    /// `[(message, ids), ...]`, oldest first.
+    fn take_errors(&self, py: Python<'_>) -> Vec<(String, Vec<i64>)> {
+        let failures = lock(&self.inner).take_errors();
+        logs::drain(py);
+        failures.into_iter().map(|f| (f.message, f.ids)).collect()
+    }
+
+    fn resume(&self, py: Python<'_>) {
+        lock(&self.inner).resume();
+        logs::drain(py);
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyRes<Bound<'py, PyDict>> {
+        let s = lock(&self.inner).stats();
+        let d = PyDict::new(py);
+        d.set_item("prefetches", s.prefetches)?;
+        d.set_item("gathers", s.gathers)?;
+        d.set_item("sync_gathers", s.sync_gathers)?;
+        d.set_item("lookups", s.lookups)?;
+        d.set_item("rows_looked_up", s.rows_looked_up)?;
+        d.set_item("lookup_ns", s.lookup_ns)?;
+        d.set_item("lookup_errors", s.lookup_errors)?;
+        d.set_item("check_logs", s.check_logs)?;
+        d.set_item("fell_back", s.fell_back)?;
+        logs::drain(py);
+        Ok(d)
+    }
+
+    /// Waits for the device; the count of differing gathers, None with check mode off.
+    fn check_differed(&self, py: Python<'_>) -> PyRes<Option<u32>> {
+        let r = py.detach(|| lock(&self.inner).check_differed());
+        done(py, r)
+    }
+
+    /// Never waits: a count that has arrived, else None; enqueues the next on `stream`.
+    fn poll_check(&self, py: Python<'_>, stream: usize) -> PyRes<Option<u32>> {
+        // SAFETY: `stream` is the caller's current stream of this device.
+        let r = unsafe { lock(&self.inner).poll_check(stream as sys::CUstream) };
+        done(py, r)
+    }
+}
+
+/// The learned L2 plan on one device.
+#[pyclass(frozen, module = "fetchahead._native")]
+struct L2Plan {
+    inner: Mutex<RustL2Plan>,
+    kernels: Arc<Kernels>,
+    /// Segment tables returned by captured forwards: kept as long as the plan.
+    captured: Mutex<Vec<Arc<SegmentTable>>>,
+}
+
+/// Wraps a framework's stream handle for the plan.
+fn borrowed(kernels: &Kernels, stream: usize) -> Arc<cudarc::driver::CudaStream> {
+    // SAFETY: `stream` is a live stream of this device's primary context (the framework's
+    // current stream); the wrapper never destroys it, and the framework keeps its streams for
+    // the process's life (torch's stream pool).
+    unsafe {
+        kernels
+            .gpu()
+            .ctx
+            .wrap_borrowed_stream(stream as sys::CUstream)
+    }
+}
+
+#[pymethods]
+impl L2Plan {
+    #[new]
+    #[pyo3(signature = (device, stream, budget_per_window=None))]
+    fn new(
+        py: Python<'_>,
+        device: &Device,
+        stream: usize,
+        budget_per_window: Option<u64>,
+    ) -> PyRes<Self> {
+        let kernels = device.kernels.clone();
+        let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
+        if let Some(b) = budget_per_window {
+            config.budget_per_window = b;
+        }
+        let main = borrowed(&kernels, stream);
+        let r = RustL2Plan::new(kernels.clone(), main, config);
+        Ok(L2Plan {
+            inner: Mutex::new(done(py, r)?),
+            kernels,
+            captured: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn begin_forward(&self, py: Python<'_>, signature: u64, stream: usize) -> PyRes<()> {
+        let main = borrowed(&self.kernels, stream);
+        let r = (|| {
+            let mut plan = lock(&self.inner);
+            plan.set_main_stream(main)?;
+            plan.begin_forward(Signature(signature))
+        })();
+        done(py, r)
+    }
+
+    fn collective(&self, py: Python<'_>) -> PyRes<()> {
+        let r = lock(&self.inner).collective();
+        done(py, r)
+    }
+
+    fn consume(&self, py: Python<'_>, address: u64, bytes: u64) -> PyRes<()> {
+        let r = lock(&self.inner).consume(address, bytes);
+        done(py, r)
+    }
+
+    /// `{"signature", "collectives", "captured", "learned", "new_signature"}`.
+    fn end_forward<'py>(&self, py: Python<'py>) -> PyRes<Bound<'py, PyDict>> {
+        let r = lock(&self.inner).end_forward();
+        let outcome = done(py, r)?;
+        if let Some(t) = outcome.tables {
+            lock(&self.captured).push(t);
+        }
+        let s = outcome.summary;
+        let d = PyDict::new(py);
+        d.set_item("signature", s.signature.0)?;
+        d.set_item("collectives", s.collectives)?;
+        d.set_item("captured", s.captured)?;
+        d.set_item("learned", format!("{:?}", s.learned).to_lowercase())?;
+        d.set_item("new_signature", s.new_signature)?;
+        Ok(d)
+    }
+
+    fn set_budget(&self, py: Python<'_>, budget_per_window: u64) -> PyRes<()> {
+        let r = lock(&self.inner).set_budget(budget_per_window);
+        done(py, r)
+    }
+
+    fn counters<'py>(&self, py: Python<'py>) -> PyRes<Bound<'py, PyDict>> {
+        let c = lock(&self.inner).counters();
+        let d = PyDict::new(py);
+        d.set_item("windows_prefetched", c.windows_prefetched)?;
+        d.set_item("bytes_prefetched", c.bytes_prefetched)?;
+        d.set_item("forwards_without_plan", c.forwards_without_plan)?;
+        d.set_item("mismatches_at_capture", c.mismatches_at_capture)?;
+        d.set_item("forwards", c.forwards)?;
+        d.set_item("signatures", c.signatures)?;
+        logs::drain(py);
+        Ok(d)
+    }
+}
+
+/// Every `FETCHAHEAD_*` store setting: `[(name, meaning), ...]`.
+#[pyfunction]
+fn env_settings(py: Python<'_>) -> PyRes<Bound<'_, PyList>> {
+    PyList::new(py, fetchahead::store::ENV_SETTINGS)
+}
+
+/// Which error class the crate's error `e` would raise (tests of the mapping).
+#[pyfunction]
+fn _raise_example(py: Python<'_>, kind: &str) -> PyRes<()> {
+    done(py, Err(errors::example(kind)))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyRes<()> {
+    logs::install();
+    m.add_function(wrap_pyfunction!(variants, m)?)?;
+    m.add_function(wrap_pyfunction!(default_variant, m)?)?;
+    m.add_function(wrap_pyfunction!(variant_index, m)?)?;
+    m.add_function(wrap_pyfunction!(make_table, m)?)?;
+    m.add_function(wrap_pyfunction!(drain_logs, m)?)?;
+    m.add_function(wrap_pyfunction!(dropped_log_records, m)?)?;
+    m.add_function(wrap_pyfunction!(env_settings, m)?)?;
+    m.add_function(wrap_pyfunction!(_raise_example, m)?)?;
+    m.add_function(wrap_pyfunction!(logs::_log_example, m)?)?;
+    m.add_class::<Device>()?;
+    m.add_class::<RowStore>()?;
+    m.add_class::<MemoryTable>()?;
+    m.add_class::<FlagLane>()?;
+    m.add_class::<Prefetcher>()?;
+    m.add_class::<L2Plan>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
