@@ -19,6 +19,7 @@ that need it.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
 
@@ -81,6 +82,8 @@ __all__ = [
     "variants",
 ]
 
+# A library logs, the application decides where it goes (and nothing prints by default).
+logging.getLogger("fetchahead").addHandler(logging.NullHandler())
 atexit.register(_native.drain_logs)
 
 

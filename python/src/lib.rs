@@ -856,7 +856,14 @@ fn env_settings(py: Python<'_>) -> PyRes<Bound<'_, PyList>> {
     PyList::new(py, fetchahead::store::ENV_SETTINGS)
 }
 
-/// Which error class the crate's error `e` would raise (tests of the mapping).
+/// Whether the CUDA driver library can be loaded here.
+#[pyfunction]
+fn driver_present() -> bool {
+    // SAFETY: only probes whether libcuda can be loaded.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Raises the exception of one example error of kind `kind` (tests of the mapping).
 #[pyfunction]
 fn _raise_example(py: Python<'_>, kind: &str) -> PyRes<()> {
     done(py, Err(errors::example(kind)))
@@ -873,6 +880,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyRes<()> {
     m.add_function(wrap_pyfunction!(dropped_log_records, m)?)?;
     m.add_function(wrap_pyfunction!(env_settings, m)?)?;
     m.add_function(wrap_pyfunction!(_raise_example, m)?)?;
+    m.add_function(wrap_pyfunction!(driver_present, m)?)?;
     m.add_function(wrap_pyfunction!(logs::_log_example, m)?)?;
     m.add_class::<Device>()?;
     m.add_class::<RowStore>()?;
