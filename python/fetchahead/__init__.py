@@ -403,63 +403,17 @@ class IdStatus:
             )
 
 
-def gather(
-    table: "torch.Tensor",
-    ids: "torch.Tensor",
-    *,
-    variant: Optional[str] = None,
-    status: Union[IdStatus, "torch.Tensor", None] = None,
-) -> "torch.Tensor":
-    """``out[i] = table[ids[i]]``: a ``[rows, width]`` table (any dtype, rows of a multiple of
-    16 bytes; on the GPU or pinned in host memory) gathered by int64 ``ids`` on the GPU, on the
-    current stream. An id outside ``0..rows`` gives a zero row and is counted in ``status``.
-    ``variant`` names a kernel of ``variants()["gather"]``."""
-    return _torch_ops().gather(table, ids, variant=variant, status=status)
+_TORCH_FUNCTIONS = ("gather", "gather_out", "gather_dequant", "gather_dequant_out")
 
 
-def gather_out(
-    table: "torch.Tensor",
-    ids: "torch.Tensor",
-    out: "torch.Tensor",
-    *,
-    variant: Optional[str] = None,
-    status: Union[IdStatus, "torch.Tensor", None] = None,
-) -> "torch.Tensor":
-    """:func:`gather` into ``out`` (``[n, width]``, the table's dtype, 16-byte aligned); returns
-    ``out``."""
-    return _torch_ops().gather_out(table, ids, out, variant=variant, status=status)
-
-
-def gather_dequant(
-    weights: "torch.Tensor",
-    scales: "torch.Tensor",
-    ids: "torch.Tensor",
-    *,
-    variant: Optional[str] = None,
-    status: Union[IdStatus, "torch.Tensor", None] = None,
-) -> "torch.Tensor":
-    """Rows of an MXFP8 table dequantized to bf16: ``weights`` ``[rows, dim]`` E4M3
-    (``torch.float8_e4m3fn`` or uint8), ``scales`` ``[rows, dim // 32]`` E8M0
-    (``torch.float8_e8m0fnu`` or uint8), ``dim`` a multiple of 32; returns ``[n, dim]``
-    bfloat16, exactly ``bf16(e4m3 * 2^(e8m0 - 127))``. ``variant`` names a kernel of
-    ``variants()["gather_dequant"]``."""
-    return _torch_ops().gather_dequant(weights, scales, ids, variant=variant, status=status)
-
-
-def gather_dequant_out(
-    weights: "torch.Tensor",
-    scales: "torch.Tensor",
-    ids: "torch.Tensor",
-    out: "torch.Tensor",
-    *,
-    variant: Optional[str] = None,
-    status: Union[IdStatus, "torch.Tensor", None] = None,
-) -> "torch.Tensor":
-    """:func:`gather_dequant` into ``out`` (``[n, dim]`` bfloat16, 16-byte aligned); returns
-    ``out``."""
-    return _torch_ops().gather_dequant_out(
-        weights, scales, ids, out, variant=variant, status=status
-    )
+def __getattr__(name: str) -> Any:
+    # The kernel entry points live in `_torch` (which imports torch and registers the ops);
+    # they are bound here on first use, as plain functions that torch.compile traces.
+    if name in _TORCH_FUNCTIONS:
+        value = getattr(_torch_ops(), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fetchahead' has no attribute {name!r}")
 
 
 class FlagLane:
@@ -521,6 +475,7 @@ class Prefetcher:
             rank,
         )
         self.handle, self._ticket = t.register_prefetcher(self._prefetcher, self._device)
+        self._ops = t.ops
 
     @property
     def dim(self) -> int:
@@ -533,22 +488,21 @@ class Prefetcher:
     def prefetch(self, ids: "torch.Tensor") -> None:
         """Starts fetching the rows of int64 CUDA ``ids`` on the side stream, after the work
         enqueued on the current stream so far."""
-        _torch_ops().ops.prefetch(self.handle, ids, self._ticket)
+        self._ops.prefetch(self.handle, ids, self._ticket)
 
     def gather_dequant(
         self, ids: "torch.Tensor", *, out: Optional["torch.Tensor"] = None
     ) -> "torch.Tensor":
         """Joins the side stream and returns the rows of the ``ids`` last prefetched as
         ``[n, dim]`` bfloat16 (into ``out`` when given)."""
-        ops = _torch_ops().ops
         if out is None:
-            return ops.prefetched_gather_dequant(self.handle, ids, self._ticket)
-        ops.prefetched_gather_dequant_out(self.handle, ids, self._ticket, out)
+            return self._ops.prefetched_gather_dequant(self.handle, ids, self._ticket)
+        self._ops.prefetched_gather_dequant_out(self.handle, ids, self._ticket, out)
         return out
 
     def gather_dequant_sync(self, ids: "torch.Tensor") -> "torch.Tensor":
         """The synchronous path: lookup and gather of ``ids`` on the current stream."""
-        return _torch_ops().ops.sync_gather_dequant(self.handle, ids, self._ticket)
+        return self._ops.sync_gather_dequant(self.handle, ids, self._ticket)
 
     def take_errors(self) -> list[tuple[str, list[int]]]:
         """The failed lookups since the last call (their rows were zero-filled), oldest first:

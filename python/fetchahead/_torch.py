@@ -17,7 +17,6 @@ ops = torch.ops.fetchahead
 
 _devices: dict[int, Any] = {}
 _devices_lock = threading.Lock()
-_variant_cache: dict[tuple[str, Optional[str]], int] = {}
 
 _E4M3 = (torch.uint8, getattr(torch, "float8_e4m3fn", torch.uint8))
 _E8M0 = (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8))
@@ -51,13 +50,20 @@ def stream_of(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+# Variant names to indices, per family; None is the family's default. Plain dicts, so that
+# torch.compile traces the lookup.
+_VARIANTS: dict[str, dict[Optional[str], int]] = {}
+for _family, _listed in _native.variants().items():
+    _VARIANTS[_family] = {name: i for i, (name, _) in enumerate(_listed)}
+    _VARIANTS[_family][None] = _VARIANTS[_family][_native.default_variant(_family, None)]
+
+
 def variant_index(family: str, name: Optional[str]) -> int:
-    key = (family, name)
-    found = _variant_cache.get(key)
+    """The index of variant ``name`` of ``family`` (None: the default)."""
+    found = _VARIANTS[family].get(name)
     if found is None:
-        resolved = name if name is not None else _native.default_variant(family, None)
-        found = _native.variant_index(family, resolved)
-        _variant_cache[key] = found
+        listed = ", ".join(n for n in _VARIANTS[family] if n is not None)
+        raise _bad("variant", f"{name!r} is not a {family} variant; want one of {listed}")
     return found
 
 
@@ -300,22 +306,65 @@ def _status_tensor(status: Any) -> Optional[torch.Tensor]:
     return tensor
 
 
-def gather(table, ids, *, variant=None, status=None):
+def gather(
+    table: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    variant: Optional[str] = None,
+    status: Any = None,
+) -> torch.Tensor:
+    """``out[i] = table[ids[i]]``: a ``[rows, width]`` table (any dtype, rows of a multiple of
+    16 bytes; on the GPU or pinned in host memory, read zero-copy) gathered by int64 CUDA
+    ``ids``, on the current stream. An id outside ``0..rows`` gives a zero row and is counted in
+    ``status`` (a :class:`fetchahead.IdStatus`, read later without a sync on the hot path).
+    ``variant`` names a kernel of ``variants()["gather"]`` (default: the fastest measured)."""
     return ops.gather(table, ids, _status_tensor(status), variant_index("gather", variant))
 
 
-def gather_out(table, ids, out, *, variant=None, status=None):
+def gather_out(
+    table: torch.Tensor,
+    ids: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    variant: Optional[str] = None,
+    status: Any = None,
+) -> torch.Tensor:
+    """:func:`gather` into ``out`` (``[n, width]``, the table's dtype, contiguous, 16-byte
+    aligned, on the ids' device); returns ``out``."""
     ops.gather_out(table, ids, out, _status_tensor(status), variant_index("gather", variant))
     return out
 
 
-def gather_dequant(weights, scales, ids, *, variant=None, status=None):
+def gather_dequant(
+    weights: torch.Tensor,
+    scales: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    variant: Optional[str] = None,
+    status: Any = None,
+) -> torch.Tensor:
+    """Rows of an MXFP8 table dequantized to bf16: ``weights`` ``[rows, dim]`` E4M3
+    (``torch.float8_e4m3fn`` or uint8), ``scales`` ``[rows, dim // 32]`` E8M0
+    (``torch.float8_e8m0fnu`` or uint8), ``dim`` a multiple of 32, on the GPU or pinned in
+    host memory; returns ``[n, dim]`` bfloat16, exactly ``bf16(e4m3 * 2^(e8m0 - 127))``.
+    ``variant`` names a kernel of ``variants()["gather_dequant"]``; ``status`` as for
+    :func:`gather`."""
     return ops.gather_dequant(
         weights, scales, ids, _status_tensor(status), variant_index("gather_dequant", variant)
     )
 
 
-def gather_dequant_out(weights, scales, ids, out, *, variant=None, status=None):
+def gather_dequant_out(
+    weights: torch.Tensor,
+    scales: torch.Tensor,
+    ids: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    variant: Optional[str] = None,
+    status: Any = None,
+) -> torch.Tensor:
+    """:func:`gather_dequant` into ``out`` (``[n, dim]`` bfloat16, contiguous, 16-byte
+    aligned); returns ``out``."""
     ops.gather_dequant_out(
         weights,
         scales,
