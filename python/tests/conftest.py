@@ -30,6 +30,8 @@ def torch():
         import torch
     except ImportError:
         _missing("torch is not installed")
+    except Exception as e:  # a torch build whose libraries are missing here
+        _missing(f"torch cannot be imported ({type(e).__name__}: {e})")
     return torch
 
 
