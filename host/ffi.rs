@@ -810,3 +810,219 @@ pub unsafe extern "C" fn fetchahead_prefetcher_close(p: *mut PrefetcherHandle) {
         let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(p) })));
     }
 }
+
+/// An L2 plan on one device (`fetchahead_l2_plan` in C). The segment tables of captured
+/// forwards live as long as the plan.
+pub struct L2PlanHandle {
+    plan: crate::l2_plan::L2Plan,
+    kernels: Arc<Kernels>,
+}
+
+/// A forward's end (`fetchahead_l2_forward_summary` in C).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FfiForwardSummary {
+    pub signature: u64,
+    pub collectives: u64,
+    /// Nonzero: the forward was captured into a graph.
+    pub captured: u32,
+    /// `FETCHAHEAD_LEARNED_*`.
+    pub learned: u32,
+    /// Nonzero: this forward stored its signature's first plan.
+    pub new_signature: u32,
+    pub _reserved: u32,
+}
+
+/// What a forward did to its signature's plan (`l2_plan::Learned`).
+pub const FETCHAHEAD_LEARNED_NEW: u32 = 0;
+pub const FETCHAHEAD_LEARNED_REPLACED: u32 = 1;
+pub const FETCHAHEAD_LEARNED_UNCHANGED: u32 = 2;
+pub const FETCHAHEAD_LEARNED_NO_COLLECTIVES: u32 = 3;
+pub const FETCHAHEAD_LEARNED_FROZEN: u32 = 4;
+pub const FETCHAHEAD_LEARNED_CAPTURED: u32 = 5;
+pub const FETCHAHEAD_LEARNED_CAPTURED_MISMATCH: u32 = 6;
+
+/// The plan's counters (`fetchahead_l2_counters` in C).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FfiL2Counters {
+    pub windows_prefetched: u64,
+    pub bytes_prefetched: u64,
+    pub forwards_without_plan: u64,
+    pub mismatches_at_capture: u64,
+    pub forwards: u64,
+    pub signatures: u64,
+}
+
+/// Wraps the caller's stream.
+///
+/// # Safety
+/// `stream` is a live stream of `kernels`' context (or null, the legacy stream), alive while
+/// the plan may use it.
+unsafe fn borrowed_stream(
+    kernels: &Kernels,
+    stream: sys::CUstream,
+) -> Arc<cudarc::driver::CudaStream> {
+    // SAFETY: the caller's contract; the wrapper never destroys the stream.
+    unsafe { kernels.gpu().ctx.wrap_borrowed_stream(stream) }
+}
+
+/// Creates an L2 plan on device `device` (its primary context) for forwards on `stream`, with
+/// `budget_per_window` bytes per window (0: a tenth of L2). Its side stream is made now, so call
+/// it before any capture.
+///
+/// # Safety
+/// `stream` is a valid stream of the device's primary context (or null); `out` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_l2_plan_create(
+    device: i32,
+    stream: sys::CUstream,
+    budget_per_window: u64,
+    out: *mut *mut L2PlanHandle,
+) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        let ordinal =
+            usize::try_from(device).map_err(|_| Error::invalid("device", format!("{device}")))?;
+        let kernels = kernels_for(ordinal)?;
+        let mut config = crate::l2_plan::PlanConfig::for_l2(kernels.gpu().l2_bytes);
+        if budget_per_window > 0 {
+            config.budget_per_window = budget_per_window;
+        }
+        // SAFETY: the caller's contract.
+        let main = unsafe { borrowed_stream(&kernels, stream) };
+        let plan = crate::l2_plan::L2Plan::new(kernels.clone(), main, config)?;
+        // SAFETY: `out` is writable (checked non-null; the caller's contract).
+        unsafe { *out = Box::into_raw(Box::new(L2PlanHandle { plan, kernels })) };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `p` is null or a live plan used by no other thread during the call.
+unsafe fn l2_plan<'a>(p: *mut L2PlanHandle) -> Result<&'a mut L2PlanHandle> {
+    // SAFETY: the caller's contract.
+    unsafe { p.as_mut() }.ok_or(null("plan"))
+}
+
+/// Starts a forward of `signature` on `stream` (which may be being captured, and may differ
+/// from the last forward's).
+///
+/// # Safety
+/// `p` is a live plan; `stream` a valid stream of its device's primary context.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_l2_plan_begin_forward(
+    p: *mut L2PlanHandle,
+    signature: u64,
+    stream: sys::CUstream,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let h = unsafe { l2_plan(p)? };
+        // SAFETY: the caller's contract.
+        let main = unsafe { borrowed_stream(&h.kernels, stream) };
+        h.plan.set_main_stream(main)?;
+        h.plan.begin_forward(crate::l2_plan::Signature(signature))
+    })
+}
+
+/// Call right before launching each collective on the forward's stream.
+///
+/// # Safety
+/// `p` is a live plan.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_l2_plan_collective(p: *mut L2PlanHandle) -> c_int {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { l2_plan(p)? }.plan.collective())
+}
+
+/// A kernel after the latest collective reads `bytes` of weights at device address `address`
+/// (allocated for as long as the plan may prefetch it).
+///
+/// # Safety
+/// `p` is a live plan.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_l2_plan_consume(
+    p: *mut L2PlanHandle,
+    address: u64,
+    bytes: u64,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { l2_plan(p)? }.plan.consume(address, bytes))
+}
+
+/// Ends the forward; writes its summary to `*out` when `out` is not null.
+///
+/// # Safety
+/// `p` is a live plan; `out` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_l2_plan_end_forward(
+    p: *mut L2PlanHandle,
+    out: *mut FfiForwardSummary,
+) -> c_int {
+    use crate::l2_plan::Learned;
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let outcome = unsafe { l2_plan(p)? }.plan.end_forward()?;
+        let s = outcome.summary;
+        // SAFETY: the caller's contract.
+        if let Some(out) = unsafe { out.as_mut() } {
+            *out = FfiForwardSummary {
+                signature: s.signature.0,
+                collectives: s.collectives as u64,
+                captured: s.captured as u32,
+                learned: match s.learned {
+                    Learned::New => FETCHAHEAD_LEARNED_NEW,
+                    Learned::Replaced => FETCHAHEAD_LEARNED_REPLACED,
+                    Learned::Unchanged => FETCHAHEAD_LEARNED_UNCHANGED,
+                    Learned::NoCollectives => FETCHAHEAD_LEARNED_NO_COLLECTIVES,
+                    Learned::Frozen => FETCHAHEAD_LEARNED_FROZEN,
+                    Learned::Captured { mismatch: false } => FETCHAHEAD_LEARNED_CAPTURED,
+                    Learned::Captured { mismatch: true } => FETCHAHEAD_LEARNED_CAPTURED_MISMATCH,
+                },
+                new_signature: s.new_signature as u32,
+                _reserved: 0,
+            };
+        }
+        Ok(())
+    })
+}
+
+/// Reads the plan's counters.
+///
+/// # Safety
+/// `p` is a live plan; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_l2_plan_counters(
+    p: *mut L2PlanHandle,
+    out: *mut FfiL2Counters,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let (h, out) = unsafe { (l2_plan(p)?, out.as_mut().ok_or(null("out"))?) };
+        let c = h.plan.counters();
+        *out = FfiL2Counters {
+            windows_prefetched: c.windows_prefetched,
+            bytes_prefetched: c.bytes_prefetched,
+            forwards_without_plan: c.forwards_without_plan,
+            mismatches_at_capture: c.mismatches_at_capture,
+            forwards: c.forwards,
+            signatures: c.signatures,
+        };
+        Ok(())
+    })
+}
+
+/// Closes a plan. Graphs that captured its forwards must be destroyed first.
+///
+/// # Safety
+/// `p` is null or a plan from [`fetchahead_l2_plan_create`], closed once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_l2_plan_close(p: *mut L2PlanHandle) {
+    if !p.is_null() {
+        // SAFETY: the caller's contract: made by Box::into_raw, closed once.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(p) })));
+    }
+}

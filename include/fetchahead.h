@@ -196,18 +196,72 @@ int fetchahead_prefetcher_resume(fetchahead_prefetcher *p);
 /* Waits for the device, then frees. Graphs that captured `p` must be destroyed first. */
 void fetchahead_prefetcher_close(fetchahead_prefetcher *p);
 
+/* ---- L2 plan: warms the weights after each collective into L2 while it runs ------------ */
+
+typedef struct fetchahead_l2_plan fetchahead_l2_plan;
+
+enum { /* what a forward did to its signature's plan */
+    FETCHAHEAD_LEARNED_NEW = 0,
+    FETCHAHEAD_LEARNED_REPLACED = 1,
+    FETCHAHEAD_LEARNED_UNCHANGED = 2,
+    FETCHAHEAD_LEARNED_NO_COLLECTIVES = 3,
+    FETCHAHEAD_LEARNED_FROZEN = 4,
+    FETCHAHEAD_LEARNED_CAPTURED = 5,
+    FETCHAHEAD_LEARNED_CAPTURED_MISMATCH = 6
+};
+
+typedef struct fetchahead_l2_forward_summary {
+    uint64_t signature;
+    uint64_t collectives;
+    uint32_t captured;      /* nonzero: the forward was captured into a graph */
+    uint32_t learned;       /* FETCHAHEAD_LEARNED_* */
+    uint32_t new_signature; /* nonzero: this forward stored its signature's first plan */
+    uint32_t _reserved;
+} fetchahead_l2_forward_summary;
+
+typedef struct fetchahead_l2_counters {
+    uint64_t windows_prefetched;   /* windows issued from the host (a capture counts once) */
+    uint64_t bytes_prefetched;
+    uint64_t forwards_without_plan;
+    uint64_t mismatches_at_capture;
+    uint64_t forwards;
+    uint64_t signatures;
+} fetchahead_l2_counters;
+
+/* A plan on `device` (its primary context), budget_per_window bytes a window (0: a tenth of L2).
+ * Creates its side stream: call before any capture. Per forward:
+ *   fetchahead_l2_plan_begin_forward(plan, signature, stream);  the stream may be capturing
+ *   for each collective: fetchahead_l2_plan_collective(plan); launch it on stream;
+ *       fetchahead_l2_plan_consume(plan, weight, bytes) for each weight read after it
+ *   fetchahead_l2_plan_end_forward(plan, &summary);            summary may be NULL
+ * A captured signature is frozen; its tables live as long as the plan. */
+int fetchahead_l2_plan_create(int device, fetchahead_stream stream, uint64_t budget_per_window,
+                              fetchahead_l2_plan **out);
+int fetchahead_l2_plan_begin_forward(fetchahead_l2_plan *plan, uint64_t signature,
+                                     fetchahead_stream stream);
+int fetchahead_l2_plan_collective(fetchahead_l2_plan *plan);
+int fetchahead_l2_plan_consume(fetchahead_l2_plan *plan, uint64_t address, uint64_t bytes);
+int fetchahead_l2_plan_end_forward(fetchahead_l2_plan *plan, fetchahead_l2_forward_summary *out);
+int fetchahead_l2_plan_counters(fetchahead_l2_plan *plan, fetchahead_l2_counters *out);
+/* Graphs that captured the plan's forwards must be destroyed first. */
+void fetchahead_l2_plan_close(fetchahead_l2_plan *plan);
+
 /* The layouts the library was built with (checked on the Rust side too). */
 #ifdef __cplusplus
 static_assert(sizeof(fetchahead_work) == 48, "fetchahead_work layout");
 static_assert(sizeof(fetchahead_prefetcher_config) == 32, "fetchahead_prefetcher_config layout");
 static_assert(sizeof(fetchahead_counters) == 56, "fetchahead_counters layout");
 static_assert(sizeof(fetchahead_lookup_error) == 24 + FETCHAHEAD_MESSAGE_BYTES, "fetchahead_lookup_error layout");
+static_assert(sizeof(fetchahead_l2_forward_summary) == 32, "fetchahead_l2_forward_summary layout");
+static_assert(sizeof(fetchahead_l2_counters) == 48, "fetchahead_l2_counters layout");
 }
 #else
 _Static_assert(sizeof(fetchahead_work) == 48, "fetchahead_work layout");
 _Static_assert(sizeof(fetchahead_prefetcher_config) == 32, "fetchahead_prefetcher_config layout");
 _Static_assert(sizeof(fetchahead_counters) == 56, "fetchahead_counters layout");
 _Static_assert(sizeof(fetchahead_lookup_error) == 24 + FETCHAHEAD_MESSAGE_BYTES, "fetchahead_lookup_error layout");
+_Static_assert(sizeof(fetchahead_l2_forward_summary) == 32, "fetchahead_l2_forward_summary layout");
+_Static_assert(sizeof(fetchahead_l2_counters) == 48, "fetchahead_l2_counters layout");
 #endif
 
 #endif /* FETCHAHEAD_H */

@@ -1,0 +1,156 @@
+//! The L2 plan's C ABI and the recommended prefetcher configuration, called as C would.
+use std::ffi::{CStr, c_char};
+use std::ptr;
+
+use cudarc::driver::DevicePtr;
+use fetchahead::ffi::*;
+use fetchahead::gpu::Gpu;
+
+fn last_error() -> String {
+    let mut buf = [0 as c_char; 512];
+    // SAFETY: `buf` is writable for its length.
+    unsafe { fetchahead_last_error(buf.as_mut_ptr(), buf.len()) };
+    // SAFETY: fetchahead_last_error NUL-terminates what it writes.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn struct_layouts_match_the_header() {
+    assert_eq!(size_of::<FfiForwardSummary>(), 32);
+    assert_eq!(size_of::<FfiL2Counters>(), 48);
+}
+
+#[test]
+fn the_default_config_is_the_measured_best() {
+    let mut config = FfiPrefetcherConfig {
+        capacity: 0,
+        variant: 99,
+        check: 9,
+        fallback_on_error: 9,
+        completion: 9,
+        check_log_ms: 9,
+        _reserved: 9,
+    };
+    // SAFETY: `config` is writable.
+    assert_eq!(
+        unsafe { fetchahead_prefetcher_config_default(&mut config) },
+        FETCHAHEAD_OK
+    );
+    assert_eq!(config.completion, FETCHAHEAD_COMPLETION_FLAG);
+    let name = fetchahead::device_abi::dequant::VARIANTS[config.variant as usize].name;
+    assert_eq!(name, fetchahead::prefetcher::DEFAULT_DEQUANT);
+    assert_eq!(
+        (config.capacity, config.check, config.fallback_on_error),
+        (4096, 0, 1)
+    );
+    // SAFETY: null is what is refused.
+    let rc = unsafe { fetchahead_prefetcher_config_default(ptr::null_mut()) };
+    assert_eq!(rc, FETCHAHEAD_ERR_INVALID);
+}
+
+#[test]
+fn null_plans_and_outputs_are_refused_with_a_message() {
+    // SAFETY: every pointer is null, which is what is being refused.
+    unsafe {
+        assert_eq!(
+            fetchahead_l2_plan_create(0, ptr::null_mut(), 0, ptr::null_mut()),
+            FETCHAHEAD_ERR_INVALID
+        );
+        assert!(last_error().contains("out"), "{}", last_error());
+        assert_eq!(
+            fetchahead_l2_plan_begin_forward(ptr::null_mut(), 1, ptr::null_mut()),
+            FETCHAHEAD_ERR_INVALID
+        );
+        assert!(last_error().contains("plan"), "{}", last_error());
+        assert_eq!(
+            fetchahead_l2_plan_collective(ptr::null_mut()),
+            FETCHAHEAD_ERR_INVALID
+        );
+        assert_eq!(
+            fetchahead_l2_plan_consume(ptr::null_mut(), 0, 0),
+            FETCHAHEAD_ERR_INVALID
+        );
+        assert_eq!(
+            fetchahead_l2_plan_end_forward(ptr::null_mut(), ptr::null_mut()),
+            FETCHAHEAD_ERR_INVALID
+        );
+        assert_eq!(
+            fetchahead_l2_plan_counters(ptr::null_mut(), ptr::null_mut()),
+            FETCHAHEAD_ERR_INVALID
+        );
+        fetchahead_l2_plan_close(ptr::null_mut());
+    }
+}
+
+#[test]
+fn a_plan_learns_and_replays_through_the_abi() {
+    let gpu = match Gpu::for_test("a_plan_learns_and_replays_through_the_abi") {
+        Ok(Some(gpu)) => gpu,
+        Ok(None) => return,
+        Err(e) => panic!("{e}"),
+    };
+    let stream = gpu.ctx.new_stream().unwrap();
+    let weights: Vec<_> = (0..3)
+        .map(|_| stream.alloc_zeros::<u8>(1 << 20).unwrap())
+        .collect();
+    let addresses: Vec<u64> = weights.iter().map(|w| w.device_ptr(&stream).0).collect();
+    let mut plan = ptr::null_mut();
+    // SAFETY: the stream is a live stream of device 0's primary context; `plan` is writable.
+    let rc = unsafe { fetchahead_l2_plan_create(0, stream.cu_stream(), 0, &mut plan) };
+    assert_eq!(rc, FETCHAHEAD_OK, "{}", last_error());
+    let mut learned = Vec::new();
+    for _ in 0..4 {
+        let mut summary = FfiForwardSummary::default();
+        // SAFETY: `plan` is live, the stream too, the weights stay allocated meanwhile.
+        unsafe {
+            assert_eq!(
+                fetchahead_l2_plan_begin_forward(plan, 7, stream.cu_stream()),
+                FETCHAHEAD_OK,
+                "{}",
+                last_error()
+            );
+            for &a in &addresses {
+                assert_eq!(fetchahead_l2_plan_collective(plan), FETCHAHEAD_OK);
+                assert_eq!(fetchahead_l2_plan_consume(plan, a, 1 << 20), FETCHAHEAD_OK);
+            }
+            assert_eq!(
+                fetchahead_l2_plan_end_forward(plan, &mut summary),
+                FETCHAHEAD_OK,
+                "{}",
+                last_error()
+            );
+        }
+        assert_eq!((summary.signature, summary.collectives), (7, 3));
+        learned.push(summary.learned);
+    }
+    assert_eq!(learned[0], FETCHAHEAD_LEARNED_NEW);
+    assert_eq!(learned[3], FETCHAHEAD_LEARNED_UNCHANGED);
+    let mut counters = FfiL2Counters::default();
+    // SAFETY: `plan` is live; `counters` writable.
+    unsafe {
+        assert_eq!(
+            fetchahead_l2_plan_counters(plan, &mut counters),
+            FETCHAHEAD_OK
+        );
+        // A second begin inside a forward is refused.
+        assert_eq!(
+            fetchahead_l2_plan_begin_forward(plan, 7, stream.cu_stream()),
+            FETCHAHEAD_OK
+        );
+        assert_ne!(
+            fetchahead_l2_plan_begin_forward(plan, 8, stream.cu_stream()),
+            FETCHAHEAD_OK
+        );
+        assert_eq!(
+            fetchahead_l2_plan_end_forward(plan, ptr::null_mut()),
+            FETCHAHEAD_OK
+        );
+    }
+    assert_eq!((counters.forwards, counters.signatures), (4, 1));
+    assert!(counters.windows_prefetched >= 9, "{counters:?}");
+    stream.synchronize().unwrap();
+    // SAFETY: no graph captured it; closed once.
+    unsafe { fetchahead_l2_plan_close(plan) };
+}
