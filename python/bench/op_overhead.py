@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Per-call overhead of fetchahead's torch op path against the Rust call of the same work.
+
+For each entry point, the same launch three ways, eagerly (microseconds of host time per call,
+the median of several timed loops, the GPU work being tiny so the host is the bottleneck):
+
+- ``op``: the public function (``fetchahead.gather_dequant_out`` etc.), what an engine calls;
+- ``torch.ops``: the registered op called directly (``torch.ops.fetchahead.X.default``);
+- ``rust``: the native launch alone (the Rust function through its thin pyo3 binding, with
+  addresses computed once), the floor the op path is compared with.
+
+Then the cost inside a replayed CUDA graph: a graph of 100 op-path calls against a graph of 100
+Rust-path calls, replayed; the difference per call is expected to be 0 (the host code does not
+run in a replay).
+
+    python3 python/bench/op_overhead.py [--calls 2000] [--json out.json]
+
+Goal (issue 13): the op path at most 10 us per eager call above the Rust call.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import fetchahead
+
+ROWS, DIM, N = 4096, 256, 64
+
+
+def per_call_us(fn, calls: int, repeats: int = 7) -> float:
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def graph_replay_us(fn, calls_in_graph: int = 100, replays: int = 200) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls_in_graph):
+            fn()
+    for _ in range(10):
+        graph.replay()
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * calls_in_graph)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device", file=sys.stderr)
+        return 0
+    dev = torch.device("cuda")
+    weights = torch.randint(0, 126, (ROWS, DIM), dtype=torch.uint8, device=dev)
+    scales = torch.randint(120, 135, (ROWS, DIM // 32), dtype=torch.uint8, device=dev)
+    table = torch.randint(0, 256, (ROWS, DIM), dtype=torch.uint8, device=dev)
+    ids = torch.randint(0, ROWS, (N,), device=dev)
+    out = torch.empty((N, DIM), dtype=torch.bfloat16, device=dev)
+    rows = torch.empty((N, DIM), dtype=torch.uint8, device=dev)
+
+    t = fetchahead._torch
+    native = t.native_device(dev)
+    gd, g = t.variant_index("gather_dequant", None), t.variant_index("gather", None)
+    stream = torch.cuda.current_stream().cuda_stream
+    w_p, s_p, i_p, o_p = weights.data_ptr(), scales.data_ptr(), ids.data_ptr(), out.data_ptr()
+    t_p, r_p = table.data_ptr(), rows.data_ptr()
+
+    memory = fetchahead.MemoryTable(ROWS, DIM, seed=1)
+    pre = fetchahead.Prefetcher(memory, capacity=N)
+    native_pre = pre._prefetcher
+
+    def pair_op():
+        pre.prefetch(ids)
+        pre.gather_dequant(ids, out=out)
+
+    def pair_rust():
+        native_pre.prefetch(i_p, N, stream)
+        native_pre.gather_dequant(o_p, stream)
+
+    cases = {
+        "gather_dequant_out": (
+            lambda: fetchahead.gather_dequant_out(weights, scales, ids, out),
+            lambda: torch.ops.fetchahead.gather_dequant_out.default(weights, scales, ids, out, None, gd),
+            lambda: native.gather_dequant(gd, w_p, s_p, ROWS, DIM, i_p, N, o_p, 0, stream),
+        ),
+        "gather_dequant (allocates)": (
+            lambda: fetchahead.gather_dequant(weights, scales, ids),
+            lambda: torch.ops.fetchahead.gather_dequant.default(weights, scales, ids, None, gd),
+            lambda: native.gather_dequant(gd, w_p, s_p, ROWS, DIM, i_p, N, o_p, 0, stream),
+        ),
+        "gather_out": (
+            lambda: fetchahead.gather_out(table, ids, rows),
+            lambda: torch.ops.fetchahead.gather_out.default(table, ids, rows, None, g),
+            lambda: native.gather(g, t_p, ROWS, DIM, i_p, N, r_p, 0, stream),
+        ),
+        "prefetch + gather_dequant": (pair_op, None, pair_rust),
+    }
+    results = {}
+    print(f"{'entry point':<28} {'op us':>8} {'torch.ops us':>13} {'rust us':>8} {'op - rust':>10} {'in graph (op - rust)':>21}")
+    for name, (op, ops, rust) in cases.items():
+        op_us = per_call_us(op, args.calls)
+        ops_us = per_call_us(ops, args.calls) if ops else float("nan")
+        rust_us = per_call_us(rust, args.calls)
+        graph_delta = graph_replay_us(op) - graph_replay_us(rust)
+        results[name] = {
+            "op_us": op_us,
+            "torch_ops_us": ops_us,
+            "rust_us": rust_us,
+            "op_minus_rust_us": op_us - rust_us,
+            "graph_op_minus_rust_us": graph_delta,
+        }
+        print(f"{name:<28} {op_us:8.2f} {ops_us:13.2f} {rust_us:8.2f} {op_us - rust_us:10.2f} {graph_delta:21.3f}")
+    worst = max(r["op_minus_rust_us"] for r in results.values())
+    print(f"goal: op path <= 10 us above the Rust call; worst {worst:.2f} us: {'met' if worst <= 10 else 'NOT met'}")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, fetchahead {fetchahead.__version__}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
