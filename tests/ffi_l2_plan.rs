@@ -34,10 +34,8 @@ fn the_default_config_is_the_measured_best() {
         _reserved: 9,
     };
     // SAFETY: `config` is writable.
-    assert_eq!(
-        unsafe { fetchahead_prefetcher_config_default(&mut config) },
-        FETCHAHEAD_OK
-    );
+    let rc = unsafe { fetchahead_prefetcher_config_default(&mut config) };
+    assert_eq!(rc, FETCHAHEAD_OK);
     assert_eq!(config.completion, FETCHAHEAD_COMPLETION_FLAG);
     let name = fetchahead::device_abi::dequant::VARIANTS[config.variant as usize].name;
     assert_eq!(name, fetchahead::prefetcher::DEFAULT_DEQUANT);
