@@ -373,8 +373,9 @@ pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
 pub struct FfiPrefetcherConfig {
     /// Most rows per prefetch (rounded up to a power of two).
     pub capacity: u64,
-    /// Gather + dequant variant, an index into `dequant::VARIANTS` (0: `gather_dequant_cvt`).
-    pub variant: u32,
+    /// Gather + dequant variant by name (a NUL-terminated string, `fetchahead kernels` lists
+    /// them); null: the fastest measured for the device's arch.
+    pub variant: *const c_char,
     /// Nonzero: check mode.
     pub check: u32,
     /// Nonzero: fall back to the synchronous path after a lookup error.
@@ -390,6 +391,17 @@ pub struct FfiPrefetcherConfig {
 pub const FETCHAHEAD_COMPLETION_HOST_FUNCTION: u32 = 0;
 /// Lookups run on the prefetcher's own worker thread; the stream waits on a pinned flag.
 pub const FETCHAHEAD_COMPLETION_FLAG: u32 = 1;
+
+/// The variant table's own name for the C string `name` (null: `None`, the device's default).
+fn variant_named(name: *const c_char) -> Result<Option<&'static str>> {
+    if name.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller passes a NUL-terminated string (the header's contract for `variant`).
+    let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+    let index = crate::kernels::dequant_variant_named(&name)?;
+    Ok(Some(fetchahead_gpu::dequant::VARIANTS[index].name))
+}
 
 /// A prefetcher (it holds its table's rows alive).
 pub struct PrefetcherHandle {
@@ -495,7 +507,7 @@ unsafe fn create_prefetcher(
     };
     let config = PrefetcherConfig {
         capacity: usize::try_from(config.capacity).unwrap_or(usize::MAX),
-        variant: config.variant as usize,
+        variant: variant_named(config.variant)?,
         check: config.check != 0,
         fallback_on_error: config.fallback_on_error != 0,
         completion: match config.completion {

@@ -11,7 +11,7 @@ use fetchahead_gpu::params::{
     CHUNK_BYTES, CheckParams, CollectiveParams, DequantParams, GEMV_K_STEP, GEMV_ROWS_PER_WARP,
     GatherParams, GemvParams, HashParams, MAX_NGRAM, MX_BLOCK, PrefetchParams, SpinParams,
 };
-use fetchahead_gpu::{check, collective, dequant, gather, gemv, hash, l2_prefetch, spin};
+use fetchahead_gpu::{check, collective, defaults, dequant, gather, gemv, hash, l2_prefetch, spin};
 
 use crate::access_policy::AccessWindow;
 use crate::error::CudaCall;
@@ -106,6 +106,27 @@ impl Kernels {
     /// The arch whose PTX was loaded.
     pub fn arch(&self) -> &'static str {
         self.ptx.arch
+    }
+
+    /// The default variants for this device's arch (`fetchahead_gpu::defaults`).
+    pub fn defaults(&self) -> &'static defaults::Defaults {
+        defaults::for_arch(self.ptx.arch)
+    }
+
+    /// The index of gather + dequant variant `name`, or of this arch's default for `None`.
+    pub fn dequant_variant(&self, name: Option<&str>) -> Result<usize> {
+        dequant_variant_named(name.unwrap_or(self.defaults().dequant))
+    }
+
+    /// The index of gather variant `name`, or of this arch's default for `None`.
+    pub fn gather_variant(&self, name: Option<&str>) -> Result<usize> {
+        let name = name.unwrap_or(self.defaults().gather);
+        gather::find(name).ok_or_else(|| {
+            Error::invalid(
+                "gather variant",
+                format!("no gather variant named `{name}` (`fetchahead kernels` lists them)"),
+            )
+        })
     }
 
     /// Launches gather `variant` (an index into `gather::VARIANTS`) on `stream`.
@@ -534,6 +555,16 @@ fn cluster_attribute(blocks: u32) -> sys::CUlaunchAttribute {
         pad: [0; 4],
         value,
     }
+}
+
+/// The index of gather + dequant variant `name`, or an error naming it.
+pub fn dequant_variant_named(name: &str) -> Result<usize> {
+    dequant::find(name).ok_or_else(|| {
+        Error::invalid(
+            "gather + dequant variant",
+            format!("no gather + dequant variant named `{name}` (`fetchahead kernels` lists them)"),
+        )
+    })
 }
 
 /// Checks a GEMV's shape and alignment before any launch of a variant that reduces as `reduce`.

@@ -61,6 +61,11 @@ pub const VARIANTS: &[Variant] = &[
     },
 ];
 
+/// The index in [`VARIANTS`] of the variant named `name`.
+pub fn find(name: &str) -> Option<usize> {
+    VARIANTS.iter().position(|v| v.name == name)
+}
+
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
     use super::Conversion;
