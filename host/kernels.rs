@@ -174,6 +174,38 @@ impl Kernels {
         unsafe { self.launch(&empty, threads, stream, p, block_threads) }
     }
 
+    /// Launches the empty kernel with exactly the grid gather + dequant `variant` would get for
+    /// `p`.
+    ///
+    /// # Safety
+    /// None beyond a valid stream: the kernel reads nothing.
+    pub unsafe fn launch_empty_like_dequant(
+        &self,
+        stream: sys::CUstream,
+        variant: usize,
+        p: DequantParams,
+    ) -> Result<()> {
+        let shape = dequant_shape(variant)?;
+        let own = pick(&self.dequant, variant, "gather_dequant")?;
+        let empty = Loaded {
+            function: self.empty.function.clone(),
+            blocks_per_sm: own.blocks_per_sm,
+        };
+        let unused = GatherParams {
+            table: 0,
+            ids: 0,
+            out: 0,
+            status: 0,
+            n: 0,
+            rows: 0,
+            row_bytes: 0,
+            _pad: 0,
+        };
+        let threads = shape.threads(p.n, p.dim);
+        // SAFETY: the empty kernel touches no memory.
+        unsafe { self.launch(&empty, threads, stream, unused, gather::BLOCK_THREADS) }
+    }
+
     /// Launches gather + dequant `variant` (an index into `dequant::VARIANTS`) on `stream`.
     ///
     /// # Safety
@@ -199,8 +231,10 @@ impl Kernels {
         check_aligned_to("scales", p.scales, 1)?;
         check_aligned_to("ids", p.ids, 8)?;
         check_aligned_to("status", p.status, 8)?;
-        let threads = p.n * (p.dim / dequant::ELEMS_PER_THREAD) as u64;
-        check_chunk_count(threads)?;
+        let shape = dequant_shape(variant)?;
+        // The kernels index 8-element units in u32.
+        check_chunk_count(p.n * (p.dim / 8) as u64)?;
+        let threads = shape.threads(p.n, p.dim);
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
         unsafe {
             self.launch(
@@ -557,6 +591,19 @@ fn cluster_attribute(blocks: u32) -> sys::CUlaunchAttribute {
     }
 }
 
+/// The shape of gather + dequant `variant`, or an error naming it.
+fn dequant_shape(variant: usize) -> Result<dequant::Shape> {
+    dequant::VARIANTS
+        .get(variant)
+        .map(|v| v.shape)
+        .ok_or_else(|| {
+            Error::invalid(
+                "variant",
+                format!("gather_dequant has no variant {variant}"),
+            )
+        })
+}
+
 /// The index of gather + dequant variant `name`, or an error naming it.
 pub fn dequant_variant_named(name: &str) -> Result<usize> {
     dequant::find(name).ok_or_else(|| {
@@ -646,7 +693,9 @@ fn check_chunk_count(chunks: u64) -> Result<()> {
     if chunks >= u32::MAX as u64 {
         return Err(Error::invalid(
             "batch",
-            format!("{chunks} 16-byte chunks in one launch; split it below 2^32"),
+            format!(
+                "{chunks} chunks (16 bytes of a gather, 8 elements of a dequant) in one launch; split it below 2^32"
+            ),
         ));
     }
     Ok(())
