@@ -202,6 +202,19 @@ impl Kernels {
             _pad: 0,
         };
         let threads = shape.threads(p.n, p.dim);
+        if let dequant::Shape::Units8 { one_pass: true, .. } = shape {
+            let blocks = threads.div_ceil(gather::BLOCK_THREADS as u64) as u32;
+            // SAFETY: the empty kernel touches no memory.
+            return unsafe {
+                self.launch_exact(
+                    &empty.function,
+                    blocks,
+                    gather::BLOCK_THREADS,
+                    stream,
+                    unused,
+                )
+            };
+        }
         // SAFETY: the empty kernel touches no memory.
         unsafe { self.launch(&empty, threads, stream, unused, gather::BLOCK_THREADS) }
     }
@@ -235,16 +248,17 @@ impl Kernels {
         // The kernels index 8-element units in u32.
         check_chunk_count(p.n * (p.dim / 8) as u64)?;
         let threads = shape.threads(p.n, p.dim);
-        // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
-        unsafe {
-            self.launch(
-                pick(&self.dequant, variant, "gather_dequant")?,
-                threads,
-                stream,
-                p,
-                gather::BLOCK_THREADS,
-            )
+        let kernel = pick(&self.dequant, variant, "gather_dequant")?;
+        if let dequant::Shape::Units8 { one_pass: true, .. } = shape {
+            // Below 2^32 / 8 * 32 / 256 blocks, since units < 2^32: inside the grid limit.
+            let blocks = threads.div_ceil(gather::BLOCK_THREADS as u64) as u32;
+            // SAFETY: as below; every tile gets its own warp.
+            return unsafe {
+                self.launch_exact(&kernel.function, blocks, gather::BLOCK_THREADS, stream, p)
+            };
         }
+        // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
+        unsafe { self.launch(kernel, threads, stream, p, gather::BLOCK_THREADS) }
     }
 
     /// Launches L2 prefetch `variant` (an index into `l2_prefetch::VARIANTS`) over `p.n`

@@ -21,14 +21,14 @@ pub const BY_ARCH: &[Defaults] = &[
     Defaults {
         arch: "sm_90",
         gather: "gather_chunk16_nohint_x2",
-        dequant: "gather_dequant_packed_nohint",
+        dequant: "gather_dequant_u8_packed_x2",
         measured_on: "H200, gather bench",
     },
     // Not yet measured on a GB10: the H200's winners, the closest measured chip.
     Defaults {
         arch: "sm_121a",
         gather: "gather_chunk16_nohint_x2",
-        dequant: "gather_dequant_packed_nohint",
+        dequant: "gather_dequant_u8_packed_x2",
         measured_on: "H200's winners (no GB10 measurement yet)",
     },
 ];

@@ -10,11 +10,9 @@
 pub enum Conversion {
     /// `cvt.rn.f16x2.e4m3x2` (sm_89+), an f32 multiply by the scale, `cvt.rn.bf16x2.f32`.
     Hardware,
-    /// Integer bit manipulation only ([`crate::mxfp8::e4m3_scaled_to_bf16`]).
-    Bits,
     /// No conversion instructions: the E4M3 bits placed in a bf16 (exact, 2^-120 times the
     /// value), then two packed bf16 multiplies, by 2^120 (exact) and by the scale (the one
-    /// rounding). Chunks holding a NaN code take the `Bits` path.
+    /// rounding). NaN codes are patched in by a mask, so every byte costs the same.
     Packed,
 }
 
@@ -26,8 +24,10 @@ pub enum Shape {
     Chunk16,
     /// A thread per 8 elements `unroll` times over: a warp takes `32 * unroll` consecutive
     /// 8-element units of output, lane `l` units `l, l + 32, ...`, all loaded before any is
-    /// stored, so that each store instruction of the warp writes 512 contiguous bytes.
-    Units8 { unroll: u32 },
+    /// stored, so that each store instruction of the warp writes 512 contiguous bytes. With
+    /// `one_pass` the grid has a warp per tile (each warp one pass of its loop); otherwise it
+    /// is capped at what fits on the device at once and strides over the tiles.
+    Units8 { unroll: u32, one_pass: bool },
 }
 
 impl Shape {
@@ -35,7 +35,7 @@ impl Shape {
     pub const fn elems_per_thread(self) -> u32 {
         match self {
             Shape::Chunk16 => 16,
-            Shape::Units8 { unroll } => 8 * unroll,
+            Shape::Units8 { unroll, .. } => 8 * unroll,
         }
     }
 
@@ -43,7 +43,7 @@ impl Shape {
     pub const fn threads(self, n: u64, dim: u32) -> u64 {
         match self {
             Shape::Chunk16 => n * (dim / 16) as u64,
-            Shape::Units8 { unroll } => {
+            Shape::Units8 { unroll, .. } => {
                 let units = n * (dim / 8) as u64;
                 units.div_ceil(32 * unroll as u64) * 32
             }
@@ -96,50 +96,83 @@ pub const VARIANTS: &[Variant] = &[
     Variant {
         name: "gather_dequant_u8_packed",
         conversion: Conversion::Packed,
-        shape: Shape::Units8 { unroll: 1 },
+        shape: Shape::Units8 {
+            unroll: 1,
+            one_pass: false,
+        },
         about: "packed, a thread per 8 elements, each warp store 512 contiguous bytes",
     },
     Variant {
         name: "gather_dequant_u8_packed_x2",
         conversion: Conversion::Packed,
-        shape: Shape::Units8 { unroll: 2 },
+        shape: Shape::Units8 {
+            unroll: 2,
+            one_pass: false,
+        },
         about: "packed, 2 units of 8 elements a thread loaded before any is stored",
+    },
+    Variant {
+        name: "gather_dequant_u8_packed_x2_pass",
+        conversion: Conversion::Packed,
+        shape: Shape::Units8 {
+            unroll: 2,
+            one_pass: true,
+        },
+        about: "packed, 2 units a thread, a warp per tile (no grid-stride loop)",
+    },
+    Variant {
+        name: "gather_dequant_u8_packed_pass",
+        conversion: Conversion::Packed,
+        shape: Shape::Units8 {
+            unroll: 1,
+            one_pass: true,
+        },
+        about: "packed, 1 unit a thread, a warp per tile (no grid-stride loop)",
     },
     Variant {
         name: "gather_dequant_u8_packed_x4",
         conversion: Conversion::Packed,
-        shape: Shape::Units8 { unroll: 4 },
+        shape: Shape::Units8 {
+            unroll: 4,
+            one_pass: false,
+        },
         about: "packed, 4 units of 8 elements a thread loaded before any is stored",
     },
     Variant {
         name: "gather_dequant_u8_packed_x4_cs",
         conversion: Conversion::Packed,
-        shape: Shape::Units8 { unroll: 4 },
+        shape: Shape::Units8 {
+            unroll: 4,
+            one_pass: false,
+        },
         about: "packed, 4 units a thread, streaming (evict-first) stores",
     },
     Variant {
         name: "gather_dequant_u8_packed_x4_stream",
         conversion: Conversion::Packed,
-        shape: Shape::Units8 { unroll: 4 },
+        shape: Shape::Units8 {
+            unroll: 4,
+            one_pass: false,
+        },
         about: "packed, 4 units a thread, weight loads skip L1 with 256-byte L2 fetches",
     },
     Variant {
         name: "gather_dequant_u8_cvt_x4",
         conversion: Conversion::Hardware,
-        shape: Shape::Units8 { unroll: 4 },
+        shape: Shape::Units8 {
+            unroll: 4,
+            one_pass: false,
+        },
         about: "hardware conversion, 4 units of 8 elements a thread",
     },
     Variant {
         name: "gather_dequant_u8_packed_x8",
         conversion: Conversion::Packed,
-        shape: Shape::Units8 { unroll: 8 },
+        shape: Shape::Units8 {
+            unroll: 8,
+            one_pass: false,
+        },
         about: "packed, 8 units of 8 elements a thread loaded before any is stored",
-    },
-    Variant {
-        name: "gather_dequant_bits",
-        conversion: Conversion::Bits,
-        shape: Shape::Chunk16,
-        about: "integer bit manipulation, no float conversion instructions",
     },
 ];
 
@@ -158,12 +191,11 @@ mod kernels {
         permute_bytes, prefetch_l2, prefetch_line_l2, record_bad_id, store_16, store_16_streaming,
         thread_in_block,
     };
-    use crate::mxfp8::{BF16_NAN, E8M0_NAN, e4m3_scaled_to_bf16};
+    use crate::mxfp8::{BF16_NAN, E8M0_NAN};
     use crate::params::{DequantParams, MX_BLOCK};
 
     // `Conversion` as const-generic values.
     const HARDWARE: u8 = Conversion::Hardware as u8;
-    const BITS: u8 = Conversion::Bits as u8;
     const PACKED: u8 = Conversion::Packed as u8;
 
     /// E8M0 for 2^0.
@@ -186,15 +218,6 @@ mod kernels {
         let lo = f16_to_f32(h as u16) * scale;
         let hi = f16_to_f32((h >> 16) as u16) * scale;
         f32x2_to_bf16x2(lo, hi)
-    }
-
-    /// Output word `k` of a 16-element chunk, integer conversion.
-    #[inline(always)]
-    fn word_bits(w: [u32; 4], k: usize, s: u8) -> u32 {
-        let pair = w[k / 2] >> (16 * (k % 2));
-        let lo = e4m3_scaled_to_bf16(pair as u8, s) as u32;
-        let hi = e4m3_scaled_to_bf16((pair >> 8) as u8, s) as u32;
-        lo | hi << 16
     }
 
     /// bf16 2^120, twice: undoes the bias difference between E4M3 (7) and bf16 (127).
@@ -233,18 +256,12 @@ mod kernels {
         (one | one << 16, nan)
     }
 
-    /// The eight output words of a chunk, each call spelled out so that `k` is a constant and
-    /// the array stays in registers.
+    /// The eight output words of a chunk, hardware conversion, each call spelled out so that
+    /// `k` is a constant and the array stays in registers.
     #[inline(always)]
-    fn convert<const HARDWARE: bool>(w: [u32; 4], s: u8) -> [u32; 8] {
+    fn convert_hardware(w: [u32; 4], s: u8) -> [u32; 8] {
         let scale = scale_f32(s);
-        let word = |k: usize| {
-            if HARDWARE {
-                word_hardware(w, k, scale)
-            } else {
-                word_bits(w, k, s)
-            }
-        };
+        let word = |k: usize| word_hardware(w, k, scale);
         [
             word(0),
             word(1),
@@ -432,9 +449,8 @@ mod kernels {
                 ([0; 4], UNIT_SCALE)
             };
             let out = match CONVERSION {
-                HARDWARE => convert::<true>(w, s),
                 PACKED => convert_packed(w, s),
-                _ => convert::<false>(w, s),
+                _ => convert_hardware(w, s),
             };
             let dest = p.out + 2 * (i * p.dim as u64 + (c * ELEMS_PER_THREAD) as u64);
             // SAFETY: 32 bytes of output row i < n, owned by this thread.
@@ -482,6 +498,16 @@ mod kernels {
     }
 
     #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x2_pass(p: DequantParams) {
+        unsafe { gather_dequant_units::<2, PACKED, { hint::PLAIN }, false>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_pass(p: DequantParams) {
+        unsafe { gather_dequant_units::<1, PACKED, { hint::PLAIN }, false>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x4(p: DequantParams) {
         unsafe { gather_dequant_units::<4, PACKED, { hint::PLAIN }, false>(&p) }
     }
@@ -504,10 +530,5 @@ mod kernels {
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x8(p: DequantParams) {
         unsafe { gather_dequant_units::<8, PACKED, { hint::PLAIN }, false>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_bits(p: DequantParams) {
-        unsafe { gather_dequant::<BITS, false, { hint::STREAM }>(&p) }
     }
 }
