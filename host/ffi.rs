@@ -376,9 +376,9 @@ pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
 pub struct FfiPrefetcherConfig {
     /// Most rows per prefetch (rounded up to a power of two).
     pub capacity: u64,
-    /// Gather + dequant variant, an index into `dequant::VARIANTS` (0: `gather_dequant_cvt`;
-    /// [`fetchahead_prefetcher_config_default`] gives the fastest measured one).
-    pub variant: u32,
+    /// Gather + dequant variant by name (a NUL-terminated string, `fetchahead kernels` lists
+    /// them); null: the fastest measured for the device's arch.
+    pub variant: *const c_char,
     /// Nonzero: check mode.
     pub check: u32,
     /// Nonzero: fall back to the synchronous path after a lookup error.
@@ -390,8 +390,9 @@ pub struct FfiPrefetcherConfig {
     pub _reserved: u32,
 }
 
-/// Writes the recommended configuration to `*out`: capacity 4096, the fastest measured
-/// gather + dequant variant, flag completion (the measured best), fallback on, check mode off.
+/// Writes the recommended configuration to `*out`: capacity 4096, the arch's fastest measured
+/// gather + dequant variant (`variant` null), flag completion (the measured best), fallback
+/// on, check mode off.
 ///
 /// # Safety
 /// `out` is writable.
@@ -405,7 +406,7 @@ pub unsafe extern "C" fn fetchahead_prefetcher_config_default(
         let d = PrefetcherConfig::default();
         *out = FfiPrefetcherConfig {
             capacity: d.capacity as u64,
-            variant: d.variant as u32,
+            variant: std::ptr::null(),
             check: d.check as u32,
             fallback_on_error: d.fallback_on_error as u32,
             completion: match d.completion {
@@ -423,6 +424,17 @@ pub unsafe extern "C" fn fetchahead_prefetcher_config_default(
 pub const FETCHAHEAD_COMPLETION_HOST_FUNCTION: u32 = 0;
 /// Lookups run on the prefetcher's own worker thread; the stream waits on a pinned flag.
 pub const FETCHAHEAD_COMPLETION_FLAG: u32 = 1;
+
+/// The variant table's own name for the C string `name` (null: `None`, the device's default).
+fn variant_named(name: *const c_char) -> Result<Option<&'static str>> {
+    if name.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller passes a NUL-terminated string (the header's contract for `variant`).
+    let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+    let index = crate::kernels::dequant_variant_named(&name)?;
+    Ok(Some(fetchahead_gpu::dequant::VARIANTS[index].name))
+}
 
 /// A prefetcher (it holds its table's rows alive).
 pub struct PrefetcherHandle {
@@ -528,7 +540,7 @@ unsafe fn create_prefetcher(
     };
     let config = PrefetcherConfig {
         capacity: usize::try_from(config.capacity).unwrap_or(usize::MAX),
-        variant: config.variant as usize,
+        variant: variant_named(config.variant)?,
         check: config.check != 0,
         fallback_on_error: config.fallback_on_error != 0,
         completion: match config.completion {

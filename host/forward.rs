@@ -394,9 +394,10 @@ impl SimulatedForward {
                         dim: self.dim as u32,
                         _pad: 0,
                     };
+                    let variant = self.kernels.dequant_variant(None)?;
                     // SAFETY: the layer's resident table holds `rows` rows, `ids` n ids, `out` n
                     // rows.
-                    unsafe { self.kernels.launch_gather_dequant(s, 0, p)? };
+                    unsafe { self.kernels.launch_gather_dequant(s, variant, p)? };
                 }
                 // SAFETY: n ids and n * dim bf16 of output, both this forward's.
                 GatherPath::Sync => unsafe {

@@ -31,8 +31,9 @@ use crate::{Error, Result, host_fn, stream};
 pub struct PrefetcherConfig {
     /// Most rows per prefetch (rounded up to a power of two).
     pub capacity: usize,
-    /// The gather + dequant variant, an index into `fetchahead_gpu::dequant::VARIANTS`.
-    pub variant: usize,
+    /// The gather + dequant variant by name (`fetchahead_gpu::dequant::VARIANTS`); `None`: the
+    /// fastest measured for the device's arch (`fetchahead_gpu::defaults`).
+    pub variant: Option<&'static str>,
     /// Run the synchronous path after every prefetched gather and count differing outputs.
     pub check: bool,
     /// Check mode: how often the count is logged (read without waiting, by the gathers or
@@ -58,23 +59,11 @@ pub enum Completion {
     Flag,
 }
 
-/// The gather + dequant variant prefetchers use unless told otherwise: the fastest measured on
-/// the H200 (BENCHMARKS.md), an index into `fetchahead_gpu::dequant::VARIANTS`.
-pub fn default_dequant_variant() -> usize {
-    fetchahead_gpu::dequant::VARIANTS
-        .iter()
-        .position(|v| v.name == DEFAULT_DEQUANT)
-        .unwrap_or(0)
-}
-
-/// The name of [`default_dequant_variant`].
-pub const DEFAULT_DEQUANT: &str = "gather_dequant_packed_nohint";
-
 impl Default for PrefetcherConfig {
     fn default() -> Self {
         PrefetcherConfig {
             capacity: 4096,
-            variant: default_dequant_variant(),
+            variant: None,
             check: false,
             check_log_every: Duration::from_secs(10),
             fallback_on_error: true,
@@ -207,6 +196,8 @@ struct Pending {
 pub struct Prefetcher {
     kernels: Arc<Kernels>,
     config: PrefetcherConfig,
+    /// `config.variant` resolved: an index into `fetchahead_gpu::dequant::VARIANTS`.
+    variant: usize,
     dim: usize,
     side: Arc<CudaStream>,
     fork: CudaEvent,
@@ -270,14 +261,7 @@ impl Prefetcher {
     ) -> Result<Prefetcher> {
         let dim = store.dim();
         let layout = StagingLayout::new(config.capacity, dim)?;
-        fetchahead_gpu::dequant::VARIANTS
-            .get(config.variant)
-            .ok_or_else(|| {
-                Error::invalid(
-                    "gather variant",
-                    format!("no dequant variant {}", config.variant),
-                )
-            })?;
+        let variant = kernels.dequant_variant(config.variant)?;
         let ctx = kernels.gpu().ctx.clone();
         // Prefetchers sharing a lane share its side stream too, so that their requests reach the
         // lane in the order they were enqueued (an earlier layer's never behind a later one's).
@@ -317,6 +301,7 @@ impl Prefetcher {
             join: ctx.new_event(None).call("cuEventCreate")?,
             kernels,
             config,
+            variant,
             dim,
             side,
             flag,
@@ -355,7 +340,7 @@ impl Prefetcher {
     /// First use of every buffer, kernel and the host-function path, eagerly. Call it before
     /// capturing a graph that prefetches; an eager prefetch warms on first use by itself.
     pub fn warm(&mut self) -> Result<()> {
-        let (kernels, variant, side) = (&*self.kernels, self.config.variant, &*self.side);
+        let (kernels, variant, side) = (&*self.kernels, self.variant, &*self.side);
         self.ahead.staging.warm(kernels, variant, side)?;
         self.sync.staging.warm(kernels, variant, side)?;
         let s = side.cu_stream();
@@ -475,7 +460,7 @@ impl Prefetcher {
                     // SAFETY: the staged rows hold `count` rows; the caller vouches for `out`.
                     unsafe {
                         self.kernels
-                            .launch_gather_dequant(main, self.config.variant, params)?
+                            .launch_gather_dequant(main, self.variant, params)?
                     };
                 }
                 self.gathers += 1;
@@ -540,7 +525,7 @@ impl Prefetcher {
             // SAFETY: the staged rows hold `count` rows; the caller vouches for `out`.
             unsafe {
                 self.kernels
-                    .launch_gather_dequant(main, self.config.variant, params)?
+                    .launch_gather_dequant(main, self.variant, params)?
             };
         }
         self.sync_gathers += 1;

@@ -101,7 +101,8 @@ void fetchahead_lookup(void *work);
 
 typedef struct fetchahead_prefetcher_config {
     uint64_t capacity;          /* most ids per prefetch (rounded up to a power of two) */
-    uint32_t variant;           /* gather + dequant variant index (0: gather_dequant_cvt) */
+    const char *variant;        /* gather + dequant variant by name (`fetchahead kernels`);
+                                 * NULL: the fastest measured for the device's arch */
     uint32_t check;             /* nonzero: check mode (synchronous path after each gather) */
     uint32_t fallback_on_error; /* nonzero: after a lookup error, gather synchronously */
     uint32_t completion;        /* FETCHAHEAD_COMPLETION_* */
@@ -109,8 +110,9 @@ typedef struct fetchahead_prefetcher_config {
     uint32_t _reserved;         /* 0 */
 } fetchahead_prefetcher_config;
 
-/* The recommended configuration: capacity 4096, the fastest measured gather + dequant variant,
- * FETCHAHEAD_COMPLETION_FLAG (the measured best), fallback on, check mode off. */
+/* The recommended configuration: capacity 4096, variant NULL (the arch's fastest measured
+ * gather + dequant variant), FETCHAHEAD_COMPLETION_FLAG (the measured best), fallback on, check
+ * mode off. */
 int fetchahead_prefetcher_config_default(fetchahead_prefetcher_config *out);
 
 enum {

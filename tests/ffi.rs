@@ -143,7 +143,7 @@ fn prefetch_and_gather_through_the_abi() {
     let table = open(1 << 12, 7);
     let config = FfiPrefetcherConfig {
         capacity: 256,
-        variant: 0,
+        variant: ptr::null(),
         check: 1,
         fallback_on_error: 1,
         completion: FETCHAHEAD_COMPLETION_HOST_FUNCTION,
@@ -273,7 +273,7 @@ fn two_prefetchers_share_a_flag_lane_through_the_abi() {
     assert_eq!(rc, FETCHAHEAD_OK, "{}", last_error());
     let config = |completion| FfiPrefetcherConfig {
         capacity: 256,
-        variant: 0,
+        variant: ptr::null(),
         check: 1,
         fallback_on_error: 1,
         completion,

@@ -74,7 +74,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device", file=sys.stderr)
         return 0
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())
     weights = torch.randint(0, 126, (ROWS, DIM), dtype=torch.uint8, device=dev)
     scales = torch.randint(120, 135, (ROWS, DIM // 32), dtype=torch.uint8, device=dev)
     table = torch.randint(0, 256, (ROWS, DIM), dtype=torch.uint8, device=dev)
@@ -84,7 +84,7 @@ def main() -> int:
 
     t = fetchahead._torch
     native = t.native_device(dev)
-    gd, g = t.variant_index("gather_dequant", None), t.variant_index("gather", None)
+    gd, g = t.variant_index(dev, "gather_dequant", None), t.variant_index(dev, "gather", None)
     stream = torch.cuda.current_stream().cuda_stream
     w_p, s_p, i_p, o_p = weights.data_ptr(), scales.data_ptr(), ids.data_ptr(), out.data_ptr()
     t_p, r_p = table.data_ptr(), rows.data_ptr()
@@ -104,17 +104,17 @@ def main() -> int:
     cases = {
         "gather_dequant_out": (
             lambda: fetchahead.gather_dequant_out(weights, scales, ids, out),
-            lambda: torch.ops.fetchahead.gather_dequant_out.default(weights, scales, ids, out, None, gd),
+            lambda: torch.ops.fetchahead.gather_dequant_out.default(weights, scales, ids, out, None, None),
             lambda: native.gather_dequant(gd, w_p, s_p, ROWS, DIM, i_p, N, o_p, 0, stream),
         ),
         "gather_dequant (allocates)": (
             lambda: fetchahead.gather_dequant(weights, scales, ids),
-            lambda: torch.ops.fetchahead.gather_dequant.default(weights, scales, ids, None, gd),
+            lambda: torch.ops.fetchahead.gather_dequant.default(weights, scales, ids, None, None),
             lambda: native.gather_dequant(gd, w_p, s_p, ROWS, DIM, i_p, N, o_p, 0, stream),
         ),
         "gather_out": (
             lambda: fetchahead.gather_out(table, ids, rows),
-            lambda: torch.ops.fetchahead.gather_out.default(table, ids, rows, None, g),
+            lambda: torch.ops.fetchahead.gather_out.default(table, ids, rows, None, None),
             lambda: native.gather(g, t_p, ROWS, DIM, i_p, N, r_p, 0, stream),
         ),
         "prefetch + gather_dequant": (pair_op, None, pair_rust),

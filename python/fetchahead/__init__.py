@@ -103,8 +103,8 @@ def variants() -> dict[str, list[tuple[str, str]]]:
 
 
 def default_variant(family: str, arch: Optional[str] = None) -> str:
-    """The variant ``family`` ("gather" or "gather_dequant") uses by default: the fastest
-    measured for the device's arch."""
+    """The variant ``family`` ("gather" or "gather_dequant") uses by default on ``arch``
+    (``"sm_90"``, ``"sm_121a"``; None: the tested chip's): the fastest measured there."""
     return _native.default_variant(family, arch)
 
 
@@ -466,7 +466,7 @@ class Prefetcher:
             native_source,
             layer,
             capacity,
-            t.variant_index("gather_dequant", variant),
+            t.checked_variant("gather_dequant", variant),
             check,
             fallback_on_error,
             completion,

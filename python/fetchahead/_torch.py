@@ -50,20 +50,28 @@ def stream_of(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-# Variant names to indices, per family; None is the family's default. Plain dicts, so that
-# torch.compile traces the lookup.
-_VARIANTS: dict[str, dict[Optional[str], int]] = {}
-for _family, _listed in _native.variants().items():
-    _VARIANTS[_family] = {name: i for i, (name, _) in enumerate(_listed)}
-    _VARIANTS[_family][None] = _VARIANTS[_family][_native.default_variant(_family, None)]
+# The variant names of each family: checked when tracing too (the fake implementations), and
+# resolved to an index per device (its arch's default for None) in the real ones.
+_VARIANT_NAMES: dict[str, frozenset] = {
+    family: frozenset(name for name, _ in listed) for family, listed in _native.variants().items()
+}
+_resolved: dict[tuple[int, str, Optional[str]], int] = {}
 
 
-def variant_index(family: str, name: Optional[str]) -> int:
-    """The index of variant ``name`` of ``family`` (None: the default)."""
-    found = _VARIANTS[family].get(name)
-    if found is None:
-        listed = ", ".join(n for n in _VARIANTS[family] if n is not None)
+def check_variant(family: str, name: Optional[str]) -> None:
+    if name is not None and name not in _VARIANT_NAMES[family]:
+        listed = ", ".join(sorted(_VARIANT_NAMES[family]))
         raise _bad("variant", f"{name!r} is not a {family} variant; want one of {listed}")
+
+
+def variant_index(device: torch.device, family: str, name: Optional[str]) -> int:
+    """The index of variant ``name`` of ``family`` on ``device`` (None: its arch's default)."""
+    key = (device.index, family, name)
+    found = _resolved.get(key)
+    if found is None:
+        check_variant(family, name)
+        found = native_device(device).variant_index(family, name)
+        _resolved[key] = found
     return found
 
 
@@ -149,7 +157,7 @@ def _launch_gather(
     ids: torch.Tensor,
     out: torch.Tensor,
     status: Optional[torch.Tensor],
-    variant: int,
+    variant: Optional[str],
 ) -> None:
     row_bytes = _check_gather_shapes(table, ids)
     _check_status(status)
@@ -161,7 +169,7 @@ def _launch_gather(
         return
     dev = native_device(device)
     dev.gather(
-        variant,
+        variant_index(device, "gather", variant),
         _device_address(table, "table", device, 16),
         table.shape[0],
         row_bytes,
@@ -179,7 +187,7 @@ def _launch_gather_dequant(
     ids: torch.Tensor,
     out: torch.Tensor,
     status: Optional[torch.Tensor],
-    variant: int,
+    variant: Optional[str],
 ) -> None:
     dim = _check_dequant_shapes(weights, scales, ids)
     _check_status(status)
@@ -191,7 +199,7 @@ def _launch_gather_dequant(
         return
     dev = native_device(device)
     dev.gather_dequant(
-        variant,
+        variant_index(device, "gather_dequant", variant),
         _device_address(weights, "weights", device, 16),
         _device_address(scales, "scales", device, 1),
         weights.shape[0],
@@ -220,7 +228,7 @@ def _check_out(out: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) ->
 
 @torch.library.custom_op("fetchahead::gather", mutates_args=("status",))
 def _gather(
-    table: torch.Tensor, ids: torch.Tensor, status: Optional[torch.Tensor], variant: int
+    table: torch.Tensor, ids: torch.Tensor, status: Optional[torch.Tensor], variant: Optional[str]
 ) -> torch.Tensor:
     _check_gather_shapes(table, ids)
     out = torch.empty((ids.shape[0], table.shape[1]), dtype=table.dtype, device=ids.device)
@@ -230,6 +238,7 @@ def _gather(
 
 @_gather.register_fake
 def _gather_fake(table, ids, status, variant):
+    check_variant("gather", variant)
     _check_gather_shapes(table, ids)
     _check_status(status)
     return ids.new_empty((ids.shape[0], table.shape[1]), dtype=table.dtype)
@@ -241,7 +250,7 @@ def _gather_out(
     ids: torch.Tensor,
     out: torch.Tensor,
     status: Optional[torch.Tensor],
-    variant: int,
+    variant: Optional[str],
 ) -> None:
     _check_gather_shapes(table, ids)
     _check_out(out, (ids.shape[0], table.shape[1]), table.dtype)
@@ -250,6 +259,7 @@ def _gather_out(
 
 @_gather_out.register_fake
 def _gather_out_fake(table, ids, out, status, variant):
+    check_variant("gather", variant)
     _check_gather_shapes(table, ids)
     _check_out(out, (ids.shape[0], table.shape[1]), table.dtype)
     _check_status(status)
@@ -261,7 +271,7 @@ def _gather_dequant(
     scales: torch.Tensor,
     ids: torch.Tensor,
     status: Optional[torch.Tensor],
-    variant: int,
+    variant: Optional[str],
 ) -> torch.Tensor:
     dim = _check_dequant_shapes(weights, scales, ids)
     out = torch.empty((ids.shape[0], dim), dtype=torch.bfloat16, device=ids.device)
@@ -271,6 +281,7 @@ def _gather_dequant(
 
 @_gather_dequant.register_fake
 def _gather_dequant_fake(weights, scales, ids, status, variant):
+    check_variant("gather_dequant", variant)
     dim = _check_dequant_shapes(weights, scales, ids)
     _check_status(status)
     return ids.new_empty((ids.shape[0], dim), dtype=torch.bfloat16)
@@ -283,7 +294,7 @@ def _gather_dequant_out(
     ids: torch.Tensor,
     out: torch.Tensor,
     status: Optional[torch.Tensor],
-    variant: int,
+    variant: Optional[str],
 ) -> None:
     dim = _check_dequant_shapes(weights, scales, ids)
     _check_out(out, (ids.shape[0], dim), torch.bfloat16)
@@ -292,6 +303,7 @@ def _gather_dequant_out(
 
 @_gather_dequant_out.register_fake
 def _gather_dequant_out_fake(weights, scales, ids, out, status, variant):
+    check_variant("gather_dequant", variant)
     dim = _check_dequant_shapes(weights, scales, ids)
     _check_out(out, (ids.shape[0], dim), torch.bfloat16)
     _check_status(status)
@@ -318,7 +330,7 @@ def gather(
     ``ids``, on the current stream. An id outside ``0..rows`` gives a zero row and is counted in
     ``status`` (a :class:`fetchahead.IdStatus`, read later without a sync on the hot path).
     ``variant`` names a kernel of ``variants()["gather"]`` (default: the fastest measured)."""
-    return ops.gather(table, ids, _status_tensor(status), variant_index("gather", variant))
+    return ops.gather(table, ids, _status_tensor(status), variant)
 
 
 def gather_out(
@@ -331,7 +343,7 @@ def gather_out(
 ) -> torch.Tensor:
     """:func:`gather` into ``out`` (``[n, width]``, the table's dtype, contiguous, 16-byte
     aligned, on the ids' device); returns ``out``."""
-    ops.gather_out(table, ids, out, _status_tensor(status), variant_index("gather", variant))
+    ops.gather_out(table, ids, out, _status_tensor(status), variant)
     return out
 
 
@@ -349,9 +361,7 @@ def gather_dequant(
     host memory; returns ``[n, dim]`` bfloat16, exactly ``bf16(e4m3 * 2^(e8m0 - 127))``.
     ``variant`` names a kernel of ``variants()["gather_dequant"]``; ``status`` as for
     :func:`gather`."""
-    return ops.gather_dequant(
-        weights, scales, ids, _status_tensor(status), variant_index("gather_dequant", variant)
-    )
+    return ops.gather_dequant(weights, scales, ids, _status_tensor(status), variant)
 
 
 def gather_dequant_out(
@@ -371,7 +381,7 @@ def gather_dequant_out(
         ids,
         out,
         _status_tensor(status),
-        variant_index("gather_dequant", variant),
+        variant,
     )
     return out
 
@@ -490,3 +500,8 @@ def _sync_gather_dequant_fake(handle, ids, ticket):
     _check_ids(ids)
     native, _ = _prefetcher(handle)
     return ids.new_empty((ids.shape[0], native.dim), dtype=torch.bfloat16)
+
+
+def checked_variant(family: str, name: Optional[str]) -> Optional[str]:
+    check_variant(family, name)
+    return name

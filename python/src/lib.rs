@@ -12,9 +12,7 @@ use fetchahead::flag_worker::FlagLane as RustFlagLane;
 use fetchahead::kernels::Kernels;
 use fetchahead::l2_plan::{L2Plan as RustL2Plan, PlanConfig, Signature};
 use fetchahead::lookup::{MemoryRows, RowLookup};
-use fetchahead::prefetcher::{
-    Completion, DEFAULT_DEQUANT, Prefetcher as RustPrefetcher, PrefetcherConfig,
-};
+use fetchahead::prefetcher::{Completion, Prefetcher as RustPrefetcher, PrefetcherConfig};
 use fetchahead::segments::SegmentTable;
 use fetchahead::store::{LayerRows, ReadPath, RowStore as RustRowStore, StoreOptions};
 use pyo3::prelude::*;
@@ -24,9 +22,6 @@ mod errors;
 mod logs;
 
 use errors::to_py;
-
-/// The fastest gather variant measured on the H200 (BENCHMARKS.md).
-const DEFAULT_GATHER: &str = "gather_chunk16_nohint_x2";
 
 type PyRes<T> = PyResult<T>;
 
@@ -54,14 +49,18 @@ fn variants(py: Python<'_>) -> PyRes<Bound<'_, PyDict>> {
     Ok(d)
 }
 
-/// The default variant's name of `family` ("gather" or "gather_dequant") for an arch.
+/// The default variant's name of `family` ("gather" or "gather_dequant") for `arch` (None:
+/// the tested chip's, `fetchahead_gpu::defaults`).
 #[pyfunction]
 #[pyo3(signature = (family, arch=None))]
 fn default_variant(py: Python<'_>, family: &str, arch: Option<&str>) -> PyRes<&'static str> {
-    let _ = arch; // one default for every arch until others are measured
+    let d = match arch {
+        Some(arch) => fetchahead::device_abi::defaults::for_arch(arch),
+        None => &fetchahead::device_abi::defaults::BY_ARCH[0],
+    };
     match family {
-        "gather" => Ok(DEFAULT_GATHER),
-        "gather_dequant" => Ok(DEFAULT_DEQUANT),
+        "gather" => Ok(d.gather),
+        "gather_dequant" => Ok(d.dequant),
         other => done(
             py,
             Err(fetchahead::Error::Invalid {
@@ -171,6 +170,16 @@ impl Device {
     #[getter]
     fn name(&self) -> String {
         self.kernels.gpu().name.clone()
+    }
+
+    /// The index of variant `name` of `family` (None: this arch's default).
+    #[pyo3(signature = (family, name=None))]
+    fn variant_index(&self, py: Python<'_>, family: &str, name: Option<&str>) -> PyRes<usize> {
+        let r = match family {
+            "gather" => self.kernels.gather_variant(name),
+            _ => self.kernels.dequant_variant(name),
+        };
+        done(py, r)
     }
 
     #[getter]
@@ -601,7 +610,7 @@ impl Prefetcher {
         source: &Bound<'_, PyAny>,
         layer: u32,
         capacity: usize,
-        variant: usize,
+        variant: Option<String>,
         check: bool,
         fallback_on_error: bool,
         completion: &str,
@@ -637,6 +646,13 @@ impl Prefetcher {
                 }
             };
             let defaults = PrefetcherConfig::default();
+            let variant = match variant {
+                Some(name) => {
+                    let i = fetchahead::kernels::dequant_variant_named(&name)?;
+                    Some(dequant::VARIANTS[i].name)
+                }
+                None => None,
+            };
             let config = PrefetcherConfig {
                 capacity,
                 variant,

@@ -22,7 +22,8 @@ def test_variants_list_both_families_and_the_defaults_are_listed():
     assert "gather_chunk16_nohint_x2" in gather
     assert fetchahead.default_variant("gather") in gather
     assert fetchahead.default_variant("gather_dequant") in dequant
-    assert fetchahead.default_variant("gather_dequant") == "gather_dequant_packed_nohint"
+    assert fetchahead.default_variant("gather", "sm_90") in gather
+    assert fetchahead.default_variant("gather_dequant", "sm_121a") in dequant
 
 
 def test_an_unknown_variant_is_a_value_error_naming_it():
