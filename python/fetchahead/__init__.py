@@ -475,7 +475,7 @@ class Prefetcher:
             rank,
         )
         self.handle, self._ticket = t.register_prefetcher(self._prefetcher, self._device)
-        self._ops = t.ops
+        self._t = t
 
     @property
     def dim(self) -> int:
@@ -488,21 +488,18 @@ class Prefetcher:
     def prefetch(self, ids: "torch.Tensor") -> None:
         """Starts fetching the rows of int64 CUDA ``ids`` on the side stream, after the work
         enqueued on the current stream so far."""
-        self._ops.prefetch(self.handle, ids, self._ticket)
+        self._t.prefetch(self.handle, ids, self._ticket)
 
     def gather_dequant(
         self, ids: "torch.Tensor", *, out: Optional["torch.Tensor"] = None
     ) -> "torch.Tensor":
         """Joins the side stream and returns the rows of the ``ids`` last prefetched as
         ``[n, dim]`` bfloat16 (into ``out`` when given)."""
-        if out is None:
-            return self._ops.prefetched_gather_dequant(self.handle, ids, self._ticket)
-        self._ops.prefetched_gather_dequant_out(self.handle, ids, self._ticket, out)
-        return out
+        return self._t.prefetched_gather_dequant(self.handle, ids, self._ticket, out)
 
     def gather_dequant_sync(self, ids: "torch.Tensor") -> "torch.Tensor":
         """The synchronous path: lookup and gather of ``ids`` on the current stream."""
-        return self._ops.sync_gather_dequant(self.handle, ids, self._ticket)
+        return self._t.sync_gather_dequant(self.handle, ids, self._ticket)
 
     def take_errors(self) -> list[tuple[str, list[int]]]:
         """The failed lookups since the last call (their rows were zero-filled), oldest first:

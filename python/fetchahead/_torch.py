@@ -9,6 +9,7 @@ import threading
 from typing import Any, Optional
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _native
 from .errors import InvalidArgumentError
@@ -226,7 +227,6 @@ def _check_out(out: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) ->
 # ---- the kernel ops ----------------------------------------------------------------------------
 
 
-@torch.library.custom_op("fetchahead::gather", mutates_args=("status",))
 def _gather(
     table: torch.Tensor, ids: torch.Tensor, status: Optional[torch.Tensor], variant: Optional[str]
 ) -> torch.Tensor:
@@ -236,7 +236,6 @@ def _gather(
     return out
 
 
-@_gather.register_fake
 def _gather_fake(table, ids, status, variant):
     check_variant("gather", variant)
     _check_gather_shapes(table, ids)
@@ -244,7 +243,6 @@ def _gather_fake(table, ids, status, variant):
     return ids.new_empty((ids.shape[0], table.shape[1]), dtype=table.dtype)
 
 
-@torch.library.custom_op("fetchahead::gather_out", mutates_args=("out", "status"))
 def _gather_out(
     table: torch.Tensor,
     ids: torch.Tensor,
@@ -257,7 +255,6 @@ def _gather_out(
     _launch_gather(table, ids, out, status, variant)
 
 
-@_gather_out.register_fake
 def _gather_out_fake(table, ids, out, status, variant):
     check_variant("gather", variant)
     _check_gather_shapes(table, ids)
@@ -265,7 +262,6 @@ def _gather_out_fake(table, ids, out, status, variant):
     _check_status(status)
 
 
-@torch.library.custom_op("fetchahead::gather_dequant", mutates_args=("status",))
 def _gather_dequant(
     weights: torch.Tensor,
     scales: torch.Tensor,
@@ -279,7 +275,6 @@ def _gather_dequant(
     return out
 
 
-@_gather_dequant.register_fake
 def _gather_dequant_fake(weights, scales, ids, status, variant):
     check_variant("gather_dequant", variant)
     dim = _check_dequant_shapes(weights, scales, ids)
@@ -287,7 +282,6 @@ def _gather_dequant_fake(weights, scales, ids, status, variant):
     return ids.new_empty((ids.shape[0], dim), dtype=torch.bfloat16)
 
 
-@torch.library.custom_op("fetchahead::gather_dequant_out", mutates_args=("out", "status"))
 def _gather_dequant_out(
     weights: torch.Tensor,
     scales: torch.Tensor,
@@ -301,7 +295,6 @@ def _gather_dequant_out(
     _launch_gather_dequant(weights, scales, ids, out, status, variant)
 
 
-@_gather_dequant_out.register_fake
 def _gather_dequant_out_fake(weights, scales, ids, out, status, variant):
     check_variant("gather_dequant", variant)
     dim = _check_dequant_shapes(weights, scales, ids)
@@ -318,6 +311,15 @@ def _status_tensor(status: Any) -> Optional[torch.Tensor]:
     return tensor
 
 
+def _eager(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether a call may launch directly instead of through the dispatcher: not being traced
+    or compiled, no dispatch mode active, plain tensors. The op path does the same launch; this
+    one skips the dispatcher's per-call cost in eager code (CUDA graph capture included)."""
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return False
+    return all(t is None or type(t) is torch.Tensor for t in tensors)
+
+
 def gather(
     table: torch.Tensor,
     ids: torch.Tensor,
@@ -330,7 +332,10 @@ def gather(
     ``ids``, on the current stream. An id outside ``0..rows`` gives a zero row and is counted in
     ``status`` (a :class:`fetchahead.IdStatus`, read later without a sync on the hot path).
     ``variant`` names a kernel of ``variants()["gather"]`` (default: the fastest measured)."""
-    return ops.gather(table, ids, _status_tensor(status), variant)
+    status = _status_tensor(status)
+    if _eager(table, ids, status):
+        return _gather(table, ids, status, variant)
+    return ops.gather(table, ids, status, variant)
 
 
 def gather_out(
@@ -343,7 +348,11 @@ def gather_out(
 ) -> torch.Tensor:
     """:func:`gather` into ``out`` (``[n, width]``, the table's dtype, contiguous, 16-byte
     aligned, on the ids' device); returns ``out``."""
-    ops.gather_out(table, ids, out, _status_tensor(status), variant)
+    status = _status_tensor(status)
+    if _eager(table, ids, out, status):
+        _gather_out(table, ids, out, status, variant)
+    else:
+        ops.gather_out(table, ids, out, status, variant)
     return out
 
 
@@ -361,7 +370,10 @@ def gather_dequant(
     host memory; returns ``[n, dim]`` bfloat16, exactly ``bf16(e4m3 * 2^(e8m0 - 127))``.
     ``variant`` names a kernel of ``variants()["gather_dequant"]``; ``status`` as for
     :func:`gather`."""
-    return ops.gather_dequant(weights, scales, ids, _status_tensor(status), variant)
+    status = _status_tensor(status)
+    if _eager(weights, scales, ids, status):
+        return _gather_dequant(weights, scales, ids, status, variant)
+    return ops.gather_dequant(weights, scales, ids, status, variant)
 
 
 def gather_dequant_out(
@@ -375,14 +387,11 @@ def gather_dequant_out(
 ) -> torch.Tensor:
     """:func:`gather_dequant` into ``out`` (``[n, dim]`` bfloat16, contiguous, 16-byte
     aligned); returns ``out``."""
-    ops.gather_dequant_out(
-        weights,
-        scales,
-        ids,
-        out,
-        _status_tensor(status),
-        variant,
-    )
+    status = _status_tensor(status)
+    if _eager(weights, scales, ids, out, status):
+        _gather_dequant_out(weights, scales, ids, out, status, variant)
+    else:
+        ops.gather_dequant_out(weights, scales, ids, out, status, variant)
     return out
 
 
@@ -428,14 +437,12 @@ def _check_prefetch_ids(ids: torch.Tensor, device: torch.device) -> int:
     return address
 
 
-@torch.library.custom_op("fetchahead::prefetch", mutates_args=("ticket",))
 def _prefetch(handle: int, ids: torch.Tensor, ticket: torch.Tensor) -> None:
     native, device = _prefetcher(handle)
     address = _check_prefetch_ids(ids, device)
     native.prefetch(address, ids.shape[0], torch.cuda.current_stream(device).cuda_stream)
 
 
-@_prefetch.register_fake
 def _prefetch_fake(handle, ids, ticket):
     _check_ids(ids)
 
@@ -444,7 +451,6 @@ def _dequant_out(native: Any, device: torch.device, ids: torch.Tensor) -> torch.
     return torch.empty((ids.shape[0], native.dim), dtype=torch.bfloat16, device=device)
 
 
-@torch.library.custom_op("fetchahead::prefetched_gather_dequant", mutates_args=())
 def _prefetched_gather_dequant(
     handle: int, ids: torch.Tensor, ticket: torch.Tensor
 ) -> torch.Tensor:
@@ -455,14 +461,12 @@ def _prefetched_gather_dequant(
     return out
 
 
-@_prefetched_gather_dequant.register_fake
 def _prefetched_gather_dequant_fake(handle, ids, ticket):
     _check_ids(ids)
     native, _ = _prefetcher(handle)
     return ids.new_empty((ids.shape[0], native.dim), dtype=torch.bfloat16)
 
 
-@torch.library.custom_op("fetchahead::prefetched_gather_dequant_out", mutates_args=("out",))
 def _prefetched_gather_dequant_out(
     handle: int, ids: torch.Tensor, ticket: torch.Tensor, out: torch.Tensor
 ) -> None:
@@ -477,14 +481,12 @@ def _prefetched_gather_dequant_out(
     native.gather_dequant(address, torch.cuda.current_stream(device).cuda_stream)
 
 
-@_prefetched_gather_dequant_out.register_fake
 def _prefetched_gather_dequant_out_fake(handle, ids, ticket, out):
     _check_ids(ids)
     native, _ = _prefetcher(handle)
     _check_out(out, (ids.shape[0], native.dim), torch.bfloat16)
 
 
-@torch.library.custom_op("fetchahead::sync_gather_dequant", mutates_args=())
 def _sync_gather_dequant(handle: int, ids: torch.Tensor, ticket: torch.Tensor) -> torch.Tensor:
     native, device = _prefetcher(handle)
     address = _check_prefetch_ids(ids, device)
@@ -495,7 +497,6 @@ def _sync_gather_dequant(handle: int, ids: torch.Tensor, ticket: torch.Tensor) -
     return out
 
 
-@_sync_gather_dequant.register_fake
 def _sync_gather_dequant_fake(handle, ids, ticket):
     _check_ids(ids)
     native, _ = _prefetcher(handle)
@@ -505,3 +506,45 @@ def _sync_gather_dequant_fake(handle, ids, ticket):
 def checked_variant(family: str, name: Optional[str]) -> Optional[str]:
     check_variant(family, name)
     return name
+
+
+# ---- registration: each function above as a torch op with its fake implementation ---------------
+
+torch.library.custom_op("fetchahead::gather", _gather, mutates_args=("status",)).register_fake(_gather_fake)
+torch.library.custom_op("fetchahead::gather_out", _gather_out, mutates_args=("out", "status")).register_fake(_gather_out_fake)
+torch.library.custom_op("fetchahead::gather_dequant", _gather_dequant, mutates_args=("status",)).register_fake(_gather_dequant_fake)
+torch.library.custom_op("fetchahead::gather_dequant_out", _gather_dequant_out, mutates_args=("out", "status")).register_fake(_gather_dequant_out_fake)
+torch.library.custom_op("fetchahead::prefetch", _prefetch, mutates_args=("ticket",)).register_fake(_prefetch_fake)
+torch.library.custom_op("fetchahead::prefetched_gather_dequant", _prefetched_gather_dequant, mutates_args=()).register_fake(_prefetched_gather_dequant_fake)
+torch.library.custom_op("fetchahead::prefetched_gather_dequant_out", _prefetched_gather_dequant_out, mutates_args=("out",)).register_fake(_prefetched_gather_dequant_out_fake)
+torch.library.custom_op("fetchahead::sync_gather_dequant", _sync_gather_dequant, mutates_args=()).register_fake(_sync_gather_dequant_fake)
+
+
+# ---- the prefetcher's entry points (Prefetcher's methods call these) ---------------------------
+
+
+def prefetch(handle: int, ids: torch.Tensor, ticket: torch.Tensor) -> None:
+    if _eager(ids, ticket):
+        _prefetch(handle, ids, ticket)
+    else:
+        ops.prefetch(handle, ids, ticket)
+
+
+def prefetched_gather_dequant(
+    handle: int, ids: torch.Tensor, ticket: torch.Tensor, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    if out is None:
+        if _eager(ids, ticket):
+            return _prefetched_gather_dequant(handle, ids, ticket)
+        return ops.prefetched_gather_dequant(handle, ids, ticket)
+    if _eager(ids, ticket, out):
+        _prefetched_gather_dequant_out(handle, ids, ticket, out)
+    else:
+        ops.prefetched_gather_dequant_out(handle, ids, ticket, out)
+    return out
+
+
+def sync_gather_dequant(handle: int, ids: torch.Tensor, ticket: torch.Tensor) -> torch.Tensor:
+    if _eager(ids, ticket):
+        return _sync_gather_dequant(handle, ids, ticket)
+    return ops.sync_gather_dequant(handle, ids, ticket)

@@ -66,7 +66,7 @@ def test_a_compiled_forward_keeps_the_prefetch_before_the_gather(torch):
 
     handle, ticket = t.register_prefetcher(Native(), torch.device("cpu"))
     p = fetchahead.Prefetcher.__new__(fetchahead.Prefetcher)
-    p.handle, p._ticket, p._ops = handle, ticket, t.ops
+    p.handle, p._ticket, p._t = handle, ticket, t
     aot = []
 
     def fw(gm, inputs):
