@@ -196,13 +196,13 @@ void fetchahead_prefetcher_close(fetchahead_prefetcher *p);
 /* The layouts the library was built with (checked on the Rust side too). */
 #ifdef __cplusplus
 static_assert(sizeof(fetchahead_work) == 48, "fetchahead_work layout");
-static_assert(sizeof(fetchahead_prefetcher_config) == 32, "fetchahead_prefetcher_config layout");
+static_assert(sizeof(fetchahead_prefetcher_config) == 40, "fetchahead_prefetcher_config layout");
 static_assert(sizeof(fetchahead_counters) == 56, "fetchahead_counters layout");
 static_assert(sizeof(fetchahead_lookup_error) == 24 + FETCHAHEAD_MESSAGE_BYTES, "fetchahead_lookup_error layout");
 }
 #else
 _Static_assert(sizeof(fetchahead_work) == 48, "fetchahead_work layout");
-_Static_assert(sizeof(fetchahead_prefetcher_config) == 32, "fetchahead_prefetcher_config layout");
+_Static_assert(sizeof(fetchahead_prefetcher_config) == 40, "fetchahead_prefetcher_config layout");
 _Static_assert(sizeof(fetchahead_counters) == 56, "fetchahead_counters layout");
 _Static_assert(sizeof(fetchahead_lookup_error) == 24 + FETCHAHEAD_MESSAGE_BYTES, "fetchahead_lookup_error layout");
 #endif
