@@ -251,7 +251,7 @@ void fetchahead_l2_plan_close(fetchahead_l2_plan *plan);
 /* The layouts the library was built with (checked on the Rust side too). */
 #ifdef __cplusplus
 static_assert(sizeof(fetchahead_work) == 48, "fetchahead_work layout");
-static_assert(sizeof(fetchahead_prefetcher_config) == 32, "fetchahead_prefetcher_config layout");
+static_assert(sizeof(fetchahead_prefetcher_config) == 40, "fetchahead_prefetcher_config layout");
 static_assert(sizeof(fetchahead_counters) == 56, "fetchahead_counters layout");
 static_assert(sizeof(fetchahead_lookup_error) == 24 + FETCHAHEAD_MESSAGE_BYTES, "fetchahead_lookup_error layout");
 static_assert(sizeof(fetchahead_l2_forward_summary) == 32, "fetchahead_l2_forward_summary layout");
@@ -259,7 +259,7 @@ static_assert(sizeof(fetchahead_l2_counters) == 48, "fetchahead_l2_counters layo
 }
 #else
 _Static_assert(sizeof(fetchahead_work) == 48, "fetchahead_work layout");
-_Static_assert(sizeof(fetchahead_prefetcher_config) == 32, "fetchahead_prefetcher_config layout");
+_Static_assert(sizeof(fetchahead_prefetcher_config) == 40, "fetchahead_prefetcher_config layout");
 _Static_assert(sizeof(fetchahead_counters) == 56, "fetchahead_counters layout");
 _Static_assert(sizeof(fetchahead_lookup_error) == 24 + FETCHAHEAD_MESSAGE_BYTES, "fetchahead_lookup_error layout");
 _Static_assert(sizeof(fetchahead_l2_forward_summary) == 32, "fetchahead_l2_forward_summary layout");

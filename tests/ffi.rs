@@ -35,7 +35,7 @@ fn open(rows: u64, seed: u64) -> *mut TableHandle {
 fn struct_layouts_match_the_header() {
     // The sizes include/fetchahead.h asserts.
     assert_eq!(size_of::<Work>(), 48);
-    assert_eq!(size_of::<FfiPrefetcherConfig>(), 32);
+    assert_eq!(size_of::<FfiPrefetcherConfig>(), 40);
     assert_eq!(size_of::<FfiCounters>(), 56);
     assert_eq!(size_of::<FfiLookupError>(), 24 + FETCHAHEAD_MESSAGE_BYTES);
 }

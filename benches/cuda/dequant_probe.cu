@@ -92,6 +92,13 @@ int main() {
   double bytes = n * (256 + 8 + 512 + 8.0);
   printf("copy of %llu MiB: %.1f us, %.1f GB/s (read + write)\n", (unsigned long long)(n * 256 >> 20), copy, 2.0 * n * 256 / copy / 1e3);
   auto report = [&](const char* name, float us) { printf("%-44s %8.1f us  ratio %.3f\n", name, us, bytes / us / (2.0 * n * 256 / copy)); };
+  for (int per_sm : {2, 4, 8, 16}) {
+    int grid = sms * per_sm; char name[96];
+    snprintf(name, sizeof name, "units x1 full, %d blocks an SM", per_sm); report(name, time([&] { probe<1, 0><<<grid, 256>>>(w, sc, ids, out, n); }));
+    snprintf(name, sizeof name, "units x2 full, %d blocks an SM", per_sm); report(name, time([&] { probe<2, 0><<<grid, 256>>>(w, sc, ids, out, n); }));
+    snprintf(name, sizeof name, "units x4 full, %d blocks an SM", per_sm); report(name, time([&] { probe<4, 0><<<grid, 256>>>(w, sc, ids, out, n); }));
+    snprintf(name, sizeof name, "units x2 no scale, %d blocks an SM", per_sm); report(name, time([&] { probe<2, 1><<<grid, 256>>>(w, sc, ids, out, n); }));
+  }
   for (int gran : {0, 32}) {
     if (gran) CK(cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, gran));
     size_t g = 0; cudaDeviceGetLimit(&g, cudaLimitMaxL2FetchGranularity); printf("-- L2 fetch granularity limit %zu\n", g);
