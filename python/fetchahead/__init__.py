@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import weakref
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
 
 import numpy as np
@@ -476,6 +477,8 @@ class Prefetcher:
         )
         self.handle, self._ticket = t.register_prefetcher(self._prefetcher, self._device)
         self._t = t
+        # The ops find the prefetcher by handle; dropping this object releases it (as close()).
+        self._finalizer = weakref.finalize(self, t.unregister_prefetcher, self.handle)
 
     @property
     def dim(self) -> int:
@@ -527,8 +530,10 @@ class Prefetcher:
         return self._prefetcher.poll_check(_torch_ops().stream_of(self._device))
 
     def close(self) -> None:
-        """Releases the prefetcher after waiting for the device (no graph may replay it)."""
-        _torch_ops().unregister_prefetcher(self.handle)
+        """Releases the prefetcher after waiting for the device (no graph may replay it);
+        dropping the last reference does the same."""
+        self._finalizer()
+        self._prefetcher = None
 
 
 class L2Plan:
