@@ -411,7 +411,9 @@ def register_prefetcher(native: Any, device: torch.device) -> tuple[int, torch.T
     with _handles_lock:
         handle = _next_handle[0]
         _next_handle[0] += 1
-        _prefetchers[handle] = (native, device)
+        # [native, device, the ids of the pending prefetch]: holding the ids tensor until the
+        # gather keeps the allocator from reusing its memory before the side stream read it.
+        _prefetchers[handle] = [native, device, None]
     return handle, torch.zeros(1, dtype=torch.int32, device=device)
 
 
@@ -420,11 +422,16 @@ def unregister_prefetcher(handle: int) -> None:
         _prefetchers.pop(handle, None)
 
 
-def _prefetcher(handle: int) -> tuple[Any, torch.device]:
+def _entry(handle: int) -> list:
     found = _prefetchers.get(handle)
     if found is None:
         raise _bad("handle", f"no live prefetcher {handle}")
     return found
+
+
+def _prefetcher(handle: int) -> tuple[Any, torch.device]:
+    entry = _entry(handle)
+    return entry[0], entry[1]
 
 
 def _check_prefetch_ids(ids: torch.Tensor, device: torch.device) -> int:
@@ -438,9 +445,11 @@ def _check_prefetch_ids(ids: torch.Tensor, device: torch.device) -> int:
 
 
 def _prefetch(handle: int, ids: torch.Tensor, ticket: torch.Tensor) -> None:
-    native, device = _prefetcher(handle)
+    entry = _entry(handle)
+    native, device = entry[0], entry[1]
     address = _check_prefetch_ids(ids, device)
     native.prefetch(address, ids.shape[0], torch.cuda.current_stream(device).cuda_stream)
+    entry[2] = ids
 
 
 def _prefetch_fake(handle, ids, ticket):
@@ -458,6 +467,7 @@ def _prefetched_gather_dequant(
     _check_prefetch_ids(ids, device)
     out = _dequant_out(native, device, ids)
     native.gather_dequant(out.data_ptr(), torch.cuda.current_stream(device).cuda_stream)
+    _entry(handle)[2] = None
     return out
 
 
@@ -479,6 +489,7 @@ def _prefetched_gather_dequant_out(
     if out.device != device:
         raise _bad("out", f"on {out.device}; want {device}")
     native.gather_dequant(address, torch.cuda.current_stream(device).cuda_stream)
+    _entry(handle)[2] = None
 
 
 def _prefetched_gather_dequant_out_fake(handle, ids, ticket, out):
