@@ -2,10 +2,12 @@
 """Per-call overhead of fetchahead's torch op path against the Rust call of the same work.
 
 For each entry point, the same launch three ways, eagerly (microseconds of host time per call,
-the median of several timed loops, the GPU work being tiny so the host is the bottleneck):
+the median of several timed loops of host submission alone):
 
-- ``op``: the public function (``fetchahead.gather_dequant_out`` etc.), what an engine calls;
-- ``torch.ops``: the registered op called directly (``torch.ops.fetchahead.X.default``);
+- ``op``: the public function (``fetchahead.gather_dequant_out`` etc.), what an engine calls
+  (in eager code it launches without going through the dispatcher);
+- ``torch.ops``: the registered op called directly (``torch.ops.fetchahead.X.default``), the
+  path a compiled graph takes;
 - ``rust``: the native launch alone (the Rust function through its thin pyo3 binding, with
   addresses computed once), the floor the op path is compared with.
 
@@ -13,7 +15,7 @@ Then the cost inside a replayed CUDA graph: a graph of 100 op-path calls against
 Rust-path calls, replayed; the difference per call is expected to be 0 (the host code does not
 run in a replay).
 
-    python3 python/bench/op_overhead.py [--calls 2000] [--json out.json]
+    python3 python/bench/op_overhead.py [--calls 200] [--json out.json]
 
 Goal (issue 13): the op path at most 10 us per eager call above the Rust call.
 """
@@ -33,16 +35,18 @@ ROWS, DIM, N = 4096, 256, 64
 
 
 def per_call_us(fn, calls: int, repeats: int = 7) -> float:
-    for _ in range(200):
+    """Host microseconds per call: the loop alone, the device drained before each loop and
+    not waited for inside it (few enough calls that the launch queue never fills)."""
+    for _ in range(50):
         fn()
-    torch.cuda.synchronize()
     samples = []
     for _ in range(repeats):
+        torch.cuda.synchronize()
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
         samples.append((time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
     return statistics.median(samples)
 
 
@@ -68,7 +72,7 @@ def graph_replay_us(fn, calls_in_graph: int = 100, replays: int = 200) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--calls", type=int, default=200, help="calls per timed loop")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     if not torch.cuda.is_available():
