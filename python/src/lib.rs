@@ -200,12 +200,26 @@ impl Device {
                 let mut device: sys::CUdeviceptr = 0;
                 // SAFETY: a query: the driver checks that `host` lies in page-locked memory it
                 // mapped, and writes one address.
-                unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut _, 0) }
-                    .result()
-                    .map_err(|_| fetchahead::Error::Invalid {
-                        what: "table",
-                        why: "a CPU tensor that is not pinned (use tensor.pin_memory())".into(),
-                    })?;
+                let mapped =
+                    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut _, 0) };
+                if mapped.result().is_ok() {
+                    return Ok(device);
+                }
+                // An address inside a pinned allocation that the call above did not take: its
+                // device address attribute (unified addressing) instead.
+                // SAFETY: a query writing one CUdeviceptr into `device`.
+                unsafe {
+                    sys::cuPointerGetAttribute(
+                        (&mut device as *mut sys::CUdeviceptr).cast(),
+                        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                        host,
+                    )
+                }
+                .result()
+                .map_err(|_| fetchahead::Error::Invalid {
+                    what: "table",
+                    why: "a CPU tensor that is not pinned (use tensor.pin_memory())".into(),
+                })?;
                 Ok(device)
             })();
         done(py, r)
