@@ -573,7 +573,9 @@ class L2Plan:
 
     def end_forward(self) -> dict[str, Any]:
         """Ends the forward: ``{"signature", "collectives", "captured", "learned",
-        "new_signature"}``."""
+        "new_signature"}``, and for a captured forward ``"tables"``: the device tables its graph
+        reads (the plan keeps them too; keep this object beside the graph if the graph may
+        outlive the plan)."""
         return self._plan.end_forward()
 
     def forward(self, signature: int) -> "_PlanForward":

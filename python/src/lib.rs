@@ -782,6 +782,13 @@ struct L2Plan {
     captured: Mutex<Vec<Arc<SegmentTable>>>,
 }
 
+/// The device segment tables a captured forward's graph reads: keep this object beside the
+/// graph when the graph may outlive the plan.
+#[pyclass(frozen, module = "fetchahead._native")]
+struct CapturedTables {
+    _tables: Arc<SegmentTable>,
+}
+
 /// Wraps a framework's stream handle for the plan.
 fn borrowed(kernels: &Kernels, stream: usize) -> Arc<cudarc::driver::CudaStream> {
     // SAFETY: `stream` is a live stream of this device's primary context (the framework's
@@ -843,11 +850,12 @@ impl L2Plan {
     fn end_forward<'py>(&self, py: Python<'py>) -> PyRes<Bound<'py, PyDict>> {
         let r = lock(&self.inner).end_forward();
         let outcome = done(py, r)?;
+        let d = PyDict::new(py);
         if let Some(t) = outcome.tables {
-            lock(&self.captured).push(t);
+            lock(&self.captured).push(t.clone());
+            d.set_item("tables", CapturedTables { _tables: t })?;
         }
         let s = outcome.summary;
-        let d = PyDict::new(py);
         d.set_item("signature", s.signature.0)?;
         d.set_item("collectives", s.collectives)?;
         d.set_item("captured", s.captured)?;
@@ -913,6 +921,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyRes<()> {
     m.add_class::<FlagLane>()?;
     m.add_class::<Prefetcher>()?;
     m.add_class::<L2Plan>()?;
+    m.add_class::<CapturedTables>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
