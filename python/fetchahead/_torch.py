@@ -47,8 +47,17 @@ def native_device(device: torch.device) -> Any:
     return found
 
 
+try:  # the raw handle without building a torch.cuda.Stream (what Inductor's code calls)
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:  # pragma: no cover
+
+    def _raw_stream(index: int) -> int:
+        return torch.cuda.current_stream(index).cuda_stream
+
+
 def stream_of(device: torch.device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream
+    """The raw handle of ``device``'s current stream."""
+    return _raw_stream(device.index)
 
 
 # The variant names of each family: checked when tracing too (the fake implementations), and
@@ -178,7 +187,7 @@ def _launch_gather(
         n,
         _device_address(out, "out", device, 16),
         0 if status is None else _device_address(status, "status", device, 8),
-        torch.cuda.current_stream(device).cuda_stream,
+        _raw_stream(device.index),
     )
 
 
@@ -209,7 +218,7 @@ def _launch_gather_dequant(
         n,
         _device_address(out, "out", device, 16),
         0 if status is None else _device_address(status, "status", device, 8),
-        torch.cuda.current_stream(device).cuda_stream,
+        _raw_stream(device.index),
     )
 
 
@@ -448,7 +457,7 @@ def _prefetch(handle: int, ids: torch.Tensor, ticket: torch.Tensor) -> None:
     entry = _entry(handle)
     native, device = entry[0], entry[1]
     address = _check_prefetch_ids(ids, device)
-    native.prefetch(address, ids.shape[0], torch.cuda.current_stream(device).cuda_stream)
+    native.prefetch(address, ids.shape[0], _raw_stream(device.index))
     entry[2] = ids
 
 
@@ -466,7 +475,7 @@ def _prefetched_gather_dequant(
     native, device = _prefetcher(handle)
     _check_prefetch_ids(ids, device)
     out = _dequant_out(native, device, ids)
-    native.gather_dequant(out.data_ptr(), torch.cuda.current_stream(device).cuda_stream)
+    native.gather_dequant(out.data_ptr(), _raw_stream(device.index))
     _entry(handle)[2] = None
     return out
 
@@ -488,7 +497,7 @@ def _prefetched_gather_dequant_out(
         raise _bad("out", f"address {address:#x} is not 16-byte aligned")
     if out.device != device:
         raise _bad("out", f"on {out.device}; want {device}")
-    native.gather_dequant(address, torch.cuda.current_stream(device).cuda_stream)
+    native.gather_dequant(address, _raw_stream(device.index))
     _entry(handle)[2] = None
 
 
@@ -503,7 +512,7 @@ def _sync_gather_dequant(handle: int, ids: torch.Tensor, ticket: torch.Tensor) -
     address = _check_prefetch_ids(ids, device)
     out = _dequant_out(native, device, ids)
     native.gather_dequant_sync(
-        address, ids.shape[0], out.data_ptr(), torch.cuda.current_stream(device).cuda_stream
+        address, ids.shape[0], out.data_ptr(), _raw_stream(device.index)
     )
     return out
 
