@@ -151,3 +151,16 @@ fn a_plan_learns_and_replays_through_the_abi() {
     // SAFETY: no graph captured it; closed once.
     unsafe { fetchahead_l2_plan_close(plan) };
 }
+
+#[test]
+fn the_c_library_installs_a_stderr_logger_at_fetchahead_log_or_warn() {
+    let mut counters = FfiL2Counters::default();
+    // SAFETY: a null plan is refused; the call installs the logger on the way.
+    let rc = unsafe { fetchahead_l2_plan_counters(ptr::null_mut(), &mut counters) };
+    assert_eq!(rc, FETCHAHEAD_ERR_INVALID);
+    let want = match std::env::var(fetchahead::logging::LOG_ENV) {
+        Ok(level) => level.parse().unwrap_or(log::LevelFilter::Warn),
+        Err(_) => log::LevelFilter::Warn,
+    };
+    assert_eq!(log::max_level(), want);
+}
