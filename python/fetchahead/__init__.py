@@ -440,8 +440,9 @@ class Prefetcher:
     Call :meth:`prefetch` then :meth:`gather_dequant` with the same ids, in pairs, on the
     current stream; both are torch ops (``torch.ops.fetchahead.prefetch`` /
     ``prefetched_gather_dequant``), fine under ``torch.compile`` and inside
-    ``torch.cuda.graph`` capture. Keep the ids tensor unchanged until the gather, and keep the
-    prefetcher alive as long as a graph that captured it may be replayed.
+    ``torch.cuda.graph`` capture. Do not write to the ids tensor before the gather (the
+    prefetcher holds a reference to it until then), and keep the prefetcher alive as long as a
+    graph that captured it may be replayed.
     """
 
     def __init__(
