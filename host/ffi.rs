@@ -64,7 +64,12 @@ fn code(e: &Error) -> c_int {
         | Error::BadTensor { .. }
         | Error::TruncatedShard { .. }
         | Error::NoSuchLayer { .. }
-        | Error::ReadPathUnavailable { .. } => FETCHAHEAD_ERR_INVALID,
+        | Error::ReadPathUnavailable { .. }
+        | Error::NotRegularFile { .. }
+        | Error::OutOfMemory { .. }
+        | Error::NoSpace { .. }
+        | Error::WouldOverwrite { .. }
+        | Error::LayerRowsDiffer { .. } => FETCHAHEAD_ERR_INVALID,
         Error::StagingFull { .. } => FETCHAHEAD_ERR_STAGING_FULL,
         Error::NotWarmed { .. } => FETCHAHEAD_ERR_NOT_WARMED,
         Error::PrefetchOrder(_) => FETCHAHEAD_ERR_ORDER,

@@ -7,11 +7,11 @@
 //! - [`make`]: writing generated tables; [`measure`]: timing lookups and raw reads.
 //! - [`LayerRows`]: one layer of a store as a [`RowLookup`](crate::lookup::RowLookup).
 use std::fmt;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::ops::Range;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +26,7 @@ mod advise;
 mod aligned;
 mod cache;
 mod fault;
+pub(crate) mod file;
 mod layer_rows;
 pub mod layout;
 pub mod make;
@@ -266,7 +267,7 @@ impl RowStore {
         let mut direct_off = (!options.direct_io).then(|| "turned off by the caller".to_string());
         for shard in &layout.files {
             let p = &shard.path;
-            let buffered = File::open(p).map_err(|e| Error::io(p, "open", e))?;
+            let buffered = file::open_regular(p, 0)?;
             // SAFETY: the mapping is read-only; a file shrinking under it is guarded by the mmap
             // path's length check before each batch.
             let map = unsafe { Mmap::map(&buffered) }.map_err(|e| Error::io(p, "mmap", e))?;
@@ -293,6 +294,12 @@ impl RowStore {
                 s.direct = None;
             }
         }
+        if options.read_path == ReadPath::Mmap {
+            log::warn!(
+                "fetchahead: the mmap read path was asked for: a shard truncated while lookups \
+                 run can raise SIGBUS and kill this process (Auto never picks mmap)"
+            );
+        }
         let uring_off = io_uring::IoUring::new(4)
             .err()
             .map(|e| format!("io_uring_setup: {e}"));
@@ -303,7 +310,13 @@ impl RowStore {
                 scales.push(None);
                 continue;
             }
-            let mut bytes = vec![0u8; (rows.end - rows.start) as usize * sdim];
+            // The header's row count was checked against the file's length, but a sparse file
+            // can claim any length: check the size against memory before allocating.
+            let want = crate::memory::product(rows.end - rows.start, sdim as u64, "resident scales")?;
+            let mut bytes = crate::memory::zeroed(
+                want,
+                &format!("the resident scales of layer {} ({})", l.layer, l.scale.name),
+            )?;
             let file = &shards[l.scale.file].buffered;
             file.read_exact_at(&mut bytes, l.scale.row_offset(rows.start))
                 .map_err(|e| Error::io(layout.path(l.scale.file), "read scales", e))?;
@@ -474,10 +487,7 @@ impl RowStore {
 
 /// Opens `path` with O_DIRECT and proves it with one aligned read; Err says why not.
 fn open_direct(path: &Path) -> std::result::Result<File, String> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
+    let file = file::open_regular(path, libc::O_DIRECT)
         .map_err(|e| format!("open(O_DIRECT) of {}: {e}", path.display()))?;
     let mut probe = AlignedBuf::new(layout::PAGE as usize);
     file.read_at(probe.as_mut_slice(), 0)
@@ -726,7 +736,17 @@ impl Inner {
             .then(|| plan.rows_of(failures.iter().map(|f| f.extent as usize)));
         if let (Some(first), Some(rows)) = (failures.first_mut(), rows) {
             let ext = plan.extents.get(first.extent as usize).copied();
-            let source = std::mem::replace(&mut first.error, io::Error::other(""));
+            let mut source = std::mem::replace(&mut first.error, io::Error::other(""));
+            if source.kind() == io::ErrorKind::UnexpectedEof
+                && let Some(e) = ext
+            {
+                // Say where the file ends now, not where the read stopped.
+                let now = match self.current_len(e.file as usize) {
+                    Ok(len) => format!("the file is {len} bytes now"),
+                    Err(err) => format!("its length is unknown ({err})"),
+                };
+                source = io::Error::new(io::ErrorKind::UnexpectedEof, format!("{source}; {now}"));
+            }
             return Err(Error::RowRead {
                 layer: layer.layer,
                 rows: RowIds(rows),
