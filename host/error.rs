@@ -213,7 +213,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid(what: &'static str, why: impl Into<String>) -> Self {
+    /// A bad argument: `what` it is and why.
+    pub fn invalid(what: &'static str, why: impl Into<String>) -> Self {
         Error::Invalid {
             what,
             why: why.into(),
