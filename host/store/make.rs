@@ -575,7 +575,10 @@ fn write_and_commit(
     {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".safetensors") || name == INDEX_FILE || name == LEGACY_DEMO_SEED {
+            let table_file = name.ends_with(".safetensors")
+                || name == INDEX_FILE
+                || name == LEGACY_DEMO_SEED;
+            if table_file && temp_pid(&name).is_none() {
                 stale.insert(name);
             }
         }
