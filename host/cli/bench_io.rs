@@ -258,3 +258,38 @@ fn line(r: &Row, baseline_iops: Option<f64>) -> String {
         r.p99_us
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: BenchIoArgs,
+    }
+
+    fn parse(extra: &[&str]) -> BenchIoArgs {
+        let mut argv = vec!["bench-io", "dir"];
+        argv.extend_from_slice(extra);
+        Cli::parse_from(argv).args
+    }
+
+    /// Issue 12, case 9: zeros, a wrong count of --iters and no baseline reads are refused.
+    #[test]
+    fn bench_io_arguments_are_checked() {
+        assert!(validate(&parse(&[])).is_ok());
+        for bad in [
+            &["--iters", "0,0,0"][..],
+            &["--iters", "5,2"],
+            &["--iters", "5,2,1,1"],
+            &["--iters", "5,0,1"],
+            &["--baseline-reads", "0"],
+            &["--prefill-rows", "0"],
+        ] {
+            let msg = validate(&parse(bad)).unwrap_err().to_string();
+            assert!(msg.contains(bad[0]), "{bad:?}: {msg}");
+        }
+    }
+}

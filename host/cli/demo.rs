@@ -801,4 +801,124 @@ mod tests {
                 .all(|r| r.wrong_rows == 0 && r.store.is_none())
         );
     }
+
+    /// Issue 12, case 1: a shard that links to a user's file, a user's other files and a
+    /// make-table table are refused (naming --force and --data-dir) and stay byte for byte;
+    /// --force replaces the link, never what it points at.
+    #[test]
+    fn the_demo_writes_only_its_own_table() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("real.safetensors");
+        let bytes: Vec<u8> = (0..50_000u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&real, &bytes).unwrap();
+        let args = small(tmp.path());
+        std::fs::create_dir(&args.data_dir).unwrap();
+        let link = args.data_dir.join("model.safetensors");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let msg = prepare_table(&args).unwrap_err().to_string();
+        assert!(
+            msg.contains("a symlink to") && msg.contains("--force") && msg.contains("--data-dir"),
+            "{msg}"
+        );
+        assert_eq!(std::fs::read(&real).unwrap(), bytes);
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+
+        // A table from make-table: refused, untouched.
+        let made = tmp.path().join("made");
+        let spec = TableSpec {
+            rows: 1000,
+            ..args.spec()
+        };
+        fetchahead::store::make::write_table(&made, &spec, |_| {}).unwrap();
+        let shard = std::fs::read(made.join("model.safetensors")).unwrap();
+        let theirs = DemoArgs {
+            data_dir: made.clone(),
+            ..small(tmp.path())
+        };
+        let msg = prepare_table(&theirs).unwrap_err().to_string();
+        assert!(msg.contains("fetchahead make-table"), "{msg}");
+        assert_eq!(std::fs::read(made.join("model.safetensors")).unwrap(), shard);
+
+        let forced = DemoArgs {
+            force: true,
+            ..small(tmp.path())
+        };
+        assert!(!prepare_table(&forced).unwrap());
+        assert_eq!(std::fs::read(&real).unwrap(), bytes, "written through the link");
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_file());
+        // Now the demo's own: reused without --force.
+        assert!(prepare_table(&small(tmp.path())).unwrap());
+    }
+
+    /// A table an older demo wrote (its shard and seed marker, no manifest) is the demo's own.
+    #[test]
+    fn an_older_demos_table_is_rewritten() {
+        let tmp = tempfile::tempdir().unwrap();
+        let args = small(tmp.path());
+        let scratch = tmp.path().join("scratch");
+        fetchahead::store::make::write_table(&scratch, &args.spec(), |_| {}).unwrap();
+        std::fs::create_dir(&args.data_dir).unwrap();
+        std::fs::rename(
+            scratch.join("model.safetensors"),
+            args.data_dir.join("model.safetensors"),
+        )
+        .unwrap();
+        let seed = args
+            .data_dir
+            .join(fetchahead::store::make::LEGACY_DEMO_SEED);
+        std::fs::write(&seed, "1").unwrap();
+        assert!(!prepare_table(&args).unwrap(), "rewritten, with a manifest");
+        assert!(!seed.exists());
+        assert!(prepare_table(&args).unwrap());
+    }
+
+    /// Issue 12, cases 3 and 9: arguments a user gets wrong are errors, never an abort or a
+    /// silent change.
+    #[test]
+    fn demo_arguments_are_checked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let twice = DemoArgs {
+            engram_layers: vec![1, 1],
+            ..small(tmp.path())
+        };
+        let msg = twice.validate().unwrap_err().to_string();
+        assert!(msg.contains("layer 1 twice"), "{msg}");
+        let none = DemoArgs {
+            steps: 0,
+            ..small(tmp.path())
+        };
+        assert!(none.validate().unwrap_err().to_string().contains("--steps"));
+        assert!(small(tmp.path()).validate().is_ok());
+        let huge = DemoArgs {
+            memory: true,
+            rows: 1_000_000_000_000,
+            ..small(tmp.path())
+        };
+        let msg = open_tables(&huge).err().unwrap().to_string();
+        assert!(msg.contains("memory"), "{msg}");
+    }
+
+    /// Issue 12, case 8: `--read-path preadv` says preadv, not Auto's choice.
+    #[test]
+    fn the_read_path_shown_is_the_one_taken() {
+        let tmp = tempfile::tempdir().unwrap();
+        let args = small(tmp.path());
+        prepare_table(&args).unwrap();
+        for (path, want) in [
+            (ReadPath::Preadv, "preadv"),
+            (ReadPath::Buffered, "buffered"),
+            (ReadPath::Mmap, "SIGBUS"),
+        ] {
+            let options = StoreOptions {
+                read_path: path,
+                ..StoreOptions::default()
+            };
+            let store = RowStore::open(&args.data_dir, options).unwrap();
+            let line = read_path_line(&store, 512);
+            assert!(line.starts_with(path.name()) && line.contains(want), "{line}");
+            assert!(!line.contains("batch of"), "{line}");
+        }
+        let store = RowStore::open(&args.data_dir, StoreOptions::default()).unwrap();
+        assert!(read_path_line(&store, 512).starts_with("auto (batch of 512 rows: "));
+    }
 }
