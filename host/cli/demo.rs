@@ -297,9 +297,15 @@ fn open_tables(args: &DemoArgs) -> Result<Tables> {
         });
     }
     prepare_table(args)?;
+    if args.read_path == ReadPath::Mmap {
+        eprintln!(
+            "WARNING: --read-path mmap: a shard truncated while the demo runs raises SIGBUS and \
+             kills it (auto never picks mmap)"
+        );
+    }
     let options = StoreOptions {
         read_path: args.read_path,
-        cache_bytes: args.cache_mib << 20,
+        cache_bytes: args.cache_mib.saturating_mul(1 << 20),
         ..Default::default()
     };
     let store = Arc::new(RowStore::open(&args.data_dir, options)?);

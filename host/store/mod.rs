@@ -51,13 +51,16 @@ pub use uring::QUEUE_DEPTH;
 /// How a lookup reads the rows that miss the DRAM cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReadPath {
-    /// Chosen by batch size from `fetchahead tune`'s figures (io_uring when never tuned).
+    /// Chosen by batch size from `fetchahead tune`'s figures (io_uring when never tuned); never
+    /// mmap, so that the default cannot raise SIGBUS.
     Auto,
     /// io_uring batches of O_DIRECT reads, up to [`StoreOptions::uring_depth`] in flight.
     Uring,
     /// A pool of threads each issuing blocking `preadv` (O_DIRECT when available).
     Preadv,
-    /// mmap (MADV_RANDOM), `posix_fadvise(WILLNEED)` for the whole batch, then one copy.
+    /// mmap (MADV_RANDOM), `posix_fadvise(WILLNEED)` for the whole batch, then one copy. Only
+    /// when asked for by name (`Auto` never takes it): a shard truncated while a lookup copies
+    /// out of the mapping raises SIGBUS, which kills the process.
     Mmap,
     /// One buffered `pread` after another.
     Buffered,
@@ -323,6 +326,11 @@ impl RowStore {
             scales.push(Some(bytes));
         }
         let tuning = Tuning::load(&tune::tune_file(path))?.unwrap_or_default();
+        if options.cache_bytes > 0 {
+            // The cache sizes its index from the budget up front: a budget past the memory there
+            // is would fail that allocation (an abort), not just never fill.
+            crate::memory::check_fits(options.cache_bytes, "the DRAM row cache's budget")?;
+        }
         let cache = (options.cache_bytes > 0)
             .then(|| RowCache::new(options.cache_bytes, layout.dim + sdim));
         let inner = Arc::new(Inner {
