@@ -376,10 +376,7 @@ pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
             .join(", ");
             fail(
                 work,
-                Error::invalid(
-                    "work",
-                    format!("{which} null for a lookup of {count} rows"),
-                ),
+                Error::invalid("work", format!("{which} null for a lookup of {count} rows")),
             );
             return;
         }

@@ -51,7 +51,10 @@ fn in_child(test: &str, body: impl FnOnce()) {
         out.status.signal()
     );
     // The child ran exactly this test (a renamed test would otherwise pass with nothing run).
-    assert!(stdout.contains("1 passed"), "{test}: the child ran nothing:\n{stdout}");
+    assert!(
+        stdout.contains("1 passed"),
+        "{test}: the child ran nothing:\n{stdout}"
+    );
 }
 
 fn last_error() -> String {
@@ -112,8 +115,11 @@ fn linked_dir(root: &Path) -> (PathBuf, PathBuf, Vec<u8>) {
     std::fs::write(&real, &bytes).unwrap();
     let dir = root.join("m");
     std::fs::create_dir(&dir).unwrap();
-    std::os::unix::fs::symlink("../precious/real.safetensors", dir.join("model.safetensors"))
-        .unwrap();
+    std::os::unix::fs::symlink(
+        "../precious/real.safetensors",
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
     (dir, real, bytes)
 }
 
@@ -131,15 +137,30 @@ fn make_table_never_writes_through_a_symlink_or_over_foreign_files() {
             && msg.contains("--force"),
         "{msg}"
     );
-    assert_eq!(std::fs::read(&real).unwrap(), bytes, "the link's target changed");
-    assert!(std::fs::symlink_metadata(dir.join("model.safetensors")).unwrap().file_type().is_symlink());
-    assert_eq!(names(&dir), set(&["model.safetensors"]), "nothing else written");
+    assert_eq!(
+        std::fs::read(&real).unwrap(),
+        bytes,
+        "the link's target changed"
+    );
+    assert!(
+        std::fs::symlink_metadata(dir.join("model.safetensors"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(
+        names(&dir),
+        set(&["model.safetensors"]),
+        "nothing else written"
+    );
 
     // A user's other files: refused too, named.
     let other = tmp.path().join("other");
     std::fs::create_dir(&other).unwrap();
     std::fs::write(other.join("notes.txt"), b"mine").unwrap();
-    let msg = write_table(&other, &spec(4096, 1), |_| {}).unwrap_err().to_string();
+    let msg = write_table(&other, &spec(4096, 1), |_| {})
+        .unwrap_err()
+        .to_string();
     assert!(msg.contains("notes.txt (4 bytes)"), "{msg}");
     assert_eq!(names(&other), set(&["notes.txt"]));
 
@@ -150,9 +171,16 @@ fn make_table_never_writes_through_a_symlink_or_over_foreign_files() {
         ..WriteOptions::default()
     };
     write_table_with(&dir, &spec(4096, 1), &forced, |_| {}).unwrap();
-    assert_eq!(std::fs::read(&real).unwrap(), bytes, "the link's target changed");
+    assert_eq!(
+        std::fs::read(&real).unwrap(),
+        bytes,
+        "the link's target changed"
+    );
     let shard = std::fs::symlink_metadata(dir.join("model.safetensors")).unwrap();
-    assert!(shard.file_type().is_file(), "the link was replaced by the table's shard");
+    assert!(
+        shard.file_type().is_file(),
+        "the link was replaced by the table's shard"
+    );
     assert_eq!(std::fs::read(dir.join("notes.txt")).unwrap(), b"mine");
     assert_eq!(TableLayout::open(&dir).unwrap().rows(), 4096);
 }
@@ -169,8 +197,14 @@ fn a_table_of_another_writer_is_refused_without_force() {
     let msg = write_table_with(tmp.path(), &spec(2048, 1), &demo, |_| {})
         .unwrap_err()
         .to_string();
-    assert!(msg.contains("fetchahead make-table") && msg.contains("--force"), "{msg}");
-    assert_eq!(std::fs::read(tmp.path().join("model.safetensors")).unwrap(), before);
+    assert!(
+        msg.contains("fetchahead make-table") && msg.contains("--force"),
+        "{msg}"
+    );
+    assert_eq!(
+        std::fs::read(tmp.path().join("model.safetensors")).unwrap(),
+        before
+    );
 }
 
 // ---- case 2: a rewrite replaces the whole table ----------------------------------------
@@ -248,7 +282,11 @@ fn a_failed_write_leaves_nothing_behind() {
         }
         let err = write_table(&fresh, &spec(8192, 1), |_| {}).unwrap_err();
         assert!(matches!(err, Error::Io { .. }), "{err}");
-        assert!(!fresh.exists(), "left {:?}", fresh.exists().then(|| names(&fresh)));
+        assert!(
+            !fresh.exists(),
+            "left {:?}",
+            fresh.exists().then(|| names(&fresh))
+        );
         let err = write_table(&old, &spec(8192, 1), |_| {}).unwrap_err();
         assert!(matches!(err, Error::Io { .. }), "{err}");
         let after: Vec<(String, Vec<u8>)> = names(&old)
@@ -265,7 +303,9 @@ fn a_failed_write_leaves_nothing_behind() {
 fn a_killed_write_leaves_only_temporary_files_that_the_next_removes() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("k");
-    if std::env::var(CHILD_ENV).as_deref() == Ok("a_killed_write_leaves_only_temporary_files_that_the_next_removes") {
+    if std::env::var(CHILD_ENV).as_deref()
+        == Ok("a_killed_write_leaves_only_temporary_files_that_the_next_removes")
+    {
         let target = PathBuf::from(std::env::var("FETCHAHEAD_TEST_DIR").unwrap());
         write_table(&target, &spec(8192, 2), |done| {
             if done > 1 << 20 {
@@ -283,7 +323,10 @@ fn a_killed_write_leaves_only_temporary_files_that_the_next_removes() {
             "--exact",
             "--nocapture",
         ])
-        .env(CHILD_ENV, "a_killed_write_leaves_only_temporary_files_that_the_next_removes")
+        .env(
+            CHILD_ENV,
+            "a_killed_write_leaves_only_temporary_files_that_the_next_removes",
+        )
         .env("FETCHAHEAD_TEST_DIR", &dir)
         .status()
         .unwrap();
@@ -360,7 +403,10 @@ fn sparse_table(path: &Path, rows: u64) -> bool {
     match f.set_len(bytes.len() as u64 + w + s) {
         Ok(()) => true,
         Err(e) => {
-            eprintln!("SKIP the sparse-file case: a {} B sparse file is refused here ({e})", w + s);
+            eprintln!(
+                "SKIP the sparse-file case: a {} B sparse file is refused here ({e})",
+                w + s
+            );
             false
         }
     }
@@ -378,7 +424,9 @@ fn absurd_sizes_through_the_c_abi_are_errors() {
 
         // Scales of more rows than this machine has bytes of memory (2^36 at least).
         let available = fetchahead::memory::available_bytes().unwrap_or(1 << 36);
-        let rows = (available.saturating_mul(2)).next_power_of_two().max(1 << 36);
+        let rows = (available.saturating_mul(2))
+            .next_power_of_two()
+            .max(1 << 36);
         let tmp = tempfile::tempdir().unwrap();
         let file = tmp.path().join("sparse.safetensors");
         if sparse_table(&file, rows) {
@@ -386,7 +434,10 @@ fn absurd_sizes_through_the_c_abi_are_errors() {
             assert_eq!(rc, FETCHAHEAD_ERR_INVALID, "{}", last_error());
             assert!(table.is_null());
             let msg = last_error();
-            assert!(msg.contains("resident scales") && msg.contains("memory"), "{msg}");
+            assert!(
+                msg.contains("resident scales") && msg.contains("memory"),
+                "{msg}"
+            );
         }
     });
 }
@@ -399,8 +450,7 @@ fn tune_never_makes_mmap_autos_choice() {
     make(tmp.path(), 20000, &[1], 1, 2);
     let store = RowStore::open(tmp.path(), StoreOptions::default()).unwrap();
     let mut measured = Vec::new();
-    let tuning =
-        fetchahead::store::tune::measure(&store, 1, 3, |s| measured.push(s.path)).unwrap();
+    let tuning = fetchahead::store::tune::measure(&store, 1, 3, |s| measured.push(s.path)).unwrap();
     assert!(measured.contains(&ReadPath::Mmap), "mmap is still measured");
     assert!(
         tuning.ranges.iter().all(|r| r.path != ReadPath::Mmap),
@@ -443,7 +493,10 @@ fn truncation_during_lookups_under_auto_after_tune_never_kills_the_process() {
             let len = std::fs::metadata(&files[0]).unwrap().len();
             let ids: Vec<i64> = (0..8192).rev().collect();
             let (mut w, mut s) = outputs(&store, ids.len());
-            let shard = std::fs::OpenOptions::new().write(true).open(&files[0]).unwrap();
+            let shard = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&files[0])
+                .unwrap();
             let (mut ok, mut failed) = (0, 0);
             std::thread::scope(|scope| {
                 let cut = scope.spawn(|| {
@@ -461,7 +514,10 @@ fn truncation_during_lookups_under_auto_after_tune_never_kills_the_process() {
                     }
                 }
             });
-            assert!(failed > 0, "the truncation was never seen ({ok} lookups passed)");
+            assert!(
+                failed > 0,
+                "the truncation was never seen ({ok} lookups passed)"
+            );
         },
     );
 }
@@ -471,7 +527,8 @@ fn truncation_during_lookups_under_auto_after_tune_never_kills_the_process() {
 fn mkfifo(path: &Path) {
     let c = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: `c` is NUL-terminated.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo {}", path.display());
+    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
+    assert_eq!(rc, 0, "mkfifo {}", path.display());
 }
 
 /// `open` returns within a second with an error naming `fifo` as a FIFO.
@@ -503,7 +560,10 @@ fn a_fifo_is_refused_within_a_second() {
     });
     let f = fifo.clone();
     refused_quickly("RowStore::open of the file", &fifo, move || {
-        RowStore::open(&f, StoreOptions::default()).err().unwrap().to_string()
+        RowStore::open(&f, StoreOptions::default())
+            .err()
+            .unwrap()
+            .to_string()
     });
     let d = shard_dir.clone();
     refused_quickly("fetchahead_open_store", &fifo, move || {
@@ -519,7 +579,10 @@ fn a_fifo_is_refused_within_a_second() {
     mkfifo(&index);
     let d = index_dir.clone();
     refused_quickly("the index", &index, move || {
-        RowStore::open(&d, StoreOptions::default()).err().unwrap().to_string()
+        RowStore::open(&d, StoreOptions::default())
+            .err()
+            .unwrap()
+            .to_string()
     });
     // In place of the tune file.
     let tune_dir = tmp.path().join("tune");
@@ -528,10 +591,15 @@ fn a_fifo_is_refused_within_a_second() {
     mkfifo(&tune);
     let d = tune_dir.clone();
     refused_quickly("the tune file", &tune, move || {
-        RowStore::open(&d, StoreOptions::default()).err().unwrap().to_string()
+        RowStore::open(&d, StoreOptions::default())
+            .err()
+            .unwrap()
+            .to_string()
     });
     let t = tune.clone();
-    refused_quickly("Tuning::load", &tune, move || Tuning::load(&t).unwrap_err().to_string());
+    refused_quickly("Tuning::load", &tune, move || {
+        Tuning::load(&t).unwrap_err().to_string()
+    });
     // And tune never writes over it.
     let err = Tuning::default().save(&tune).unwrap_err().to_string();
     assert!(err.contains("FIFO") && err.contains("--force"), "{err}");
@@ -548,7 +616,11 @@ fn tune_never_replaces_a_file_it_did_not_write() {
     assert!(matches!(err, Error::WouldOverwrite { .. }), "{err}");
     assert_eq!(std::fs::read(&real).unwrap(), bytes);
     Tuning::default().save_with(&tune, true).unwrap();
-    assert_eq!(std::fs::read(&real).unwrap(), bytes, "written through the link");
+    assert_eq!(
+        std::fs::read(&real).unwrap(),
+        bytes,
+        "written through the link"
+    );
     assert!(std::fs::symlink_metadata(&tune).unwrap().is_file());
     // A tune file of its own it replaces without asking.
     Tuning::default().save(&tune).unwrap();
@@ -576,19 +648,38 @@ fn layers_of_different_rows_are_refused_naming_each() {
     write_tensors(
         &file,
         vec![
-            ("layers.1.engram.embed.weight", Dtype::F8_E4M3, vec![4096, 64]),
+            (
+                "layers.1.engram.embed.weight",
+                Dtype::F8_E4M3,
+                vec![4096, 64],
+            ),
             ("layers.1.engram.embed.scale", Dtype::F8_E8M0, vec![4096, 2]),
-            ("layers.14.engram.embed.weight", Dtype::F8_E4M3, vec![2048, 64]),
-            ("layers.14.engram.embed.scale", Dtype::F8_E8M0, vec![2048, 2]),
+            (
+                "layers.14.engram.embed.weight",
+                Dtype::F8_E4M3,
+                vec![2048, 64],
+            ),
+            (
+                "layers.14.engram.embed.scale",
+                Dtype::F8_E8M0,
+                vec![2048, 2],
+            ),
         ],
     );
     let err = TableLayout::open(&file).unwrap_err();
     assert!(matches!(&err, Error::LayerRowsDiffer { rows } if rows == &[(1, 4096), (14, 2048)]));
     let msg = err.to_string();
-    assert!(msg.contains("layer 1: 4096 rows") && msg.contains("layer 14: 2048 rows"), "{msg}");
+    assert!(
+        msg.contains("layer 1: 4096 rows") && msg.contains("layer 14: 2048 rows"),
+        "{msg}"
+    );
     let (rc, _) = open_store(&file, 1);
     assert_eq!(rc, FETCHAHEAD_ERR_INVALID);
-    assert!(last_error().contains("layer 14: 2048 rows"), "{}", last_error());
+    assert!(
+        last_error().contains("layer 14: 2048 rows"),
+        "{}",
+        last_error()
+    );
 }
 
 // ---- case 8: messages that name what is at fault ---------------------------------------
@@ -611,8 +702,14 @@ fn a_tensor_whose_shape_and_offsets_disagree_is_named() {
     let files = make(tmp.path(), 1000, &[1, 14], 1, 1);
     edit_header(&files[0], |j| j.replace("[1000,8]", "[1000,9]"));
     let msg = TableLayout::open(tmp.path()).unwrap_err().to_string();
-    assert!(msg.contains("tensor layers.") && msg.contains("engram.embed.scale"), "{msg}");
-    assert!(!msg.contains("invalid shape, data type, or offset for tensor"), "{msg}");
+    assert!(
+        msg.contains("tensor layers.") && msg.contains("engram.embed.scale"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("invalid shape, data type, or offset for tensor"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -656,7 +753,10 @@ fn a_short_read_says_where_the_file_ends() {
             .lookup_with(path, 1, &[8000], &mut w, &mut s)
             .unwrap_err()
             .to_string();
-        assert!(msg.contains(&format!("the file is {cut} bytes now")), "{path}: {msg}");
+        assert!(
+            msg.contains(&format!("the file is {cut} bytes now")),
+            "{path}: {msg}"
+        );
         assert!(!msg.contains("ended at"), "{path}: {msg}");
     }
 }
@@ -692,7 +792,11 @@ fn failed_lookups_through_the_c_abi_leave_their_own_message() {
     unsafe { fetchahead_lookup(ptr::from_mut(&mut work).cast()) };
     assert_eq!(work.status, FETCHAHEAD_ERR_INVALID);
     assert!(last_error().contains("ids null"), "{}", last_error());
-    assert!(table_lookup_error(table).contains("ids null"), "{}", table_lookup_error(table));
+    assert!(
+        table_lookup_error(table).contains("ids null"),
+        "{}",
+        table_lookup_error(table)
+    );
     // A null table.
     work.ids = ids.as_ptr();
     work.table = ptr::null();

@@ -142,9 +142,7 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
     // The prefill batch's ids, outputs and cache are sized by the argument: check it first.
     let row_bytes = (store.dim() + store.dim() / 32 + 64) as u64;
     fetchahead::memory::check_fits(
-        (args.prefill_rows.max(4096) as u64)
-            .checked_mul(row_bytes * 4)
-            .unwrap_or(u64::MAX),
+        (args.prefill_rows.max(4096) as u64).saturating_mul(row_bytes * 4),
         "the prefill batch's ids, outputs and row cache",
     )?;
     let sizes = [72, 4096, args.prefill_rows];

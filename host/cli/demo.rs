@@ -209,7 +209,14 @@ fn table_mismatch(dir: &Path, recorded: Option<&TableSpec>, spec: &TableSpec) ->
         return Some(format!(
             "it has layers {:?}, {} rows of dim {}, seed {}; want layers {:?}, {} rows of dim {}, \
              seed {}",
-            have.layers, have.rows, have.dim, have.seed, spec.layers, spec.rows, spec.dim, spec.seed
+            have.layers,
+            have.rows,
+            have.dim,
+            have.seed,
+            spec.layers,
+            spec.rows,
+            spec.dim,
+            spec.seed
         ));
     }
     match RowStore::open(dir, StoreOptions::default()) {
@@ -827,7 +834,12 @@ mod tests {
             "{msg}"
         );
         assert_eq!(std::fs::read(&real).unwrap(), bytes);
-        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert!(
+            std::fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
 
         // A table from make-table: refused, untouched.
         let made = tmp.path().join("made");
@@ -843,14 +855,21 @@ mod tests {
         };
         let msg = prepare_table(&theirs).unwrap_err().to_string();
         assert!(msg.contains("fetchahead make-table"), "{msg}");
-        assert_eq!(std::fs::read(made.join("model.safetensors")).unwrap(), shard);
+        assert_eq!(
+            std::fs::read(made.join("model.safetensors")).unwrap(),
+            shard
+        );
 
         let forced = DemoArgs {
             force: true,
             ..small(tmp.path())
         };
         assert!(!prepare_table(&forced).unwrap());
-        assert_eq!(std::fs::read(&real).unwrap(), bytes, "written through the link");
+        assert_eq!(
+            std::fs::read(&real).unwrap(),
+            bytes,
+            "written through the link"
+        );
         assert!(std::fs::symlink_metadata(&link).unwrap().is_file());
         // Now the demo's own: reused without --force.
         assert!(prepare_table(&small(tmp.path())).unwrap());
@@ -921,7 +940,10 @@ mod tests {
             };
             let store = RowStore::open(&args.data_dir, options).unwrap();
             let line = read_path_line(&store, 512);
-            assert!(line.starts_with(path.name()) && line.contains(want), "{line}");
+            assert!(
+                line.starts_with(path.name()) && line.contains(want),
+                "{line}"
+            );
             assert!(!line.contains("batch of"), "{line}");
         }
         let store = RowStore::open(&args.data_dir, StoreOptions::default()).unwrap();

@@ -90,7 +90,10 @@ pub(crate) fn read_small_optional(path: &Path, max: u64) -> Result<Option<Vec<u8
 }
 
 fn read_small_from(path: &Path, file: File, max: u64) -> Result<Vec<u8>> {
-    let len = file.metadata().map_err(|e| Error::io(path, "fstat", e))?.len();
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io(path, "fstat", e))?
+        .len();
     if len > max {
         return Err(Error::invalid(
             "file",
@@ -154,9 +157,9 @@ impl TempFile {
     /// Creates `DIR/.fetchahead-tmp-PID-N-NAME` for `target` = `DIR/NAME`: `O_CREAT | O_EXCL |
     /// O_NOFOLLOW`, so that it is a new file of ours, never a link into someone else's.
     pub(crate) fn create(target: &Path) -> Result<Self> {
-        let name = target.file_name().ok_or_else(|| {
-            Error::invalid("path", format!("{} names no file", target.display()))
-        })?;
+        let name = target
+            .file_name()
+            .ok_or_else(|| Error::invalid("path", format!("{} names no file", target.display())))?;
         // A counter keeps two temporary files for one target (a manifest's two states) apart.
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);

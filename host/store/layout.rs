@@ -415,8 +415,8 @@ pub fn parse_header(header: &[u8]) -> std::result::Result<Header, String> {
         if name == "__metadata__" {
             continue;
         }
-        let info: TensorInfo = serde_json::from_value(value)
-            .map_err(|e| format!("tensor {name}: {e}"))?;
+        let info: TensorInfo =
+            serde_json::from_value(value).map_err(|e| format!("tensor {name}: {e}"))?;
         let (start, end) = info.data_offsets;
         if end < start {
             return Err(format!(

@@ -210,7 +210,10 @@ fn parse_manifest(bytes: &[u8]) -> Option<Manifest> {
         .iter()
         .map(|f| f.as_str().map(str::to_string))
         .collect::<Option<Vec<_>>>()?;
-    if files.iter().any(|f| f.contains('/') || f == ".." || f == "." || f.is_empty()) {
+    if files
+        .iter()
+        .any(|f| f.contains('/') || f == ".." || f == "." || f.is_empty())
+    {
         return None;
     }
     let t = v.get("table")?;
@@ -311,7 +314,9 @@ pub fn dir_state(dir: &Path) -> Result<DirState> {
         let legacy = is_regular(&dir.join(LEGACY_DEMO_SEED))
             && is_regular(&dir.join("model.safetensors"))
             && names.iter().all(|n| {
-                n == LEGACY_DEMO_SEED || n == "model.safetensors" || TUNE_FILES.contains(&n.as_str())
+                n == LEGACY_DEMO_SEED
+                    || n == "model.safetensors"
+                    || TUNE_FILES.contains(&n.as_str())
             });
         legacy.then(|| Manifest {
             writer: "demo".into(),
@@ -356,7 +361,9 @@ struct ShardPlan {
     len: u64,
 }
 
-fn plan_shards(spec: &TableSpec) -> Result<(Vec<ShardPlan>, serde_json::Map<String, serde_json::Value>)> {
+fn plan_shards(
+    spec: &TableSpec,
+) -> Result<(Vec<ShardPlan>, serde_json::Map<String, serde_json::Value>)> {
     let tensors = spec.tensors();
     // Weights before scales in every shard, so that weight rows stay page-aligned.
     let per = tensors.len().div_ceil(spec.shards);
@@ -384,7 +391,15 @@ fn plan_shards(spec: &TableSpec) -> Result<(Vec<ShardPlan>, serde_json::Map<Stri
             .map(|i| format!("model-{i:05}-of-{:05}.safetensors", spec.shards))
             .collect()
     };
-    let too_large = || Error::invalid("table spec", format!("{} rows of dim {} overflow a file's size", spec.rows, spec.dim));
+    let too_large = || {
+        Error::invalid(
+            "table spec",
+            format!(
+                "{} rows of dim {} overflow a file's size",
+                spec.rows, spec.dim
+            ),
+        )
+    };
     let mut weight_map = serde_json::Map::new();
     let mut shards = Vec::with_capacity(names.len());
     for (name, group) in names.into_iter().zip(groups) {
@@ -416,7 +431,9 @@ fn plan_shards(spec: &TableSpec) -> Result<(Vec<ShardPlan>, serde_json::Map<Stri
         // Spaces after the JSON (allowed by the format) put the data on a page boundary.
         let padded = (8 + header.len() as u64).next_multiple_of(PAGE) - 8;
         header.resize(padded as usize, b' ');
-        let len = (8 + padded).checked_add(offset as u64).ok_or_else(too_large)?;
+        let len = (8 + padded)
+            .checked_add(offset as u64)
+            .ok_or_else(too_large)?;
         shards.push(ShardPlan {
             name,
             tensors: group,
@@ -429,7 +446,11 @@ fn plan_shards(spec: &TableSpec) -> Result<(Vec<ShardPlan>, serde_json::Map<Stri
 
 /// Writes `spec` into `dir` (`model.safetensors`, or K shards and an index) as `make-table`
 /// without `--force`; see [`write_table_with`].
-pub fn write_table(dir: &Path, spec: &TableSpec, progress: impl FnMut(u64)) -> Result<Vec<PathBuf>> {
+pub fn write_table(
+    dir: &Path,
+    spec: &TableSpec,
+    progress: impl FnMut(u64),
+) -> Result<Vec<PathBuf>> {
     write_table_with(dir, spec, &WriteOptions::default(), progress)
 }
 
@@ -483,8 +504,7 @@ pub fn write_table_with(
                 "metadata": { "total_size": spec.data_bytes() },
                 "weight_map": weight_map,
             });
-            serde_json::to_string_pretty(&index)
-                .map_err(|e| Error::invalid("index", e.to_string()))
+            serde_json::to_string_pretty(&index).map_err(|e| Error::invalid("index", e.to_string()))
         })
         .transpose()?;
     let mut new_names: Vec<String> = shards.iter().map(|s| s.name.clone()).collect();
@@ -508,7 +528,17 @@ pub fn write_table_with(
     }
     let created = !dir.exists();
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create_dir_all", e))?;
-    let outcome = write_and_commit(dir, spec, options, &shards, index_text.as_deref(), &new_names, old.as_ref(), &state, &mut progress);
+    let outcome = write_and_commit(
+        dir,
+        spec,
+        options,
+        &shards,
+        index_text.as_deref(),
+        &new_names,
+        old.as_ref(),
+        &state,
+        &mut progress,
+    );
     if outcome.is_err() && created {
         // Only succeeds when empty: the temporary files are gone by now.
         let _ = std::fs::remove_dir(dir);
@@ -538,7 +568,8 @@ fn write_and_commit(
         let path = temp.path().to_path_buf();
         let io = |e| Error::io(&path, "write", e);
         let mut w = BufWriter::with_capacity(CHUNK, temp.file());
-        w.write_all(&(shard.header.len() as u64).to_le_bytes()).map_err(io)?;
+        w.write_all(&(shard.header.len() as u64).to_le_bytes())
+            .map_err(io)?;
         w.write_all(&shard.header).map_err(io)?;
         for &t in &shard.tensors {
             let (_, dtype, shape) = &tensors[t];
@@ -568,16 +599,17 @@ fn write_and_commit(
     }
     // Files to remove once the new ones are in: the old table's, and with --force other
     // tables' files that would shadow the new one (an index, other shards).
-    let mut stale: BTreeSet<String> = old.map(|m| m.files.iter().cloned().collect()).unwrap_or_default();
+    let mut stale: BTreeSet<String> = old
+        .map(|m| m.files.iter().cloned().collect())
+        .unwrap_or_default();
     if options.force
         && let DirState::Foreign { .. } = state
         && let Ok(entries) = std::fs::read_dir(dir)
     {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let table_file = name.ends_with(".safetensors")
-                || name == INDEX_FILE
-                || name == LEGACY_DEMO_SEED;
+            let table_file =
+                name.ends_with(".safetensors") || name == INDEX_FILE || name == LEGACY_DEMO_SEED;
             if table_file && temp_pid(&name).is_none() {
                 stale.insert(name);
             }

@@ -315,10 +315,14 @@ impl RowStore {
             }
             // The header's row count was checked against the file's length, but a sparse file
             // can claim any length: check the size against memory before allocating.
-            let want = crate::memory::product(rows.end - rows.start, sdim as u64, "resident scales")?;
+            let want =
+                crate::memory::product(rows.end - rows.start, sdim as u64, "resident scales")?;
             let mut bytes = crate::memory::zeroed(
                 want,
-                &format!("the resident scales of layer {} ({})", l.layer, l.scale.name),
+                &format!(
+                    "the resident scales of layer {} ({})",
+                    l.layer, l.scale.name
+                ),
             )?;
             let file = &shards[l.scale.file].buffered;
             file.read_exact_at(&mut bytes, l.scale.row_offset(rows.start))

@@ -227,8 +227,7 @@ pub(crate) fn step(ext: &Extent, direct: bool, done: u32, res: i64, attempts: &m
             io::ErrorKind::UnexpectedEof,
             format!(
                 "short read: {total} of the {} bytes from byte {} that the rows need",
-                ext.need,
-                ext.offset
+                ext.need, ext.offset
             ),
         ));
     }

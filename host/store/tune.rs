@@ -4,8 +4,8 @@
 //! for callers who ask for it by name.
 use std::path::{Path, PathBuf};
 
-use super::measure::{percentiles_us, time_lookups, unique_rows};
 use super::file::{read_small_optional, write_replacing};
+use super::measure::{percentiles_us, time_lookups, unique_rows};
 use super::{ReadPath, RowStore};
 use crate::{Error, Result};
 
@@ -68,7 +68,7 @@ impl Tuning {
     fn parse(file: &Path, bytes: &[u8]) -> Result<Self> {
         let bad = |why: &str| Error::invalid("tune file", format!("{}: {why}", file.display()));
         let value: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|e| bad(&e.to_string()))?;
+            serde_json::from_slice(bytes).map_err(|e| bad(&e.to_string()))?;
         let list = value
             .get("ranges")
             .and_then(|r| r.as_array())
@@ -118,7 +118,9 @@ impl Tuning {
                 };
                 return Err(Error::WouldOverwrite {
                     path: file.to_path_buf(),
-                    why: format!("it is {what}, not written by fetchahead tune (pass --force to replace it)"),
+                    why: format!(
+                        "it is {what}, not written by fetchahead tune (pass --force to replace it)"
+                    ),
                 });
             }
         }
