@@ -316,21 +316,19 @@ fn a_killed_write_leaves_only_temporary_files_that_the_next_removes() {
         .unwrap();
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let status = Command::new(exe)
-        .args([
-            "a_killed_write_leaves_only_temporary_files_that_the_next_removes",
-            "--exact",
-            "--nocapture",
-        ])
-        .env(
-            CHILD_ENV,
-            "a_killed_write_leaves_only_temporary_files_that_the_next_removes",
-        )
-        .env("FETCHAHEAD_TEST_DIR", &dir)
-        .status()
-        .unwrap();
-    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+    let kill_a_write_into = |dir: &Path| {
+        let exe = std::env::current_exe().unwrap();
+        let name = "a_killed_write_leaves_only_temporary_files_that_the_next_removes";
+        let status = Command::new(exe)
+            .args([name, "--exact", "--nocapture"])
+            .env(CHILD_ENV, name)
+            .env("FETCHAHEAD_TEST_DIR", dir)
+            .status()
+            .unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+    };
+    // Into a fresh directory: only temporary files, no table.
+    kill_a_write_into(&dir);
     let left = names(&dir);
     assert!(
         !left.is_empty() && left.iter().all(|n| n.starts_with(".fetchahead-tmp-")),
@@ -340,6 +338,14 @@ fn a_killed_write_leaves_only_temporary_files_that_the_next_removes() {
     assert_eq!(dir_state(&dir).unwrap(), DirState::Empty);
     write_table(&dir, &spec(1024, 1), |_| {}).unwrap();
     assert_eq!(names(&dir), set(&["model.safetensors", MANIFEST]));
+    // Over a table: the old one stays whole and opens; the next write removes the leftovers.
+    kill_a_write_into(&dir);
+    assert!(names(&dir).len() > 2);
+    assert_eq!(TableLayout::open(&dir).unwrap().rows(), 1024);
+    assert!(matches!(dir_state(&dir).unwrap(), DirState::Ours(m) if m.complete));
+    write_table(&dir, &spec(2048, 1), |_| {}).unwrap();
+    assert_eq!(names(&dir), set(&["model.safetensors", MANIFEST]));
+    assert_eq!(TableLayout::open(&dir).unwrap().rows(), 2048);
 }
 
 /// On a tiny tmpfs (mounted here when allowed): refused for want of space, nothing left.

@@ -136,7 +136,12 @@ impl TableLayout {
         for entry in std::fs::read_dir(path).map_err(|e| Error::io(path, "read_dir", e))? {
             let entry = entry.map_err(|e| Error::io(path, "read_dir", e))?;
             let p = entry.path();
-            if p.extension().is_some_and(|x| x == "safetensors") {
+            // A writer's temporary files (a rewrite in progress, or a killed one's) are not shards.
+            let temp = entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(super::file::TEMP_PREFIX);
+            if !temp && p.extension().is_some_and(|x| x == "safetensors") {
                 shards.push(p);
             }
         }

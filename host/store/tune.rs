@@ -112,14 +112,15 @@ impl Tuning {
                     .is_some_and(|b| Self::parse(file, &b).is_ok());
             if !ours {
                 let what = if meta.file_type().is_file() {
-                    "a file that is not a fetchahead tune file"
+                    "a file that is not a tune file"
                 } else {
                     super::file::kind_of(meta.file_type())
                 };
                 return Err(Error::WouldOverwrite {
                     path: file.to_path_buf(),
                     why: format!(
-                        "it is {what}, not written by fetchahead tune (pass --force to replace it)"
+                        "it is {what}, which fetchahead tune did not write (pass --force to \
+                         replace it)"
                     ),
                 });
             }
