@@ -59,9 +59,11 @@ impl TableSpec {
         t
     }
 
-    /// Bytes of every tensor together.
+    /// Bytes of every tensor together (saturating: an absurd spec is refused when written).
     pub fn data_bytes(&self) -> u64 {
-        self.layers.len() as u64 * self.rows * (self.dim + self.dim / MX_BLOCK) as u64
+        (self.layers.len() as u64)
+            .saturating_mul(self.rows)
+            .saturating_mul((self.dim + self.dim / MX_BLOCK) as u64)
     }
 
     fn check(&self) -> Result<()> {
