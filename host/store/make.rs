@@ -327,9 +327,8 @@ pub fn dir_state(dir: &Path) -> Result<DirState> {
             files: vec!["model.safetensors".into(), LEGACY_DEMO_SEED.into()],
         })
     });
-    let ours = |name: &str| {
+    let listed = |name: &str| {
         name == MANIFEST
-            || TUNE_FILES.contains(&name)
             || manifest
                 .as_ref()
                 .is_some_and(|m| m.files.iter().any(|f| f == name))
@@ -337,11 +336,9 @@ pub fn dir_state(dir: &Path) -> Result<DirState> {
     let foreign: Vec<String> = names
         .iter()
         .filter(|n| {
-            // A listed file replaced by a link or a directory is not ours any more.
-            !ours(n)
-                || (n.as_str() != MANIFEST
-                    && !TUNE_FILES.contains(&n.as_str())
-                    && !is_regular(&dir.join(n)))
+            // Tune's file is its own business (a writer of tables never writes it); a listed
+            // file replaced by a link, a directory or a FIFO is not ours any more.
+            !TUNE_FILES.contains(&n.as_str()) && (!listed(n) || !is_regular(&dir.join(n)))
         })
         .map(|n| describe_entry(dir, n))
         .collect();
