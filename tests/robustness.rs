@@ -818,3 +818,119 @@ fn failed_lookups_through_the_c_abi_leave_their_own_message() {
     // SAFETY: open, closed once.
     unsafe { fetchahead_table_close(table) };
 }
+
+// ---- the command line, end to end ------------------------------------------------------
+
+/// The `fetchahead` binary beside this test binary's folder (`target/release/fetchahead` for
+/// `target/release/deps/robustness-*`), found at run time, never from a compile-time path.
+fn cli() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let bin = exe.parent()?.parent()?.join("fetchahead");
+    if bin.is_file() {
+        Some(bin)
+    } else {
+        eprintln!(
+            "SKIP the command-line cases: no fetchahead binary at {}",
+            bin.display()
+        );
+        None
+    }
+}
+
+/// Runs the CLI with `args`; its exit status and stderr, or a panic if it is still running
+/// after `limit`.
+fn run_cli(bin: &Path, args: &[&str], env: &[(&str, &str)], limit: Duration) -> (i32, String) {
+    let mut child = Command::new(bin)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            assert!(
+                status.signal().is_none(),
+                "{args:?}: killed by {status}\n{err}"
+            );
+            return (status.code().unwrap_or(-1), err);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("fetchahead {args:?} still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn the_cli_refuses_a_fifo_within_a_second() {
+    let Some(bin) = cli() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("fifo");
+    std::fs::create_dir(&dir).unwrap();
+    mkfifo(&dir.join("model.safetensors"));
+    let d = dir.to_str().unwrap();
+    for args in [
+        &["inspect", d][..],
+        &["tune", d],
+        &["bench-io", d],
+        &["demo", "--data-dir", d, "--rows", "4096", "--steps", "1"],
+    ] {
+        let (code, err) = run_cli(&bin, args, &[], Duration::from_secs(1));
+        assert_ne!(code, 0, "{args:?}");
+        assert!(
+            err.contains("FIFO") || err.contains("did not write"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn the_cli_rejects_what_a_user_gets_wrong() {
+    let Some(bin) = cli() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let table = tmp.path().join("t");
+    make(&table, 4096, &[1], 1, 1);
+    let t = table.to_str().unwrap();
+    let d = tmp.path().join("d");
+    let d = d.to_str().unwrap();
+    let long = Duration::from_secs(60);
+    for (args, want) in [
+        (&["bench-io", t, "--iters", "0,0,0"][..], "--iters"),
+        (&["bench-io", t, "--iters", "5,2"], "--iters"),
+        (
+            &["bench-io", t, "--baseline-reads", "0"],
+            "--baseline-reads",
+        ),
+        (&["demo", "--data-dir", d, "--steps", "0"], "--steps"),
+        (
+            &["demo", "--data-dir", d, "--engram-layers", "1,1"],
+            "twice",
+        ),
+        (&["demo", "--memory", "--rows", "1000000000000"], "memory"),
+        (&["make-table", d, "--rows", "1000000000000000"], "free"),
+    ] {
+        let (code, err) = run_cli(&bin, args, &[], long);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    assert!(!Path::new(d).exists(), "a refused command wrote {d}");
+    if fetchahead::gpu::Gpu::open(0).is_err() {
+        let (code, err) = run_cli(&bin, &["check"], &[("FETCHAHEAD_REQUIRE_GPU", "1")], long);
+        assert_ne!(
+            code, 0,
+            "check without a GPU under FETCHAHEAD_REQUIRE_GPU=1: {err}"
+        );
+    }
+}
