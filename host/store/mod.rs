@@ -271,8 +271,9 @@ impl RowStore {
         for shard in &layout.files {
             let p = &shard.path;
             let buffered = file::open_regular(p, 0)?;
-            // SAFETY: the mapping is read-only; a file shrinking under it is guarded by the mmap
-            // path's length check before each batch.
+            // SAFETY: the mapping is read-only and only the mmap path reads it, which runs only
+            // when asked for by name (never under Auto); its length check before each batch
+            // narrows, but cannot close, the window in which a shrinking file raises SIGBUS.
             let map = unsafe { Mmap::map(&buffered) }.map_err(|e| Error::io(p, "mmap", e))?;
             map.advise(Advice::Random)
                 .map_err(|e| Error::io(p, "madvise(MADV_RANDOM)", e))?;
