@@ -30,6 +30,12 @@ fn run_with(args: &CheckArgs, require_gpu: bool) -> fetchahead::Result<ExitCode>
     } else {
         (args.rows, args.n)
     };
+    // The host copies of the table and of the expected outputs are sized by the arguments.
+    fetchahead::memory::check_fits(
+        rows.saturating_mul(264)
+            .saturating_add((n as u64).saturating_mul(2048)),
+        "the check's table and expected outputs",
+    )?;
     super::kernels::list()?;
     let gpu = match Gpu::open(0) {
         Ok(gpu) => gpu,
