@@ -145,11 +145,14 @@ pub enum Error {
     NotRegularFile { file: PathBuf, kind: &'static str },
 
     #[error(
-        "{what} needs {bytes} bytes ({:.2} GiB) of memory{}; refusing to allocate it",
+        "{what} would take {bytes} bytes ({:.2} GiB) of memory{}; refusing to allocate it",
         *bytes as f64 / (1u64 << 30) as f64,
         available.map_or_else(
             || " and the allocation failed".to_string(),
-            |a| format!(" but {a} bytes ({:.2} GiB) are available", a as f64 / (1u64 << 30) as f64)
+            |a| format!(
+                " but only {a} bytes ({:.2} GiB) are available",
+                a as f64 / (1u64 << 30) as f64
+            )
         )
     )]
     OutOfMemory {
