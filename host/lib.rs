@@ -17,6 +17,7 @@
 //! - [`prefetcher`]: the side-stream prefetcher of one Engram layer.
 //! - [`ffi`]: the C ABI for engines (`include/fetchahead.h`).
 //! - [`forward`]: a simulated forward with Engram layers, for the demo and the bench.
+//! - [`memory`]: allocations sized by input, checked and fallible.
 //! - [`store`]: the NVMe row store for Engram tables (safetensors shards, io_uring, DRAM cache).
 
 pub mod access_policy;
@@ -33,6 +34,7 @@ pub mod kernels;
 pub mod l2_plan;
 pub mod lookup;
 pub mod lookup_job;
+pub mod memory;
 pub mod prefetcher;
 pub mod ptx;
 pub mod reference;
