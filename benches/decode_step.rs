@@ -261,6 +261,15 @@ fn decode_step(c: &mut Criterion) {
         for config in StepConfig::ALL {
             for graph in [false, true] {
                 let captured = graph.then(|| s.capture(config).expect("capture the step"));
+                // One untimed step first (a graph's first launch, the lane's first lookup).
+                step(
+                    &mut s,
+                    lookups,
+                    config,
+                    captured.as_ref(),
+                    &mut rng,
+                    &mut Run::default(),
+                );
                 let run = runs.entry((graph, config)).or_default();
                 let exec = if graph { "graph" } else { "eager" };
                 let id = format!("{}/{exec}/{}", lookups.label, config.id());
