@@ -120,6 +120,8 @@ fn the_spark_projection_follows_its_model() {
         .collect();
     // Here: the ideal saving is 2 x 3 us x 4/8 = 3 us; the plan saved 1.5 us: half.
     let measured = MeasuredStep {
+        floor: 8.0,
+        floor_plan: 8.0 - 0.0015,
         neither: 10.0,
         prefetcher: 9.0,
         plan: 10.0 - 0.0015,
