@@ -1104,19 +1104,28 @@ pub fn report(label: &str, graph: bool, runs: &Runs) -> Vec<String> {
         return vec![format!("{label} {mode}: no steps of neither feature")];
     };
     let base = neither.mean();
-    let mut lines = vec![format!(
-        "{label} lookups, {mode}: {:<24} {:>9} {:>17} {:>17} {:>26} {:>8}",
-        "configuration",
-        "step ms",
-        "p10-p90 ms",
-        "saves (share)",
-        "Engram stall (of lookups)",
-        "enqueue"
-    )];
+    let mut lines = vec![
+        format!("{label} lookups, {mode}:"),
+        format!(
+            "  {:<24} {:>9} {:>17} {:>17} {:>26} {:>8}",
+            "configuration",
+            "step ms",
+            "p10-p90 ms",
+            "saves (share)",
+            "Engram stall (of lookups)",
+            "enqueue"
+        ),
+    ];
     for c in StepConfig::ALL {
         let Some(r) = get(c) else { continue };
         let (p10, p90) = r.spread();
-        let saved = base - r.mean();
+        let saved = match c.gather() {
+            GatherPath::Resident => "-".to_string(),
+            _ => {
+                let saved = base - r.mean();
+                format!("{saved:.3} ({:.2}%)", 100.0 * saved / base)
+            }
+        };
         let stall = match (c.gather(), get(c.floor())) {
             (GatherPath::Resident, _) | (_, None) => "-".to_string(),
             (_, Some(floor)) => {
@@ -1133,7 +1142,7 @@ pub fn report(label: &str, graph: bool, runs: &Runs) -> Vec<String> {
             c.name(),
             r.mean(),
             format!("{p10:.3}-{p90:.3}"),
-            format!("{saved:.3} ({:.2}%)", 100.0 * saved / base),
+            saved,
             stall,
             r.enqueue_ms / r.steps.len() as f64,
             if r.overruns > 0 {
@@ -1268,7 +1277,7 @@ pub fn spark_lines(
             share(m.both)
         ),
         format!(
-            "  the L2 plan's decode throughput gain there: +{:.2}% ({:.0}% of the origin story's \
+            "  the L2 plan's decode throughput gain there: +{:.2}% ({:.1}% of the origin story's \
              +7%)",
             100.0 * gain,
             100.0 * gain / 0.07

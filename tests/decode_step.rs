@@ -260,3 +260,76 @@ fn a_small_steps_outputs_are_bit_identical_across_configurations() -> Result<()>
     assert_eq!(step.engram_stats().lookup_errors, 0);
     Ok(())
 }
+
+/// The step table from synthetic runs: every configuration's line, the goal line and the
+/// plan's saving lines, without a device.
+#[test]
+fn the_report_reads_every_configuration() {
+    use fetchahead::decode_step::{Run, Runs, report, spark_lines};
+    use fetchahead::forward::StepTime;
+    let mut runs = Runs::new();
+    let base = |c: StepConfig| match c {
+        StepConfig::Floor => 47.0,
+        StepConfig::FloorPlan => 46.7,
+        StepConfig::Neither => 49.0,
+        StepConfig::Prefetcher => 47.01,
+        StepConfig::Plan => 48.7,
+        StepConfig::Both => 46.71,
+    };
+    for c in StepConfig::ALL {
+        for graph in [false, true] {
+            let mut run = Run::default();
+            for i in 0..20 {
+                let t = StepTime {
+                    gpu_ms: base(c) + 0.001 * (i % 3) as f64,
+                    enqueue_ms: 2.0,
+                    lead_in_overrun: false,
+                };
+                let lookup = if c.gather() == fetchahead::forward::GatherPath::Resident {
+                    0.0
+                } else {
+                    1.8
+                };
+                run.record(t, lookup, lookup / 2.0, 1.4);
+            }
+            runs.insert((graph, c), run);
+        }
+    }
+    let lines = report("cold", false, &runs);
+    lines.iter().for_each(|l| println!("{l}"));
+    assert_eq!(lines.len(), 2 + 6 + 1 + 3, "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("goal, both on") && l.contains("met"))
+    );
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l.contains("L2 plan with") && l.contains(": measurable"))
+            .count()
+            == 3,
+        "{lines:#?}"
+    );
+    let m = Matrix {
+        name: "w",
+        rows: 1024,
+        k: 4096,
+    };
+    let times = [ReaderTime {
+        matrix: m,
+        cold_us: 9.0,
+        warm_us: 6.0,
+    }];
+    let windows = [ModelWindow {
+        ns: 30_000,
+        readers: vec![m],
+        warmed_here: 4 << 20,
+    }];
+    let lines = spark_lines("cold", true, &runs, &windows, &times).unwrap();
+    lines.iter().for_each(|l| println!("{l}"));
+    assert_eq!(lines.len(), 3);
+    assert!(lines[2].contains("origin story's +7%"));
+    // No runs: a line saying so, no panic.
+    assert_eq!(report("cold", false, &Runs::new()).len(), 1);
+}
