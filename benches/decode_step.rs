@@ -245,7 +245,8 @@ fn decode_step(c: &mut Criterion) {
         .sample_size(samples)
         .sampling_mode(SamplingMode::Flat)
         .warm_up_time(Duration::from_millis(100))
-        .measurement_time(Duration::from_millis(500));
+        .measurement_time(Duration::from_millis(500))
+        .nresamples(1000);
     for lookups in [&cold, &warm] {
         let stream = gpu.ctx.new_stream().expect("a stream");
         let mut s = DecodeStep::new(
