@@ -1255,15 +1255,17 @@ pub fn spark_lines(
     Ok(vec![
         format!(
             "{} projected from the {label} lookups' {mode} steps: budget {:.2} MiB a window, \
-             {:.1} MiB warmed a step, readers cold {:.2} ms a step, realized share {:.2} (the plan \
-             saved {:.3} ms of an ideal {:.3} ms here, rows resident)",
+             {:.1} MiB warmed a step, readers cold {:.2} ms a step, realized share {:.2} (here, rows \
+             resident, the plan saved {:.3} ms of an ideal {:.3} ms = {:.2}% of the step: its \
+             warmed bytes x the readers' (cold - warm) time per byte)",
             m.target.name,
             m.budget as f64 / MIB,
             m.warmed as f64 / MIB,
             m.readers_cold_ms,
             m.realized,
             measured.floor - measured.floor_plan,
-            m.ideal_here_ms
+            m.ideal_here_ms,
+            100.0 * m.ideal_here_ms / measured.floor
         ),
         format!(
             "  step ms: neither {:.3}, Engram prefetcher only {:.3} ({:.2}%), L2 plan only {:.3} \

@@ -21,13 +21,22 @@ use super::{DemoArgs, token_stream};
 /// Cold and warm runs of each reader matrix for the projection.
 const READER_REPS: usize = 9;
 
-/// The decode step the demo runs: DeepSeek-V3's, with the demo's Engram layers and seed.
+/// The decode step the demo runs: DeepSeek-V3's, with the demo's hash. The demo table's Engram
+/// layers sit at the step's Engram layers (2 and 15) when there are as many; otherwise at the
+/// demo's own layer numbers.
 fn shape(args: &DemoArgs) -> DecodeShape {
+    let deepseek = DecodeShape::deepseek();
+    let demo_layers = args.engram_layer_ids();
+    let engram_layers = if demo_layers.len() == deepseek.engram_layers.len() {
+        deepseek.engram_layers.clone()
+    } else {
+        demo_layers
+    };
     DecodeShape {
-        engram_layers: args.engram_layer_ids(),
+        engram_layers,
         heads: args.heads,
         ngram: args.ngram,
-        ..DecodeShape::deepseek()
+        ..deepseek
     }
 }
 
@@ -73,6 +82,11 @@ pub fn run(
     for line in shape.describe(&windows) {
         println!("{line}");
     }
+    println!(
+        "the demo table's Engram layers {:?} are the step's layers {:?}",
+        args.engram_layer_ids(),
+        shape.engram_layers
+    );
     let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
     let setup = gpu.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
     let t = Instant::now();
