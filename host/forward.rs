@@ -14,6 +14,9 @@
 //!
 //! In flag mode the Engram layers' lookups run on one shared lookup lane, layer by layer in
 //! gather order ([`FlagLanes::Shared`]), or each on a lane of its own ([`FlagLanes::PerLayer`]).
+//!
+//! The Engram side of a step (token buffer, hash, prefetches, gathers, resident tables) is
+//! [`EngramLayers`], which the decode step of [`crate::decode_step`] enqueues too.
 use std::sync::Arc;
 use std::time::Instant;
 
