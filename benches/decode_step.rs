@@ -136,19 +136,18 @@ fn step(
     graph: Option<&cudarc::driver::CudaGraph>,
     rng: &mut SmallRng,
     run: &mut Run,
-) -> f64 {
+) -> fetchahead::Result<f64> {
     let tokens: Vec<u32> = (0..s.shape().tokens)
         .map(|_| rng.random_range(0..VOCAB))
         .collect();
-    s.set_tokens(&tokens).expect("set tokens");
+    s.set_tokens(&tokens)?;
     lookups.before_step();
     let (all, first) = (s.engram_stats(), s.first_layer_stats());
     let warmed = s.plan().counters().bytes_prefetched;
     let t = match graph {
         Some(g) => s.time_replay(g),
         None => s.time(config),
-    }
-    .expect("a timed step");
+    }?;
     let ms = |after: u64, before: u64| (after - before) as f64 / 1e6;
     run.record(
         t,
@@ -157,7 +156,23 @@ fn step(
         s.before_first_gather_ms(),
     );
     run.warmed_bytes += s.plan().counters().bytes_prefetched - warmed;
-    t.gpu_ms
+    Ok(t.gpu_ms)
+}
+
+/// One step of `tokens` with every output poisoned first: its outputs.
+fn checked_step(
+    s: &mut DecodeStep,
+    config: StepConfig,
+    graph: Option<&cudarc::driver::CudaGraph>,
+    tokens: &[u32],
+) -> fetchahead::Result<StepOutputs> {
+    s.set_tokens(tokens)?;
+    s.poison()?;
+    match graph {
+        Some(g) => s.time_replay(g),
+        None => s.time(config),
+    }?;
+    s.outputs(config)
 }
 
 fn decode_step(c: &mut Criterion) {
@@ -239,6 +254,7 @@ fn decode_step(c: &mut Criterion) {
         .collect();
     let mut reference: Option<StepOutputs> = None;
     let mut differences = Vec::new();
+    let mut failures: Vec<String> = Vec::new();
     let mut all_runs: Vec<(&Lookups, Runs, Vec<fetchahead::decode_step::ModelWindow>)> = Vec::new();
     let mut group = c.benchmark_group("decode_step");
     group
@@ -259,11 +275,24 @@ fn decode_step(c: &mut Criterion) {
         .expect("the decode step");
         s.warm_plan().expect("warm the plan");
         let mut runs: Runs = BTreeMap::new();
+        let mut graphs_work = true;
         for config in StepConfig::ALL {
             for graph in [false, true] {
-                let captured = graph.then(|| s.capture(config).expect("capture the step"));
+                let exec = if graph { "graph" } else { "eager" };
+                let name = format!("{} {exec} {}", lookups.label, config.name());
+                if graph && !graphs_work {
+                    continue;
+                }
+                let captured = match graph.then(|| s.capture(config)).transpose() {
+                    Ok(captured) => captured,
+                    Err(e) => {
+                        failures.push(format!("{name}: capture failed, graphs skipped: {e}"));
+                        graphs_work = false;
+                        continue;
+                    }
+                };
                 // One untimed step first (a graph's first launch, the lane's first lookup).
-                step(
+                let warm_up = step(
                     &mut s,
                     lookups,
                     config,
@@ -271,53 +300,68 @@ fn decode_step(c: &mut Criterion) {
                     &mut rng,
                     &mut Run::default(),
                 );
-                let run = runs.entry((graph, config)).or_default();
-                let exec = if graph { "graph" } else { "eager" };
-                let id = format!("{}/{exec}/{}", lookups.label, config.id());
-                group.bench_function(id, |b| {
-                    b.iter_custom(|iters| {
-                        let mut total = 0.0;
-                        for _ in 0..iters {
-                            total +=
-                                step(&mut s, lookups, config, captured.as_ref(), &mut rng, run);
-                        }
-                        Duration::from_secs_f64(total / 1e3)
-                    })
-                });
-                // The same tokens for every configuration, outputs poisoned first.
-                s.set_tokens(&check_tokens).expect("set tokens");
-                s.poison().expect("poison the outputs");
-                match &captured {
-                    Some(g) => s.time_replay(g),
-                    None => s.time(config),
+                let mut run = Run::default();
+                let mut failure = warm_up.err();
+                if failure.is_none() {
+                    let id = format!("{}/{exec}/{}", lookups.label, config.id());
+                    group.bench_function(id, |b| {
+                        b.iter_custom(|iters| {
+                            let mut total = 0.0;
+                            for _ in 0..iters {
+                                match step(
+                                    &mut s,
+                                    lookups,
+                                    config,
+                                    captured.as_ref(),
+                                    &mut rng,
+                                    &mut run,
+                                ) {
+                                    Ok(ms) => total += ms,
+                                    Err(e) => {
+                                        failure.get_or_insert(e);
+                                    }
+                                }
+                            }
+                            Duration::from_secs_f64(total / 1e3)
+                        })
+                    });
                 }
-                .expect("the checked step");
-                let out = s.outputs(config).expect("read the outputs");
-                match &reference {
-                    None => reference = Some(out),
-                    Some(want) => {
-                        if let Some(why) = want.first_difference(&out) {
-                            differences.push(format!(
-                                "{} {exec} {}: {why}",
-                                lookups.label,
-                                config.name()
-                            ));
+                if let Some(e) = failure {
+                    failures.push(format!("{name}: a step failed: {e}"));
+                    continue;
+                }
+                runs.insert((graph, config), run);
+                // The same tokens for every configuration, outputs poisoned first.
+                match checked_step(&mut s, config, captured.as_ref(), &check_tokens) {
+                    Err(e) => failures.push(format!("{name}: the checked step failed: {e}")),
+                    Ok(out) => match &reference {
+                        None => reference = Some(out),
+                        Some(want) => {
+                            if let Some(why) = want.first_difference(&out) {
+                                differences.push(format!("{name}: {why}"));
+                            }
                         }
-                    }
+                    },
                 }
                 drop(captured);
             }
         }
-        assert_eq!(
-            s.engram_stats().lookup_errors,
-            0,
-            "lookup errors during the bench"
-        );
+        let errors = s.engram_stats().lookup_errors;
+        if errors > 0 {
+            failures.push(format!("{} lookups: {errors} lookup errors", lookups.label));
+        }
         let windows = model_windows(&s);
         all_runs.push((lookups, runs, windows));
     }
     group.finish();
 
+    println!("\n== decode step summary");
+    for line in shape.describe(&windows) {
+        println!("{line}");
+    }
+    for f in &failures {
+        println!("FAILED: {f}");
+    }
     println!(
         "\nstep = GPU time from a start event behind a {} ms lead-in (the CPU's enqueue, printed \
          apart in ms, is not in it); saves = neither's mean minus this one's; Engram stall = this \
@@ -372,8 +416,8 @@ fn decode_step(c: &mut Criterion) {
             }
         }
     }
-    if !differences.is_empty() {
-        eprintln!("decode_step bench: outputs differed across configurations");
+    if !differences.is_empty() || !failures.is_empty() {
+        eprintln!("decode_step bench: outputs differed or configurations failed (above)");
         std::process::exit(1);
     }
 }
