@@ -206,6 +206,8 @@ pub struct EngramLayers {
     tokens_at: u64,
     layers: Vec<EngramLayer>,
     id_check: IdCheck,
+    /// The resident path's gather + dequant variant: the device's default, as the prefetchers'.
+    resident_variant: usize,
 }
 
 impl EngramLayers {
@@ -300,6 +302,7 @@ impl EngramLayers {
         let id_check = IdCheck::new(main)?;
         let tokens_at = tokens.device_ptr(main).0;
         Ok(EngramLayers {
+            resident_variant: kernels.dequant_variant(None)?,
             kernels,
             shape: shape.clone(),
             rows,
@@ -427,10 +430,12 @@ impl EngramLayers {
                     dim: self.dim as u32,
                     _pad: 0,
                 };
-                let variant = self.kernels.dequant_variant(None)?;
                 // SAFETY: the layer's resident table holds `rows` rows, `ids` n ids, `out` n
                 // rows.
-                unsafe { self.kernels.launch_gather_dequant(s, variant, p) }
+                unsafe {
+                    self.kernels
+                        .launch_gather_dequant(s, self.resident_variant, p)
+                }
             }
             // SAFETY: n ids and n * dim bf16 of output, both this step's.
             GatherPath::Sync => unsafe {
