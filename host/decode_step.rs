@@ -19,7 +19,9 @@
 //! in [`SparkModel::assumptions`].
 use std::sync::Arc;
 
-use cudarc::driver::{CudaGraph, CudaStream, DevicePtr, sys};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
+use fetchahead_gpu::gemv::Reduce;
+use fetchahead_gpu::params::GemvParams;
 use half::bf16;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
@@ -27,7 +29,7 @@ use crate::error::CudaCall;
 use crate::forward::{
     EngramLayers, FlagLanes, ForwardShape, GatherPath, LayerTable, StepClock, StepTime,
 };
-use crate::gemv::Gemv;
+use crate::gemv::GemvLaunch;
 use crate::kernels::Kernels;
 use crate::l2_plan::{L2Plan, PlanConfig, Signature, default_budget};
 use crate::prefetcher::{Completion, PrefetcherConfig, Stats};
@@ -325,9 +327,10 @@ impl DecodeShape {
             ),
             format!(
                 "readers (bf16 GEMV, weights of DeepSeek-V3 shapes per rank of 8; each window's \
-                 its own buffers, {:.2} GiB a step, so every read is cold without the plan): after \
-                 an all-gather: {}; after a layer's first all-reduce: {}; after a further \
-                 all-reduce: {}",
+                 weights its own, {:.2} GiB a step, so every read is cold without the plan; the \
+                 activations one buffer per K, read by every reader, so they stay in L2 as a \
+                 collective's output would): after an all-gather: {}; after a layer's first \
+                 all-reduce: {}; after a further all-reduce: {}",
                 bytes as f64 / (MIB * 1024.0),
                 readers(WindowRole::Gather),
                 readers(WindowRole::Attention),
@@ -337,24 +340,122 @@ impl DecodeShape {
     }
 }
 
-/// The step's readers: one [`Gemv`] per reader of every window, each over weights of its own.
+/// One reader: the crate's bf16 GEMV (`y = x w^T`, the variant and K splits the host picks)
+/// over weights of its own. Its activations `x` are the step's shared activations of its K, as
+/// every projection after a collective reads that collective's output, so they stay in L2 as
+/// in an engine and the reader waits on DRAM for its weights alone.
+pub struct Reader {
+    _w: CudaSlice<u16>,
+    _partial: CudaSlice<f32>,
+    /// Zero between launches (the split-K epilogue's arrival counters).
+    _counters: CudaSlice<u32>,
+    y: CudaSlice<f32>,
+    params: GemvParams,
+    variant: usize,
+}
+
+impl Reader {
+    /// Copies `w` (`n x k` bf16) to the device on `stream`, with outputs, reading the `m x k`
+    /// activations at `x` (a live device allocation that outlives the reader).
+    fn new(
+        kernels: &Kernels,
+        stream: &Arc<CudaStream>,
+        x: u64,
+        w: &[bf16],
+        m: u32,
+        k: u32,
+    ) -> Result<Reader> {
+        let n = u32::try_from(w.len() / k.max(1) as usize)
+            .map_err(|_| Error::invalid("reader", format!("{} weights", w.len())))?;
+        let GemvLaunch { variant, splits } = GemvLaunch::default_for(kernels, m, n, k)?;
+        let reduce = Kernels::gemv_variant_at(variant)?.reduce;
+        let bits: Vec<u16> = w.iter().map(|b| b.to_bits()).collect();
+        let w = stream.clone_htod(&bits).call("cuMemcpyHtoD")?;
+        let partial_len = if reduce == Reduce::Global && splits > 1 {
+            splits as usize * m as usize * n as usize
+        } else {
+            1
+        };
+        let partial = stream.alloc_zeros::<f32>(partial_len).call("cuMemAlloc")?;
+        let counters = stream
+            .alloc_zeros::<u32>((n as usize / 16).max(1))
+            .call("cuMemAlloc")?;
+        let y = stream
+            .alloc_zeros::<f32>((m as usize * n as usize).max(1))
+            .call("cuMemAlloc")?;
+        let params = GemvParams {
+            x,
+            w: w.device_ptr(stream).0,
+            partial: partial.device_ptr(stream).0,
+            y: y.device_ptr(stream).0,
+            counters: counters.device_ptr(stream).0,
+            m,
+            n,
+            k,
+            splits,
+        };
+        Ok(Reader {
+            _w: w,
+            _partial: partial,
+            _counters: counters,
+            y,
+            params,
+            variant,
+        })
+    }
+
+    /// Device address and bytes of the weights: what the plan learns.
+    pub fn weights(&self) -> (u64, u64) {
+        (
+            self.params.w,
+            self.params.n as u64 * self.params.k as u64 * 2,
+        )
+    }
+
+    pub fn params(&self) -> GemvParams {
+        self.params
+    }
+
+    /// Launches the reader on `stream` (raw addresses, nothing allocated: capturable).
+    pub fn launch(&self, kernels: &Kernels, stream: &CudaStream) -> Result<()> {
+        // SAFETY: w, y, partial and counters are this reader's own allocations of the sizes the
+        // params name (as `Gemv` sizes them), alive while it is; x is its weights' owner's
+        // activations of m x k bf16, alive as long; y, partial and counters are written by this
+        // reader's launches alone, one at a time on the stream.
+        unsafe { kernels.launch_gemv(stream.cu_stream(), self.variant, self.params, None) }
+    }
+
+    /// Copies `y` back (waits for `stream`).
+    pub fn read_y(&self, stream: &Arc<CudaStream>) -> Result<Vec<f32>> {
+        let y = stream.clone_dtoh(&self.y).call("cuMemcpyDtoH")?;
+        stream.synchronize().call("cuStreamSynchronize")?;
+        Ok(y)
+    }
+}
+
+/// The step's readers: one [`Reader`] per reader of every window, each over weights of its own,
+/// and the activations they share (one buffer per K).
 pub struct DecodeWeights {
     /// The readers' M.
     tokens: u32,
     windows: Vec<WindowSpec>,
     /// `readers[w]`: window `w`'s readers, in order.
-    readers: Vec<Vec<Gemv>>,
+    readers: Vec<Vec<Reader>>,
     /// `matrices[w][r]`: what `readers[w][r]` reads.
     matrices: Vec<Vec<Matrix>>,
+    /// (K, `tokens x K` bf16): the activations of every reader of that K.
+    _activations: Vec<(u32, CudaSlice<u16>)>,
 }
 
 impl DecodeWeights {
-    /// Allocates and fills every reader's weights and activations on `stream` (random bf16
-    /// from the shape's seed; each reader's a different stretch of one random pool).
+    /// Allocates and fills every reader's weights and the shared activations on `stream`
+    /// (random bf16 from the shape's seed; each reader's weights a different stretch of one
+    /// random pool).
     pub fn new(kernels: &Kernels, stream: &Arc<CudaStream>, shape: &DecodeShape) -> Result<Self> {
         let windows = shape.schedule()?;
         const SLACK: usize = 1 << 16;
-        let largest = [WindowRole::Gather, WindowRole::Attention, WindowRole::Moe]
+        let roles = [WindowRole::Gather, WindowRole::Attention, WindowRole::Moe];
+        let largest = roles
             .iter()
             .flat_map(|&r| shape.readers(r))
             .map(|m| (m.rows as usize * m.k as usize).max(16 * m.k as usize))
@@ -365,20 +466,42 @@ impl DecodeWeights {
             .map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0)))
             .collect();
         let m = shape.tokens;
+        let mut activations: Vec<(u32, CudaSlice<u16>)> = Vec::new();
+        for k in roles.iter().flat_map(|&r| shape.readers(r)).map(|m| m.k) {
+            if activations.iter().all(|(have, _)| *have != k) {
+                let x: Vec<u16> = pool[(k as usize * 7) % SLACK..][..m as usize * k as usize]
+                    .iter()
+                    .map(|b| b.to_bits())
+                    .collect();
+                activations.push((k, stream.clone_htod(&x).call("cuMemcpyHtoD")?));
+            }
+        }
+        let x_of = |k: u32| {
+            activations
+                .iter()
+                .find(|(have, _)| *have == k)
+                .map(|(_, x)| x.device_ptr(stream).0)
+                .ok_or_else(|| Error::invalid("reader", format!("no activations of k = {k}")))
+        };
         let mut readers = Vec::with_capacity(windows.len());
         let mut matrices = Vec::with_capacity(windows.len());
         let mut i = 0usize;
         for w in &windows {
-            let mut gemvs = Vec::new();
+            let mut window = Vec::new();
             for matrix in shape.readers(w.role) {
-                let k = matrix.k as usize;
                 let off = (i * 4099) % SLACK;
-                let x = &pool[(off * 7) % SLACK..][..m as usize * k];
-                let weights = &pool[off..][..matrix.rows as usize * k];
-                gemvs.push(Gemv::new(kernels, stream, x, weights, m, matrix.k)?);
+                let weights = &pool[off..][..matrix.rows as usize * matrix.k as usize];
+                window.push(Reader::new(
+                    kernels,
+                    stream,
+                    x_of(matrix.k)?,
+                    weights,
+                    m,
+                    matrix.k,
+                )?);
                 i += 1;
             }
-            readers.push(gemvs);
+            readers.push(window);
             matrices.push(shape.readers(w.role).to_vec());
         }
         stream.synchronize().call("cuStreamSynchronize")?;
@@ -387,6 +510,7 @@ impl DecodeWeights {
             windows,
             readers,
             matrices,
+            _activations: activations,
         })
     }
 
@@ -395,7 +519,7 @@ impl DecodeWeights {
     }
 
     /// Window `w`'s readers and what each reads.
-    pub fn readers(&self, w: usize) -> impl Iterator<Item = (&Gemv, &Matrix)> {
+    pub fn readers(&self, w: usize) -> impl Iterator<Item = (&Reader, &Matrix)> {
         let gemvs = self.readers.get(w).map_or(&[][..], |v| v);
         let matrices = self.matrices.get(w).map_or(&[][..], |v| v);
         gemvs.iter().zip(matrices)
@@ -639,7 +763,7 @@ impl DecodeStep {
                         let (address, bytes) = gemv.weights();
                         self.plan.consume(address, bytes)?;
                     }
-                    gemv.launch(&self.kernels, &self.main, None)?;
+                    gemv.launch(&self.kernels, &self.main)?;
                 }
                 w += 1;
             }
@@ -972,7 +1096,7 @@ impl SparkModel {
 }
 
 /// Median microseconds of each distinct reader matrix of `weights` on `stream`, cold (after a
-/// write of twice the L2 size) and warm (right after the same launch), each launch behind a
+/// write of twice the L2 size and a read of the activations) and warm (right after the same launch), each launch behind a
 /// 20 us idle collective and between timing events; `reps` of each.
 pub fn reader_times(
     kernels: &Kernels,
@@ -1000,11 +1124,18 @@ pub fn reader_times(
                         cudarc::driver::result::memset_d8_async(flush_at, 0x5A, flush_bytes, s)
                     }
                     .call("cuMemsetD8Async")?;
+                    // The activations back into L2, as in the step (read by every reader).
+                    let p = gemv.params();
+                    let x_bytes = p.m as usize * p.k as usize * 2;
+                    // SAFETY: x is the reader's live activations of m x k bf16; the flush
+                    // buffer, at least 64 MiB, holds them and does not overlap them.
+                    unsafe { cudarc::driver::result::memcpy_dtod_async(flush_at, p.x, x_bytes, s) }
+                        .call("cuMemcpyDtoDAsync")?;
                 }
                 // SAFETY: no flag is polled.
                 unsafe { kernels.launch_collective(s, 1, 20_000, 0)? };
                 let started = clock.begin(kernels, stream, 0)?;
-                gemv.launch(kernels, stream, None)?;
+                gemv.launch(kernels, stream)?;
                 Ok(clock.finish(stream, started)?.gpu_ms * 1e3)
             };
             let (mut cold, mut warm) = (Vec::new(), Vec::new());
