@@ -255,7 +255,14 @@ fn decode_step(c: &mut Criterion) {
     let mut reference: Option<StepOutputs> = None;
     let mut differences = Vec::new();
     let mut failures: Vec<String> = Vec::new();
-    let mut all_runs: Vec<(&Lookups, Runs, Vec<fetchahead::decode_step::ModelWindow>)> = Vec::new();
+    /// Per lookup setting: its runs, the model's windows, the work before the first gather.
+    type Measured<'a> = (
+        &'a Lookups,
+        Runs,
+        Vec<fetchahead::decode_step::ModelWindow>,
+        f64,
+    );
+    let mut all_runs: Vec<Measured> = Vec::new();
     let mut group = c.benchmark_group("decode_step");
     group
         .sample_size(samples)
@@ -351,7 +358,7 @@ fn decode_step(c: &mut Criterion) {
             failures.push(format!("{} lookups: {errors} lookup errors", lookups.label));
         }
         let windows = model_windows(&s);
-        all_runs.push((lookups, runs, windows));
+        all_runs.push((lookups, runs, windows, s.before_first_gather_ms()));
     }
     group.finish();
 
@@ -369,8 +376,14 @@ fn decode_step(c: &mut Criterion) {
          lookup time (both Engram layers, measured inside the lookups in the same steps)",
         DECODE_LEAD_IN_US / 1000
     );
-    for (lookups, runs, _) in &all_runs {
-        println!("\n{} lookups: {}", lookups.label, lookups.what);
+    for (lookups, runs, _, before_ms) in &all_runs {
+        println!(
+            "\n{} lookups: {}; {} ids a step per Engram layer; {before_ms:.3} ms of compute and \
+             collectives before the first Engram gather",
+            lookups.label,
+            lookups.what,
+            shape.tokens * shape.heads
+        );
         for graph in [false, true] {
             for line in report(lookups.label, graph, runs) {
                 println!("{line}");
@@ -408,7 +421,7 @@ fn decode_step(c: &mut Criterion) {
     for line in SparkModel::assumptions(&GB10) {
         println!("{line}");
     }
-    for (lookups, runs, windows) in &all_runs {
+    for (lookups, runs, windows, _) in &all_runs {
         for graph in [false, true] {
             match spark_lines(lookups.label, graph, runs, windows, &times) {
                 Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
