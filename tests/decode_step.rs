@@ -1,5 +1,7 @@
 //! The simulated decode step: its schedule and Spark projection on the CPU, and on the GPU a
 //! small step whose outputs are bit-identical across every configuration, eager and replayed.
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::Arc;
 
 use fetchahead::decode_step::{
@@ -12,6 +14,44 @@ use fetchahead::kernels::Kernels;
 use fetchahead::l2_plan::default_budget;
 use fetchahead::lookup::MemoryRows;
 use fetchahead::{Error, Result};
+
+/// Counts the allocations of each thread, for the warm step's check.
+struct Counting;
+
+thread_local! {
+    /// Allocations made by this thread (a const-initialized Cell: reading it never allocates).
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+fn count() {
+    // try_with: during thread teardown the slot may be gone; not counting then is fine.
+    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+}
+
+// SAFETY: forwards to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: the caller's contract for alloc is passed through.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: ptr came from System.alloc with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count();
+        // SAFETY: the caller's contract for realloc is passed through.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 #[test]
 fn the_deepseek_schedule_holds_the_origin_storys_windows() {
@@ -332,4 +372,37 @@ fn the_report_reads_every_configuration() {
     assert!(lines[2].contains("origin story's +7%"));
     // No runs: a line saying so, no panic.
     assert_eq!(report("cold", false, &Runs::new()).len(), 1);
+}
+
+/// The decode step's own hot path allocates nothing once warm: an eager step's enqueue of the
+/// readers, collectives, spin compute, resident gathers and the plan's replay (the floors; the
+/// lookup paths are the prefetcher's).
+#[test]
+fn a_warm_steps_enqueue_allocates_nothing() -> Result<()> {
+    let Some(gpu) = Gpu::for_test("a_warm_steps_enqueue_allocates_nothing")? else {
+        return Ok(());
+    };
+    let kernels = Arc::new(Kernels::load(&gpu)?);
+    let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
+    let shape = small_shape();
+    let stream = gpu.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
+    let weights = Arc::new(DecodeWeights::new(&kernels, &stream, &shape)?);
+    let tables: Vec<Arc<dyn LayerTable>> = (0..2)
+        .map(|seed| Ok(Arc::new(MemoryRows::generate(4096, 256, seed)?) as Arc<dyn LayerTable>))
+        .collect::<Result<_>>()?;
+    let mut step = DecodeStep::new(kernels.clone(), stream.clone(), &tables, shape, weights)?;
+    step.warm_plan()?;
+    for config in [StepConfig::Floor, StepConfig::FloorPlan] {
+        step.enqueue(config)?;
+        stream.synchronize().map_err(cuda("cuStreamSynchronize"))?;
+        let before = allocations();
+        step.enqueue(config)?;
+        let allocated = allocations() - before;
+        stream.synchronize().map_err(cuda("cuStreamSynchronize"))?;
+        assert_eq!(
+            allocated, 0,
+            "{config:?}: {allocated} allocations in a warm enqueue"
+        );
+    }
+    Ok(())
 }
