@@ -30,6 +30,8 @@ use fetchahead::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
+mod decode;
+
 #[derive(Args, Clone, Debug)]
 pub struct DemoArgs {
     /// Where the demo's table lives (relative to the working directory); written when absent or
@@ -398,6 +400,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
             println!("\nno GPU here ({why}); running the host half only");
             let results = host_half(args, &shape, &tables, &phases, &mut rng)?;
             print_host_half(&phases, &results);
+            decode::skipped(args);
             let wrong: usize = results.iter().map(|r| r.wrong_rows).sum();
             println!(
                 "\nlookups equal the table's own bytes{}: {}\n\
@@ -450,7 +453,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         ..Default::default()
     };
     let mut forward = SimulatedForward::new(
-        kernels,
+        kernels.clone(),
         main,
         &tables.layers,
         shape,
@@ -525,7 +528,9 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
          lookup errors: {errors}",
         if all_match { "yes" } else { "NO" }
     );
-    Ok(if all_match && errors == 0 {
+    drop(forward);
+    let decode_ok = decode::run(args, &gpu, &kernels, &tables.layers, &mut rng)?;
+    Ok(if all_match && errors == 0 && decode_ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
