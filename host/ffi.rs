@@ -64,7 +64,12 @@ fn code(e: &Error) -> c_int {
         | Error::BadTensor { .. }
         | Error::TruncatedShard { .. }
         | Error::NoSuchLayer { .. }
-        | Error::ReadPathUnavailable { .. } => FETCHAHEAD_ERR_INVALID,
+        | Error::ReadPathUnavailable { .. }
+        | Error::NotRegularFile { .. }
+        | Error::OutOfMemory { .. }
+        | Error::NoSpace { .. }
+        | Error::WouldOverwrite { .. }
+        | Error::LayerRowsDiffer { .. } => FETCHAHEAD_ERR_INVALID,
         Error::StagingFull { .. } => FETCHAHEAD_ERR_STAGING_FULL,
         Error::NotWarmed { .. } => FETCHAHEAD_ERR_NOT_WARMED,
         Error::PrefetchOrder(_) => FETCHAHEAD_ERR_ORDER,
@@ -275,6 +280,7 @@ pub unsafe extern "C" fn fetchahead_table_lookup_error(
     catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: the caller's contract.
         let Some(table) = (unsafe { table.as_ref() }) else {
+            set_last_error("fetchahead_table_lookup_error: invalid table: null pointer".into());
             return 0;
         };
         let m = table
@@ -323,14 +329,29 @@ pub struct Work {
 /// `work` is null or points at a `Work` whose buffers hold `count` rows, alive for the call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
-    let _ = catch_unwind(AssertUnwindSafe(|| {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: the caller's contract.
         let Some(work) = (unsafe { work.cast::<Work>().as_mut() }) else {
+            set_last_error("fetchahead_lookup: invalid work: null pointer".into());
             return;
         };
         // SAFETY: the caller's contract.
-        let Some(table) = (unsafe { work.table.as_ref() }) else {
-            work.status = FETCHAHEAD_ERR_INVALID;
+        let table = unsafe { work.table.as_ref() };
+        // Every failure leaves its own message: on this thread, and on the table when there is
+        // one (the host function runs on the driver's thread, where the engine cannot ask).
+        let fail = |work: &mut Work, e: Error| {
+            let message = format!("fetchahead_lookup: {e}");
+            if let Some(table) = table {
+                *table
+                    .lookup_error
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = message.clone();
+            }
+            set_last_error(message);
+            work.status = code(&e);
+        };
+        let Some(table) = table else {
+            fail(work, null("work.table"));
             return;
         };
         let dim = table.store.dim();
@@ -338,11 +359,28 @@ pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
             .ok()
             .filter(|c| c.checked_mul(dim).is_some());
         let Some(count) = count else {
-            work.status = FETCHAHEAD_ERR_INVALID;
+            let count = work.count;
+            fail(
+                work,
+                Error::invalid("work.count", format!("{count} rows of dim {dim} overflow")),
+            );
             return;
         };
         if count > 0 && (work.ids.is_null() || work.weights.is_null() || work.scales.is_null()) {
-            work.status = FETCHAHEAD_ERR_INVALID;
+            let which = [
+                ("ids", work.ids.is_null()),
+                ("weights", work.weights.is_null()),
+                ("scales", work.scales.is_null()),
+            ]
+            .iter()
+            .filter(|(_, n)| *n)
+            .map(|(w, _)| *w)
+            .collect::<Vec<_>>()
+            .join(", ");
+            fail(
+                work,
+                Error::invalid("work", format!("{which} null for a lookup of {count} rows")),
+            );
             return;
         }
         let (ids, weights, scales): (&[i64], &mut [u8], &mut [u8]) = if count == 0 {
@@ -357,17 +395,18 @@ pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
                 )
             }
         };
-        work.status = match lookup_or_zero(&*table.store, ids, weights, scales) {
-            Ok(()) => FETCHAHEAD_OK,
-            Err(e) => {
-                *table
-                    .lookup_error
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = e.to_string();
-                code(&e)
-            }
-        };
+        match lookup_or_zero(&*table.store, ids, weights, scales) {
+            Ok(()) => work.status = FETCHAHEAD_OK,
+            Err(e) => fail(work, e),
+        }
     }));
+    if outcome.is_err() {
+        set_last_error("fetchahead_lookup panicked (a bug); the rows are not valid".into());
+        // SAFETY: the caller's contract (null or a live `Work`).
+        if let Some(work) = unsafe { work.cast::<Work>().as_mut() } {
+            work.status = FETCHAHEAD_ERR_PANIC;
+        }
+    }
 }
 
 /// How a prefetcher is built (`fetchahead_prefetcher_config` in C).

@@ -51,7 +51,8 @@ size_t fetchahead_last_error(char *buf, size_t len);
 /* ---- tables ---------------------------------------------------------------------------- */
 
 /* A table of `rows` MXFP8 rows of `dim` elements (a multiple of 32) generated in RAM from `seed`:
- * FP8-E4M3 weights (never NaN) and E8M0 scales in 120..134. Deterministic per seed. */
+ * FP8-E4M3 weights (never NaN) and E8M0 scales in 120..134. Deterministic per seed. A table
+ * larger than the memory available fails with FETCHAHEAD_ERR_INVALID (never an abort). */
 int fetchahead_open_memory_table(uint64_t rows, uint32_t dim, uint64_t seed, fetchahead_table **out);
 
 /* One Engram layer of an on-disk table (a model directory with model.safetensors.index.json, or
@@ -59,7 +60,10 @@ int fetchahead_open_memory_table(uint64_t rows, uint32_t dim, uint64_t seed, fet
  * row_start), read by the row store with its defaults (read path chosen by `fetchahead tune`,
  * scales resident in DRAM, O_DIRECT where allowed, no DRAM row cache). Lookups of ids outside
  * those rows fail with FETCHAHEAD_ERR_LOOKUP; a malformed table fails here with
- * FETCHAHEAD_ERR_INVALID and a message naming the file and tensor. */
+ * FETCHAHEAD_ERR_INVALID and a message naming the file and tensor: so do a FIFO or device in
+ * place of a shard, index or tune file (refused without blocking), layers of different row
+ * counts, and sizes claimed by a header that do not fit the memory available. The default read
+ * path never maps the files (no SIGBUS when a shard is truncated under a running engine). */
 int fetchahead_open_store(const char *dir, uint32_t layer, uint64_t row_start, uint64_t num_rows,
                           fetchahead_table **out);
 
@@ -94,7 +98,9 @@ typedef struct fetchahead_work {
     int32_t status;     /* written: FETCHAHEAD_OK, or an error code with the rows zero-filled */
 } fetchahead_work;
 
-/* cudaLaunchHostFunc(stream, fetchahead_lookup, &work): makes no CUDA call, never unwinds. */
+/* cudaLaunchHostFunc(stream, fetchahead_lookup, &work): makes no CUDA call, never unwinds. On
+ * failure (a NULL table or buffer included) it writes the status and leaves its message both for
+ * fetchahead_last_error on the calling thread and for fetchahead_table_lookup_error. */
 void fetchahead_lookup(void *work);
 
 /* ---- prefetchers, one per Engram layer -------------------------------------------------- */
