@@ -35,7 +35,9 @@ from .errors import (
     InvalidArgumentError,
     NoDeviceError,
     NoPtxError,
+    NoSpaceError,
     NotWarmedError,
+    OutOfMemoryError,
     PrefetchOrderError,
     ReadPathUnavailableError,
     RowIdError,
@@ -43,6 +45,7 @@ from .errors import (
     RowReadError,
     StagingFullError,
     TableError,
+    WouldOverwriteError,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,7 +61,9 @@ __all__ = [
     "InvalidArgumentError",
     "NoDeviceError",
     "NoPtxError",
+    "NoSpaceError",
     "NotWarmedError",
+    "OutOfMemoryError",
     "PrefetchOrderError",
     "ReadPathUnavailableError",
     "RowIdError",
@@ -66,6 +71,7 @@ __all__ = [
     "RowReadError",
     "StagingFullError",
     "TableError",
+    "WouldOverwriteError",
     "FlagLane",
     "IdStatus",
     "L2Plan",

@@ -24,6 +24,9 @@ __all__ = [
     "FileError",
     "TableError",
     "ReadPathUnavailableError",
+    "OutOfMemoryError",
+    "NoSpaceError",
+    "WouldOverwriteError",
 ]
 
 
@@ -115,15 +118,42 @@ class PrefetchOrderError(Error):
 
 
 class FileError(Error, OSError):
-    """A file operation failed: ``.file``, ``.op``, ``.errno``."""
+    """A file operation failed: ``.file``, ``.op``, ``.errno``; or the path is not a regular
+    file (``.kind``: a FIFO, a device), which is refused rather than read."""
 
     file: str
     op: str
 
 
+class NoSpaceError(Error, OSError):
+    """Writing ``.need`` bytes under ``.file`` would not fit its filesystem's ``.available``
+    bytes; nothing was written."""
+
+    file: str
+    need: int
+    available: int
+
+
+class WouldOverwriteError(Error, OSError):
+    """Refused to replace ``.file``, which fetchahead did not write (``.why``)."""
+
+    file: str
+    why: str
+
+
+class OutOfMemoryError(Error, MemoryError):
+    """``.what`` would take ``.bytes`` bytes; ``.available`` (None when unknown) is what the
+    machine has. Nothing was allocated."""
+
+    what: str
+    bytes: int
+    available: "int | None"
+
+
 class TableError(Error, ValueError):
     """A table that is missing, malformed or truncated: ``.file``, ``.tensor`` (when one is
-    named), ``.layer`` / ``.layers`` for a missing layer."""
+    named), ``.layer`` / ``.layers`` for a missing layer, ``.layer_rows`` when its layers
+    disagree in rows."""
 
     file: str
     tensor: str

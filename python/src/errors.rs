@@ -144,6 +144,41 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("why", why)?;
             "ReadPathUnavailableError"
         }
+        Error::NotRegularFile { file, kind } => {
+            a.set_item("file", file.display().to_string())?;
+            a.set_item("op", "open")?;
+            a.set_item("kind", *kind)?;
+            "FileError"
+        }
+        Error::OutOfMemory {
+            what,
+            bytes,
+            available,
+        } => {
+            a.set_item("what", what)?;
+            a.set_item("bytes", *bytes)?;
+            a.set_item("available", *available)?;
+            "OutOfMemoryError"
+        }
+        Error::NoSpace {
+            dir,
+            need,
+            available,
+        } => {
+            a.set_item("file", dir.display().to_string())?;
+            a.set_item("need", *need)?;
+            a.set_item("available", *available)?;
+            "NoSpaceError"
+        }
+        Error::WouldOverwrite { path, why } => {
+            a.set_item("file", path.display().to_string())?;
+            a.set_item("why", why)?;
+            "WouldOverwriteError"
+        }
+        Error::LayerRowsDiffer { rows } => {
+            a.set_item("layer_rows", rows.clone())?;
+            "TableError"
+        }
     };
     Ok((class, a))
 }
@@ -220,6 +255,24 @@ pub fn example(kind: &str) -> Error {
         "table" => Error::MissingTensor {
             file,
             tensor: "engram.2.weight".into(),
+        },
+        "out_of_memory" => Error::OutOfMemory {
+            what: "the row cache".into(),
+            bytes: 1 << 40,
+            available: Some(1 << 30),
+        },
+        "no_space" => Error::NoSpace {
+            dir: PathBuf::from("/models/engram"),
+            need: 1 << 30,
+            available: 1 << 20,
+        },
+        "would_overwrite" => Error::WouldOverwrite {
+            path: PathBuf::from("/models/engram/model.safetensors"),
+            why: "it is not a table this tool wrote; pass --force".into(),
+        },
+        "not_regular_file" => Error::NotRegularFile {
+            file: PathBuf::from("/tmp/fifo"),
+            kind: "a FIFO",
         },
         "read_path" => Error::ReadPathUnavailable {
             path: "uring",

@@ -30,6 +30,10 @@ EXAMPLES = {
     "table": (fetchahead.TableError, {"tensor": "engram.2.weight"}),
     "read_path": (fetchahead.ReadPathUnavailableError, {"path": "uring"}),
     "invalid": (fetchahead.InvalidArgumentError, {"argument": "kind"}),
+    "out_of_memory": (fetchahead.OutOfMemoryError, {"bytes": 1 << 40, "available": 1 << 30}),
+    "no_space": (fetchahead.NoSpaceError, {"file": "/models/engram", "need": 1 << 30}),
+    "would_overwrite": (fetchahead.WouldOverwriteError, {"file": "/models/engram/model.safetensors"}),
+    "not_regular_file": (fetchahead.FileError, {"file": "/tmp/fifo", "kind": "a FIFO"}),
 }
 
 
@@ -59,6 +63,7 @@ def test_argument_errors_are_value_errors_and_file_errors_os_errors():
     assert issubclass(fetchahead.TableError, ValueError)
     assert issubclass(fetchahead.FileError, OSError)
     assert issubclass(fetchahead.RowReadError, OSError)
+    assert issubclass(fetchahead.OutOfMemoryError, MemoryError)
 
 
 def test_a_missing_table_is_a_file_error_naming_the_path(tmp_path):
