@@ -22,6 +22,7 @@ Goal (issue 13): the op path at most 10 us per eager call above the Rust call.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -86,7 +87,7 @@ def main() -> int:
     out = torch.empty((N, DIM), dtype=torch.bfloat16, device=dev)
     rows = torch.empty((N, DIM), dtype=torch.uint8, device=dev)
 
-    t = fetchahead._torch
+    t = importlib.import_module("fetchahead._torch")
     native = t.native_device(dev)
     gd, g = t.variant_index(dev, "gather_dequant", None), t.variant_index(dev, "gather", None)
     stream = torch.cuda.current_stream().cuda_stream

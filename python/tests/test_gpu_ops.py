@@ -118,6 +118,10 @@ def test_bad_input_is_a_value_error_naming_the_argument(torch, cuda, mx):
 
 def test_opcheck_passes_for_every_kernel_op(torch, cuda, mx):
     weights, scales = mx
+    # opcheck compares eager and traced outputs with assert_close, for which NaN != NaN: the
+    # dequant ops get a table without NaN codes (the bits of every code are checked above).
+    weights = torch.where(weights & 0x7F == 0x7F, weights ^ 1, weights)
+    scales = scales.clamp(max=254)
     ids = ids_for(torch, cuda, 64, weights.shape[0])
     status = fetchahead.IdStatus(cuda).tensor
     g, gd = "gather_chunk16", None  # a named variant and the arch's default
