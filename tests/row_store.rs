@@ -576,3 +576,38 @@ fn many_advised_batches_all_land_or_are_counted() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+#[test]
+fn cache_fills_never_read_the_callers_output() {
+    // The outputs are scribbled over once the reads land and before the cache takes the rows: a
+    // store that filled its cache by reading them back (write-combined memory in the
+    // prefetcher) would then serve the scribble from the cache.
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 3000, &[1], 1, 8);
+    let reference = Reference::load(dir.path());
+    let ids = [7i64, 1500, 7, 2999, 12, 13];
+    for resident_scales in [true, false] {
+        let probe = open(dir.path(), StoreOptions::default());
+        for path in paths(&probe) {
+            let store = open(
+                dir.path(),
+                StoreOptions {
+                    cache_bytes: 1 << 20,
+                    resident_scales,
+                    ..Default::default()
+                },
+            );
+            assert!(store.inject_read_fault(ReadFault::ScribbleOutput { byte: 0xa5 }));
+            let (mut w, mut s) = outputs(&store, ids.len());
+            store.lookup_with(path, 1, &ids, &mut w, &mut s).unwrap();
+            assert!(w.iter().all(|&b| b == 0xa5), "{path}: the fault scribbles");
+            let (mut w, mut s) = outputs(&store, ids.len());
+            store.lookup_with(path, 1, &ids, &mut w, &mut s).unwrap();
+            assert_eq!(store.stats().hits, ids.len() as u64, "{path}: all hits");
+            assert!(
+                (w, s) == reference.expect(1, &ids),
+                "{path} (resident scales {resident_scales}): the cache holds the file's bytes"
+            );
+        }
+    }
+}

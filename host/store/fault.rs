@@ -14,6 +14,10 @@ pub enum ReadFault {
     Eof { row: u64 },
     /// The first `times` reads of any row fail with EINTR.
     Interrupt { times: u32 },
+    /// Once a lookup's reads have all landed, the caller's outputs are overwritten with this
+    /// byte before the cache takes the rows: what reading them back would see if they were
+    /// memory the store cannot read (write-combined pinned staging, read uncached and slow).
+    ScribbleOutput { byte: u8 },
 }
 
 #[derive(Debug)]
@@ -32,6 +36,14 @@ impl FaultState {
 
     fn take(&self, times: u32) -> bool {
         times == u32::MAX || self.fired.fetch_add(1, Ordering::Relaxed) < times
+    }
+
+    /// The byte a lookup overwrites its outputs with after its reads, under `ScribbleOutput`.
+    pub fn scribble(&self) -> Option<u8> {
+        match self.fault {
+            ReadFault::ScribbleOutput { byte } => Some(byte),
+            _ => None,
+        }
     }
 
     /// What the read returns under the fault: `res` is bytes read or a negative errno.

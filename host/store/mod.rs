@@ -24,6 +24,7 @@ use crate::{Error, Result};
 
 mod advise;
 mod aligned;
+pub mod belady;
 mod cache;
 mod fault;
 mod layer_rows;
@@ -35,6 +36,7 @@ mod plan;
 mod preadv;
 pub mod tune;
 mod uring;
+pub mod zipf;
 
 use aligned::AlignedBuf;
 use cache::RowCache;
@@ -209,6 +211,8 @@ struct Scratch {
     uring: Option<uring::UringReader>,
     slot: Option<AlignedBuf>,
     failures: Vec<Failure>,
+    /// The missed rows as read (weights then scales, one row per unique row), for the cache.
+    fill: Vec<u8>,
 }
 
 pub(crate) struct Inner {
@@ -472,6 +476,31 @@ impl RowStore {
     }
 }
 
+/// The hit count the store's row cache gets on `batches` with a budget of `cache_bytes` for rows
+/// of `dim` weights (and `dim / 32` scales), replayed without reading anything: the cache is the
+/// store's own, used as a lookup uses it.
+pub fn replay_row_cache(
+    cache_bytes: u64,
+    dim: usize,
+    batches: &[Vec<i64>],
+    counted_from: usize,
+) -> belady::HitCount {
+    let row = vec![0u8; dim + dim / MX_BLOCK];
+    let cache = RowCache::new(cache_bytes, row.len());
+    let (w, s) = row.split_at(dim);
+    belady::replay(
+        batches,
+        counted_from,
+        |id| cache.get(0, id as u64).is_some(),
+        |id| cache.insert(0, id as u64, w, s),
+    )
+}
+
+/// Rows a row cache of `cache_bytes` holds for rows of `dim` weights.
+pub fn cache_rows(cache_bytes: u64, dim: usize) -> usize {
+    cache::rows_in(cache_bytes, dim + dim / MX_BLOCK)
+}
+
 /// Opens `path` with O_DIRECT and proves it with one aligned read; Err says why not.
 fn open_direct(path: &Path) -> std::result::Result<File, String> {
     let file = OpenOptions::new()
@@ -680,7 +709,16 @@ impl Inner {
         if resident.is_none() {
             plan.add_extents(Kind::Scale, &layer.scale);
         }
-        let out = OutRows::new(weights_out, scales_out);
+        let row_bytes = dim + sdim;
+        let fill = &mut scratch.fill;
+        if self.cache.is_some() {
+            fill.resize(plan.uniques.len() * row_bytes, 0);
+        }
+        let out = OutRows::new(
+            weights_out,
+            scales_out,
+            self.cache.is_some().then_some((&mut fill[..], dim)),
+        );
         let failures = &mut scratch.failures;
         failures.clear();
         match path {
@@ -737,17 +775,23 @@ impl Inner {
                 source,
             });
         }
+        if let Some(byte) = self.fault().and_then(FaultState::scribble) {
+            weights_out.fill(byte);
+            scales_out.fill(byte);
+        }
+        // From the store's own copies only: never read `weights_out` or `scales_out` back.
         if let Some(cache) = &self.cache {
-            for u in &plan.uniques {
-                if let Some(&(_, pos)) = plan.order.get(u.first as usize) {
-                    let pos = pos as usize;
-                    cache.insert(
-                        li,
-                        u.row,
-                        &weights_out[pos * dim..(pos + 1) * dim],
-                        &scales_out[pos * sdim..(pos + 1) * sdim],
-                    );
-                }
+            for (u, unique) in plan.uniques.iter().enumerate() {
+                let Some(row) = fill.get(u * row_bytes..(u + 1) * row_bytes) else {
+                    continue;
+                };
+                let (w, read_scales) = row.split_at(dim);
+                let at = (unique.row - self.rows.start) as usize * sdim;
+                let s = match resident {
+                    Some(scales) => scales.get(at..at + sdim).unwrap_or(read_scales),
+                    None => read_scales,
+                };
+                cache.insert(li, unique.row, w, s);
             }
         }
         if caller == Caller::Advise {

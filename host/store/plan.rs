@@ -130,15 +130,16 @@ impl Plan {
         rows
     }
 
-    /// Copies each row `data` (the bytes read at `ext.offset`) holds to its output positions.
-    /// False when `data` is shorter than the plan says, which the readers rule out.
+    /// Copies each row `data` (the bytes read at `ext.offset`) holds to its output positions,
+    /// and to its place in the cache's fill rows when there are any. False when `data` is
+    /// shorter than the plan says, which the readers rule out.
     pub fn deliver(&self, layer: &LayerLayout, ext: &Extent, data: &[u8], out: &OutRows) -> bool {
         let span = match ext.kind {
             Kind::Weight => &layer.weight,
             Kind::Scale => &layer.scale,
         };
         let rb = span.row_bytes as usize;
-        for unique in self.extent_uniques(ext) {
+        for (i, unique) in self.extent_uniques(ext).iter().enumerate() {
             let start = (span.row_offset(unique.row) - ext.offset) as usize;
             let Some(src) = data.get(start..start + rb) else {
                 return false;
@@ -151,17 +152,25 @@ impl Plan {
             for &(_, pos) in wanting {
                 out.write(ext.kind, pos as usize, src);
             }
+            out.fill(ext.kind, ext.first as usize + i, src);
         }
         true
     }
 }
 
-/// The caller's output slices, written from several threads at disjoint positions.
+/// The caller's output slices, written from several threads at disjoint positions; and the rows
+/// the cache will take, copied from the read buffers too, so that filling the cache never reads
+/// the caller's output back (in the prefetcher that is write-combined memory, read uncached).
 pub(crate) struct OutRows {
     weights: *mut u8,
     weights_len: usize,
     scales: *mut u8,
     scales_len: usize,
+    /// One row per unique row of the plan: `dim` weight bytes then the scales; null when no
+    /// cache takes the rows.
+    fill: *mut u8,
+    fill_len: usize,
+    dim: usize,
 }
 
 // SAFETY: OutRows is a pair of borrowed slices; every position is written by exactly one reader
@@ -172,12 +181,38 @@ unsafe impl Send for OutRows {}
 unsafe impl Sync for OutRows {}
 
 impl OutRows {
-    pub fn new(weights: &mut [u8], scales: &mut [u8]) -> Self {
+    /// `fill`: `(rows, dim)`, the cache's fill rows of `dim + dim / 32` bytes each.
+    pub fn new(weights: &mut [u8], scales: &mut [u8], fill: Option<(&mut [u8], usize)>) -> Self {
+        let (fill, fill_len, dim) = match fill {
+            Some((f, dim)) => (f.as_mut_ptr(), f.len(), dim),
+            None => (std::ptr::null_mut(), 0, 0),
+        };
         OutRows {
             weights: weights.as_mut_ptr(),
             weights_len: weights.len(),
             scales: scales.as_mut_ptr(),
             scales_len: scales.len(),
+            fill,
+            fill_len,
+            dim,
+        }
+    }
+
+    /// Copies `src`, unique row `u`'s weights or scales, into its fill row.
+    fn fill(&self, kind: Kind, u: usize, src: &[u8]) {
+        if self.fill.is_null() {
+            return;
+        }
+        let stride = self.dim + self.dim / super::layout::MX_BLOCK;
+        let at = u * stride
+            + match kind {
+                Kind::Weight => 0,
+                Kind::Scale => self.dim,
+            };
+        if at + src.len() <= self.fill_len && src.len() <= stride {
+            // SAFETY: in bounds of the live fill slice (checked above); unique row `u` is
+            // delivered by exactly one extent per kind, so no other writer touches this range.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.fill.add(at), src.len()) }
         }
     }
 
