@@ -611,3 +611,38 @@ fn cache_fills_never_read_the_callers_output() {
         }
     }
 }
+
+#[test]
+fn uring_rings_report_what_the_kernel_gave() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 3000, &[1], 1, 8);
+    let store = open(dir.path(), StoreOptions::default());
+    if let Err(why) = store.uring() {
+        eprintln!("SKIP uring_rings_report_what_the_kernel_gave: {why}");
+        return;
+    }
+    assert!(store.ring_features().is_none());
+    let reference = Reference::load(dir.path());
+    let ids = random_ids(0..3000, 300, 2);
+    // Lookups from several threads: each gets its own single-issuer ring.
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                for _ in 0..3 {
+                    let (mut w, mut s) = outputs(&store, ids.len());
+                    store
+                        .lookup_with(ReadPath::Uring, 1, &ids, &mut w, &mut s)
+                        .unwrap();
+                    assert!((w, s) == reference.expect(1, &ids));
+                }
+            });
+        }
+    });
+    let f = store.ring_features().expect("a ring was set up");
+    eprintln!("io_uring features: {f:?}");
+    assert!(["single_issuer+defer_taskrun", "coop_taskrun", "none"].contains(&f.task_run));
+    assert_eq!(
+        f.fallbacks.is_empty(),
+        f.task_run == "single_issuer+defer_taskrun" && f.registered_buffers && f.registered_files
+    );
+}

@@ -47,7 +47,10 @@ pub use layer_rows::LayerRows;
 use layout::{MX_BLOCK, TableLayout};
 use plan::{Kind, MAX_EXTENT, OutRows, Plan};
 pub use tune::Tuning;
-pub use uring::QUEUE_DEPTH;
+pub use uring::{QUEUE_DEPTH, RingFeatures};
+
+/// Idle io_uring rings a store keeps (one per thread that looked rows up through io_uring).
+const MAX_IDLE_RINGS: usize = 64;
 
 /// How a lookup reads the rows that miss the DRAM cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -208,7 +211,6 @@ struct ShardIo {
 #[derive(Default)]
 struct Scratch {
     plan: Plan,
-    uring: Option<uring::UringReader>,
     slot: Option<AlignedBuf>,
     failures: Vec<Failure>,
     /// The missed rows as read (weights then scales, one row per unique row), for the cache.
@@ -233,6 +235,10 @@ pub(crate) struct Inner {
     uring_depth: u32,
     pool: OnceLock<std::result::Result<rayon::ThreadPool, String>>,
     scratch: Mutex<Vec<Scratch>>,
+    /// Idle rings, each usable only by the thread that made it (single-issuer rings).
+    rings: Mutex<Vec<uring::UringReader>>,
+    /// What the last ring set up got from the kernel.
+    ring_features: Mutex<Option<uring::RingFeatures>>,
     counters: Counters,
     fault: OnceLock<FaultState>,
 }
@@ -331,6 +337,8 @@ impl RowStore {
             uring_depth: options.uring_depth,
             pool: OnceLock::new(),
             scratch: Mutex::new(Vec::new()),
+            rings: Mutex::new(Vec::new()),
+            ring_features: Mutex::new(None),
             counters: Counters::default(),
             fault: OnceLock::new(),
         });
@@ -437,6 +445,16 @@ impl RowStore {
     /// Ok when reads bypass the page cache (O_DIRECT), else why not.
     pub fn direct_io(&self) -> std::result::Result<(), &str> {
         self.inner.direct_off.as_deref().map_or(Ok(()), Err)
+    }
+
+    /// What the io_uring rings got from the kernel (registered buffers and files, task-run
+    /// flags, and why any is missing); `None` before the first io_uring lookup.
+    pub fn ring_features(&self) -> Option<RingFeatures> {
+        self.inner
+            .ring_features
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Ok when the kernel offers io_uring, else why not.
@@ -594,6 +612,35 @@ impl Inner {
         })
     }
 
+    /// This thread's idle ring, or a new one.
+    fn take_ring(&self) -> Result<uring::UringReader> {
+        let me = std::thread::current().id();
+        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = rings.iter().position(|r| r.owner() == me) {
+            return Ok(rings.swap_remove(i));
+        }
+        drop(rings);
+        let fds: Vec<RawFd> = (0..self.shards.len()).map(|i| self.read_fd(i).0).collect();
+        let reader = uring::UringReader::new(self.uring_depth, &fds).map_err(|e| {
+            Error::ReadPathUnavailable {
+                path: "uring",
+                why: e.to_string(),
+            }
+        })?;
+        *self.ring_features.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(reader.features().clone());
+        Ok(reader)
+    }
+
+    fn give_ring(&self, reader: uring::UringReader) {
+        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        // Rings of threads that are gone can never be used again: keep a bounded number.
+        if rings.len() >= MAX_IDLE_RINGS {
+            rings.remove(0);
+        }
+        rings.push(reader);
+    }
+
     fn resolve(&self, path: ReadPath, n: usize) -> Result<ReadPath> {
         let path = match path {
             ReadPath::Auto => self.tuning.choose(n, self.uring_off.is_none()),
@@ -723,27 +770,17 @@ impl Inner {
         failures.clear();
         match path {
             ReadPath::Uring => {
-                if scratch.uring.is_none() {
-                    let reader = uring::UringReader::new(self.uring_depth).map_err(|e| {
-                        Error::ReadPathUnavailable {
-                            path: "uring",
-                            why: e.to_string(),
-                        }
-                    })?;
-                    scratch.uring = Some(reader);
-                }
-                if let Some(reader) = scratch.uring.as_mut()
-                    && let Err(e) = reader.read(self, layer, plan, &out, failures)
-                {
+                let mut reader = self.take_ring()?;
+                if let Err(e) = reader.read(self, layer, plan, &out, failures) {
                     // The ring failed as a whole: never reuse it (its queues may hold stale
-                    // entries); the next lookup on this scratch sets up a fresh one.
-                    scratch.uring = None;
+                    // entries); the next lookup on this thread sets up a fresh one.
                     return Err(Error::io(
                         self.layout.path(layer.weight.file),
                         "io_uring_enter",
                         e,
                     ));
                 }
+                self.give_ring(reader);
             }
             ReadPath::Preadv => {
                 preadv::read_pooled(self, self.pool()?, layer, plan, &out, failures)
