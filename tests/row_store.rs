@@ -646,3 +646,27 @@ fn uring_rings_report_what_the_kernel_gave() {
         f.task_run == "single_issuer+defer_taskrun" && f.registered_buffers && f.registered_files
     );
 }
+
+#[test]
+fn a_lone_row_costs_one_block_of_the_files_dio_alignment() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 4096, &[1], 1, 5);
+    let reference = Reference::load(dir.path());
+    let store = open(dir.path(), StoreOptions::default());
+    let (block, why) = store.read_block();
+    eprintln!("read block {block} bytes ({})", why.unwrap_or("from statx"));
+    assert!(block.is_power_of_two() && (512..=PAGE).contains(&block));
+    if store.direct_io().is_ok() && why.is_none() {
+        // 256-byte rows from a page-aligned offset: rows 100 and 3000 each lie in one block.
+        let ids = [100i64, 3000];
+        for path in paths(&store) {
+            let before = store.stats();
+            let (mut w, mut s) = outputs(&store, ids.len());
+            store.lookup_with(path, 1, &ids, &mut w, &mut s).unwrap();
+            assert!((w, s) == reference.expect(1, &ids), "{path}");
+            let after = store.stats();
+            assert_eq!(after.rows_read - before.rows_read, 2, "{path}");
+            assert_eq!(after.bytes - before.bytes, 2 * block, "{path}");
+        }
+    }
+}

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub enum ReadFault {
     /// Every read covering `row` fails with `errno`.
     Fail { row: u64, errno: i32 },
-    /// The first `times` reads covering `row` return half of their bytes (512-byte multiples).
+    /// The first `times` reads covering `row` return half of their bytes (512-byte multiples;
+    /// a read of one 512-byte block returns 256 bytes, as no O_DIRECT read can).
     Short { row: u64, times: u32 },
     /// Reads covering `row` find the end of the file (return 0 bytes).
     Eof { row: u64 },
@@ -51,7 +52,10 @@ impl FaultState {
         match self.fault {
             ReadFault::Fail { row, errno } if covers(row) => -i64::from(errno),
             ReadFault::Short { row, times } if res > 0 && covers(row) && self.take(times) => {
-                (res / 2) & !511
+                match (res / 2) & !511 {
+                    0 => res / 2,
+                    short => short,
+                }
             }
             ReadFault::Eof { row } if res > 0 && covers(row) => 0,
             ReadFault::Interrupt { times } if self.take(times) => -i64::from(libc::EINTR),

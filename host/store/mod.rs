@@ -26,6 +26,7 @@ mod advise;
 mod aligned;
 pub mod belady;
 mod cache;
+mod dio;
 mod fault;
 mod layer_rows;
 pub mod layout;
@@ -160,6 +161,8 @@ pub struct Stats {
     pub reads: u64,
     /// Bytes those reads asked for.
     pub bytes: u64,
+    /// Distinct rows those reads delivered (`bytes / rows_read`: bytes read per row).
+    pub rows_read: u64,
     /// Distinct rows `advise` read into the cache (not counted as hits or misses).
     pub advised: u64,
     /// `advise` batches dropped because the warming queue was full.
@@ -174,6 +177,7 @@ struct Counters {
     misses: AtomicU64,
     reads: AtomicU64,
     bytes: AtomicU64,
+    rows_read: AtomicU64,
     advised: AtomicU64,
     advise_dropped: AtomicU64,
     advise_failed: AtomicU64,
@@ -226,6 +230,10 @@ pub(crate) struct Inner {
     direct_off: Option<String>,
     /// Why io_uring is unavailable, when it is.
     uring_off: Option<String>,
+    /// Reads are aligned to this many bytes (the shards' O_DIRECT alignment).
+    block: u64,
+    /// Why `block` is a page rather than what the file allows, when statx could not say.
+    block_why: Option<String>,
     /// Resident scales per layer (index as in `layout.layers`), rows of `rows` only.
     scales: Vec<Option<Vec<u8>>>,
     cache: Option<RowCache>,
@@ -303,6 +311,16 @@ impl RowStore {
                 s.direct = None;
             }
         }
+        let (mut block, mut block_why) = (dio::MIN_BLOCK, None);
+        for (i, s) in shards.iter().enumerate() {
+            if let Some(d) = &s.direct {
+                let (b, why) = dio::read_block(dio::dio_offset_align(d));
+                block = block.max(b);
+                if let Some(why) = why {
+                    block_why.get_or_insert(format!("{}: {why}", layout.path(i).display()));
+                }
+            }
+        }
         let uring_off = io_uring::IoUring::new(4)
             .err()
             .map(|e| format!("io_uring_setup: {e}"));
@@ -329,6 +347,8 @@ impl RowStore {
             shards,
             direct_off,
             uring_off,
+            block,
+            block_why,
             scales,
             cache,
             read_path: options.read_path,
@@ -411,6 +431,7 @@ impl RowStore {
             misses: get(&c.misses),
             reads: get(&c.reads),
             bytes: get(&c.bytes),
+            rows_read: get(&c.rows_read),
             advised: get(&c.advised),
             advise_dropped: get(&c.advise_dropped),
             advise_failed: get(&c.advise_failed),
@@ -455,6 +476,13 @@ impl RowStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The block reads are aligned to and sized in: the shards' O_DIRECT alignment from
+    /// `statx(STATX_DIOALIGN)` (512 bytes where allowed), a page where it could not be known (and
+    /// why), 512 bytes without O_DIRECT.
+    pub fn read_block(&self) -> (u64, Option<&str>) {
+        (self.inner.block, self.inner.block_why.as_deref())
     }
 
     /// Ok when the kernel offers io_uring, else why not.
@@ -752,9 +780,9 @@ impl Inner {
             return Ok(());
         }
         plan.group();
-        plan.add_extents(Kind::Weight, &layer.weight);
+        plan.add_extents(Kind::Weight, &layer.weight, self.block);
         if resident.is_none() {
-            plan.add_extents(Kind::Scale, &layer.scale);
+            plan.add_extents(Kind::Scale, &layer.scale, self.block);
         }
         let row_bytes = dim + sdim;
         let fill = &mut scratch.fill;
@@ -797,6 +825,8 @@ impl Inner {
             .fetch_add(plan.extents.len() as u64, Ordering::Relaxed);
         let bytes: u64 = plan.extents.iter().map(|e| u64::from(e.len)).sum();
         c.bytes.fetch_add(bytes, Ordering::Relaxed);
+        c.rows_read
+            .fetch_add(plan.uniques.len() as u64, Ordering::Relaxed);
         let rows = (!failures.is_empty())
             .then(|| plan.rows_of(failures.iter().map(|f| f.extent as usize)));
         if let (Some(first), Some(rows)) = (failures.first_mut(), rows) {

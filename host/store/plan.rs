@@ -1,5 +1,6 @@
-//! The reads one lookup needs: unique rows in file order, grouped into page-aligned extents so
-//! that rows sharing a 4 KiB page share one read, and the copy of each read row to its outputs.
+//! The reads one lookup needs: unique rows in file order, grouped into block-aligned extents so
+//! that rows sharing a block (the file's O_DIRECT alignment, 512 bytes to a 4 KiB page) or lying
+//! in adjacent blocks share one read, and the copy of each read row to its outputs.
 use std::io;
 
 use super::layout::{LayerLayout, PAGE, TensorSpan};
@@ -29,9 +30,9 @@ pub(crate) struct Unique {
 pub(crate) struct Extent {
     pub kind: Kind,
     pub file: u32,
-    /// Page-aligned file offset.
+    /// Block-aligned file offset.
     pub offset: u64,
-    /// Whole pages.
+    /// Whole blocks.
     pub len: u32,
     /// Bytes from `offset` to the last covered row's end: a read may stop at end of file after it.
     pub need: u32,
@@ -74,18 +75,20 @@ impl Plan {
         }
     }
 
-    /// Adds the extents reading every unique row of `span`.
-    pub fn add_extents(&mut self, kind: Kind, span: &TensorSpan) {
+    /// Adds the extents reading every unique row of `span` in `block`-byte blocks (a power of
+    /// two up to a page).
+    pub fn add_extents(&mut self, kind: Kind, span: &TensorSpan, block: u64) {
         let rb = span.row_bytes;
         let mut current: Option<Extent> = None;
         for (u, unique) in self.uniques.iter().enumerate() {
             let start = span.row_offset(unique.row);
-            let lo = start - start % PAGE;
-            let hi = (start + rb).next_multiple_of(PAGE);
+            let lo = start - start % block;
+            let hi = (start + rb).next_multiple_of(block);
             if let Some(ext) = current.as_mut() {
                 let end = ext.offset + u64::from(ext.len);
-                // Rows in a page already being read join that read, up to MAX_EXTENT.
-                if lo < end && hi - ext.offset <= MAX_EXTENT {
+                // Rows in or right after the blocks already being read join that read, up to
+                // MAX_EXTENT.
+                if lo <= end && hi - ext.offset <= MAX_EXTENT {
                     ext.len = (hi - ext.offset) as u32;
                     ext.need = (start + rb - ext.offset) as u32;
                     ext.count += 1;
@@ -251,12 +254,20 @@ pub(crate) fn step(ext: &Extent, direct: bool, done: u32, res: i64, attempts: &m
         }
         return Step::Failed(io::Error::from_raw_os_error(errno));
     }
-    *attempts = 0;
     let total = u64::from(done) + res as u64;
     if total >= u64::from(ext.need) {
         return Step::Done;
     }
     let next = if direct { total & !511 } else { total };
+    // A direct read that ended inside its first block made no aligned progress: read that
+    // block again, a bounded number of times.
+    if res > 0 && next <= u64::from(done) && *attempts < MAX_RETRIES {
+        *attempts += 1;
+        return Step::Again { done };
+    }
+    if next > u64::from(done) {
+        *attempts = 0;
+    }
     if res == 0 || next <= u64::from(done) {
         return Step::Failed(io::Error::new(
             io::ErrorKind::UnexpectedEof,
