@@ -670,3 +670,56 @@ fn a_lone_row_costs_one_block_of_the_files_dio_alignment() {
         }
     }
 }
+
+#[test]
+fn two_layers_and_an_advise_at_once_match_one_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 20000, &[1, 14], 2, 23);
+    let store = open(
+        dir.path(),
+        StoreOptions {
+            cache_bytes: 1 << 20,
+            ..Default::default()
+        },
+    );
+    // Zipf ids with duplicates, as decode and prefill batches.
+    let mut z = fetchahead::store::zipf::ZipfRows::new(0..20000, 1, 1.0, 3).unwrap();
+    let batches: Vec<Vec<i64>> = (0..12)
+        .map(|i| z.batch(if i % 4 == 0 { 3000 } else { 72 }))
+        .collect();
+    // One at a time first: the answers.
+    let alone: Vec<[(Vec<u8>, Vec<u8>); 2]> = batches
+        .iter()
+        .map(|ids| {
+            [1u32, 14].map(|layer| {
+                let (mut w, mut s) = outputs(&store, ids.len());
+                store.lookup(layer, ids, &mut w, &mut s).unwrap();
+                (w, s)
+            })
+        })
+        .collect();
+    let fresh = open(
+        dir.path(),
+        StoreOptions {
+            cache_bytes: 1 << 20,
+            ..Default::default()
+        },
+    );
+    for (k, ids) in batches.iter().enumerate() {
+        let next = &batches[(k + 1) % batches.len()];
+        let got = std::thread::scope(|scope| {
+            let lookups = [1u32, 14].map(|layer| {
+                let fresh = &fresh;
+                scope.spawn(move || {
+                    let (mut w, mut s) = outputs(fresh, ids.len());
+                    fresh.lookup(layer, ids, &mut w, &mut s).unwrap();
+                    (w, s)
+                })
+            });
+            fresh.advise(1, next).unwrap();
+            fresh.advise(14, next).unwrap();
+            lookups.map(|h| h.join().unwrap())
+        });
+        assert!(got == alone[k], "batch {k}: concurrent bytes differ");
+    }
+}
