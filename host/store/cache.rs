@@ -24,6 +24,11 @@ impl Weighter<u64, Arc<[u8]>> for RowWeight {
     }
 }
 
+/// What one cached row of `row_bytes` costs the budget.
+pub(crate) fn entry_bytes(row_bytes: usize) -> u64 {
+    row_bytes as u64 + ENTRY_OVERHEAD
+}
+
 /// Rows of `row_bytes` a budget holds.
 pub(crate) fn rows_in(budget_bytes: u64, row_bytes: usize) -> usize {
     (budget_bytes / (row_bytes as u64 + ENTRY_OVERHEAD)) as usize

@@ -547,6 +547,11 @@ pub fn cache_rows(cache_bytes: u64, dim: usize) -> usize {
     cache::rows_in(cache_bytes, dim + dim / MX_BLOCK)
 }
 
+/// The budget a row cache needs to hold `rows` rows of `dim` weights.
+pub fn cache_bytes_for(rows: u64, dim: usize) -> u64 {
+    rows * cache::entry_bytes(dim + dim / MX_BLOCK)
+}
+
 /// Opens `path` with O_DIRECT and proves it with one aligned read; Err says why not.
 fn open_direct(path: &Path) -> std::result::Result<File, String> {
     let file = OpenOptions::new()
