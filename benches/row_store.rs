@@ -12,8 +12,8 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
-use fetchahead::store::make::{TableSpec, write_table};
 use fetchahead::store::belady::belady;
+use fetchahead::store::make::{TableSpec, write_table};
 use fetchahead::store::measure::{raw_random_reads, unique_rows};
 use fetchahead::store::zipf::ZipfRows;
 use fetchahead::store::{ReadPath, RowStore, StoreOptions, cache_bytes_for, cache_rows};
@@ -132,7 +132,9 @@ fn zipf_decode(c: &mut Criterion, b: &Bench) {
     let row_bytes = dim as u64;
     let stride = 512u64.div_ceil(row_bytes).max(1);
     let mut group = c.benchmark_group("row_store/zipf_decode_72");
-    group.sample_size(20).measurement_time(Duration::from_secs(5));
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(5));
     for s_exp in [0.8, 1.0, 1.2] {
         let mut z = ZipfRows::new(b.store.row_range(), stride, s_exp, 17).expect("zipf");
         let trace = z.batches(40_000, 72);
@@ -176,13 +178,21 @@ fn zipf_decode(c: &mut Criterion, b: &Bench) {
         let after = store.stats();
         let (hits, misses) = (after.hits - before.hits, after.misses - before.misses);
         let hit_rate = hits as f64 / (hits + misses).max(1) as f64;
-        let used = if wrapped.get() { trace.len() } else { next.get() };
+        let used = if wrapped.get() {
+            trace.len()
+        } else {
+            next.get()
+        };
         let opt = belady(&trace[..used], cache_rows(cache_bytes, dim), from).rate();
         println!(
             "zipf s={s_exp} decode, cache 5%: hit rate {hit_rate:.3} = {:.3} x Belady {opt:.3} over {} batches{}",
             hit_rate / opt.max(1e-12),
             used - from,
-            if wrapped.get() { " (the trace wrapped: Belady is of one pass)" } else { "" }
+            if wrapped.get() {
+                " (the trace wrapped: Belady is of one pass)"
+            } else {
+                ""
+            }
         );
     }
     group.finish();
