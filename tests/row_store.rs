@@ -723,3 +723,41 @@ fn two_layers_and_an_advise_at_once_match_one_at_a_time() {
         assert!(got == alone[k], "batch {k}: concurrent bytes differ");
     }
 }
+
+#[test]
+fn a_batch_spread_over_several_rings_returns_the_files_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 160_000, &[1], 1, 31);
+    let reference = Reference::load(dir.path());
+    let options = StoreOptions {
+        uring_rings: 3,
+        ..Default::default()
+    };
+    let store = open(dir.path(), options.clone());
+    if let Err(why) = store.uring() {
+        eprintln!("SKIP a_batch_spread_over_several_rings_returns_the_files_bytes: {why}");
+        return;
+    }
+    // One row every 2 KiB: no two rows share or neighbour a block, so 20000 reads, 3 rings.
+    let ids: Vec<i64> = (0..20_000i64).rev().map(|i| i * 8).collect();
+    let (mut w, mut s) = outputs(&store, ids.len());
+    store
+        .lookup_with(ReadPath::Uring, 1, &ids, &mut w, &mut s)
+        .unwrap();
+    assert!((w, s) == reference.expect(1, &ids));
+    assert!(store.stats().reads >= 16_384);
+    // A failed read on one of the rings still names its row.
+    let faulty = open(dir.path(), options);
+    assert!(faulty.inject_read_fault(ReadFault::Fail {
+        row: 8 * 777,
+        errno: libc::EIO
+    }));
+    let (mut w, mut s) = outputs(&faulty, ids.len());
+    let err = faulty
+        .lookup_with(ReadPath::Uring, 1, &ids, &mut w, &mut s)
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::RowRead { rows, .. } if rows.0 == vec![8 * 777]),
+        "{err}"
+    );
+}

@@ -52,6 +52,8 @@ pub use uring::{QUEUE_DEPTH, RingFeatures};
 
 /// Idle io_uring rings a store keeps (one per thread that looked rows up through io_uring).
 const MAX_IDLE_RINGS: usize = 64;
+/// Reads per ring below which a batch stays on one ring.
+const MULTI_RING_MIN: usize = 8192;
 
 /// How a lookup reads the rows that miss the DRAM cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -129,8 +131,11 @@ pub struct StoreOptions {
     pub resident_scales: bool,
     /// Threads of the preadv pool (its queue depth).
     pub preadv_threads: usize,
-    /// Reads in flight per io_uring lookup (rounded up to a power of two).
+    /// Reads in flight per io_uring ring (rounded up to a power of two).
     pub uring_depth: u32,
+    /// Rings (each on its own thread) a large io_uring batch is spread over, at most one per
+    /// 8192 reads; 1 keeps every batch on the calling thread's ring.
+    pub uring_rings: usize,
     /// Use O_DIRECT where the filesystem allows it.
     pub direct_io: bool,
 }
@@ -145,6 +150,7 @@ impl Default for StoreOptions {
             resident_scales: true,
             preadv_threads: 64,
             uring_depth: QUEUE_DEPTH,
+            uring_rings: 1,
             direct_io: true,
         }
     }
@@ -241,6 +247,9 @@ pub(crate) struct Inner {
     tuning: Tuning,
     preadv_threads: usize,
     uring_depth: u32,
+    uring_rings: usize,
+    /// Threads for a batch spread over several rings.
+    ring_pool: OnceLock<std::result::Result<rayon::ThreadPool, String>>,
     pool: OnceLock<std::result::Result<rayon::ThreadPool, String>>,
     scratch: Mutex<Vec<Scratch>>,
     /// Idle rings, each usable only by the thread that made it (single-issuer rings).
@@ -355,6 +364,8 @@ impl RowStore {
             tuning,
             preadv_threads: options.preadv_threads.max(1),
             uring_depth: options.uring_depth,
+            uring_rings: options.uring_rings.clamp(1, 64),
+            ring_pool: OnceLock::new(),
             pool: OnceLock::new(),
             scratch: Mutex::new(Vec::new()),
             rings: Mutex::new(Vec::new()),
@@ -645,6 +656,73 @@ impl Inner {
         })
     }
 
+    /// Rings a batch of `extents` reads is spread over: one until each ring would get
+    /// `MULTI_RING_MIN` reads, at most `uring_rings`.
+    fn rings_for(&self, extents: usize) -> usize {
+        (extents / MULTI_RING_MIN).clamp(1, self.uring_rings)
+    }
+
+    /// A large batch on several rings at once, each on its own thread of the store's ring pool
+    /// (when one ring's thread, submitting and copying, is the limit).
+    fn read_rings(
+        &self,
+        layer: &layout::LayerLayout,
+        plan: &Plan,
+        out: &OutRows,
+        failures: &mut Vec<Failure>,
+        rings: usize,
+    ) -> Result<()> {
+        use rayon::prelude::*;
+        let pool = self
+            .ring_pool
+            .get_or_init(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(self.uring_rings)
+                    .thread_name(|i| format!("fetchahead-uring-{i}"))
+                    .build()
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|why| Error::ReadPathUnavailable {
+                path: "uring",
+                why: why.clone(),
+            })?;
+        let n = plan.extents.len();
+        let chunk = n.div_ceil(rings);
+        let failed = Mutex::new(std::mem::take(failures));
+        let fatal: Mutex<Option<Error>> = Mutex::new(None);
+        pool.install(|| {
+            (0..rings).into_par_iter().with_max_len(1).for_each(|k| {
+                let range = k * chunk..((k + 1) * chunk).min(n);
+                let mut local = Vec::new();
+                let outcome = self.take_ring().and_then(|mut reader| {
+                    reader
+                        .read(self, layer, plan, range, out, &mut local)
+                        .map_err(|e| {
+                            Error::io(self.layout.path(layer.weight.file), "io_uring_enter", e)
+                        })?;
+                    self.give_ring(reader);
+                    Ok(())
+                });
+                if let Err(e) = outcome {
+                    fatal
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert(e);
+                }
+                failed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .append(&mut local);
+            })
+        });
+        *failures = failed.into_inner().unwrap_or_else(|e| e.into_inner());
+        match fatal.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// This thread's idle ring, or a new one.
     fn take_ring(&self) -> Result<uring::UringReader> {
         let me = std::thread::current().id();
@@ -802,9 +880,14 @@ impl Inner {
         let failures = &mut scratch.failures;
         failures.clear();
         match path {
+            ReadPath::Uring if self.rings_for(plan.extents.len()) > 1 => {
+                let rings = self.rings_for(plan.extents.len());
+                self.read_rings(layer, plan, &out, failures, rings)?;
+            }
             ReadPath::Uring => {
                 let mut reader = self.take_ring()?;
-                if let Err(e) = reader.read(self, layer, plan, &out, failures) {
+                let all = 0..plan.extents.len();
+                if let Err(e) = reader.read(self, layer, plan, all, &out, failures) {
                     // The ring failed as a whole: never reuse it (its queues may hold stale
                     // entries); the next lookup on this thread sets up a fresh one.
                     return Err(Error::io(

@@ -157,21 +157,22 @@ fn entry(
 }
 
 impl UringReader {
-    /// Reads every extent of `plan`, delivering rows as reads complete. Failed extents land in
+    /// Reads the extents `extents` of `plan`, delivering rows as reads complete. Failed extents land in
     /// `failures`; the call returns only when nothing is in flight, so the slots are free again.
     pub fn read(
         &mut self,
         inner: &Inner,
         layer: &LayerLayout,
         plan: &Plan,
+        extents: std::ops::Range<usize>,
         out: &OutRows,
         failures: &mut Vec<Failure>,
     ) -> io::Result<()> {
         self.free.clear();
         self.free.extend((0..self.depth).rev());
         self.again.clear();
-        let n = plan.extents.len();
-        let mut next = 0usize;
+        let n = extents.end.min(plan.extents.len());
+        let mut next = extents.start;
         let mut in_flight = 0u32;
         let base = self.buf.as_mut_ptr();
         loop {
