@@ -1,9 +1,17 @@
 //! Every gather and gather + dequant variant, 256-byte rows, random ids into a 4 GiB table (many
-//! times the L2), n in {72, 4096, 1M, 4M}. Effective bandwidth counts table bytes read, output
-//! bytes written and id bytes; its peer is a device-to-device copy of the same table and output
-//! bytes measured in the same run (and a 1 GiB copy, printed for reference). At
-//! n = 72 the peer is an empty kernel launched with the same grid. A pinned host table is
-//! measured against a pinned host-to-device copy of the same bytes.
+//! times the L2), n in {72, 4096, 1M, 4M}, on three tables (`TableKind`): an MXFP8 quantization of
+//! Gaussian weights (what an Engram table holds), uniformly random bytes (E4M3 NaN codes and every
+//! scale included) and a low-entropy table (zero weights, one scale). Effective bandwidth counts
+//! table bytes read, output bytes written and id bytes; its peer is a device-to-device copy of
+//! the same table and output bytes measured in the same run (and a 1 GiB copy, printed for
+//! reference). At n = 72 the peer is an empty kernel launched with the same grid. A pinned host
+//! table is measured, on the same three tables, against a pinned host-to-device copy of the same
+//! bytes. Criterion samples the quantized table; the others are timed by the summary's medians.
+//!
+//! The summary ends with each family's winners: the variants whose slowest time over the three
+//! device tables at the largest n is within 1% of the smallest. `FETCHAHEAD_WINNERS_OUT=FILE`
+//! writes them in the format of `benches/recorded/winners.txt`, where they are recorded
+//! (`tests/defaults.rs` checks the defaults against that file).
 //!
 //! `FETCHAHEAD_BENCH_TABLE_GIB` (default 4) sets the device table size.
 use std::sync::Arc;
@@ -11,6 +19,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
+use fetchahead::device_abi::params::MX_BLOCK;
 use fetchahead::device_abi::params::{DequantParams, GatherParams};
 use fetchahead::device_abi::{dequant, gather};
 use fetchahead::gpu::Gpu;
@@ -22,18 +31,107 @@ use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 const DIM: u64 = 256;
 const SIZES: [u64; 4] = [72, 4096, 1 << 20, 4 << 20];
 const LAUNCHES_PER_SAMPLE: u32 = 20;
+/// Rows generated once per table kind and repeated over the table (random ids over 4 GiB make
+/// the repetition invisible to the caches).
+const PIECE_ROWS: usize = 1 << 16;
+/// Variants whose slowest-table time is within this factor of the fastest's are recorded as
+/// tied winners.
+const WINNER_TIE: f64 = 1.01;
 
-/// Median seconds per call of `f` over `samples` event-timed batches of `LAUNCHES_PER_SAMPLE`.
-fn median_seconds(stream: &Arc<CudaStream>, samples: usize, mut f: impl FnMut()) -> f64 {
+/// What the table holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TableKind {
+    /// MXFP8 by the OCP rule from Gaussian weights: per block of 32, scale = floor(log2(amax)) -
+    /// 8 as E8M0, elements divided by 2^scale, clamped to +-448, rounded to E4M3.
+    Quantized,
+    /// Uniformly random weight and scale bytes, NaN codes included.
+    RandomBytes,
+    /// Zero weights, every scale 2^0.
+    LowEntropy,
+}
+
+const TABLE_KINDS: [TableKind; 3] = [
+    TableKind::Quantized,
+    TableKind::RandomBytes,
+    TableKind::LowEntropy,
+];
+
+impl TableKind {
+    fn label(self) -> &'static str {
+        match self {
+            TableKind::Quantized => "quantized",
+            TableKind::RandomBytes => "random-bytes",
+            TableKind::LowEntropy => "low-entropy",
+        }
+    }
+
+    /// `PIECE_ROWS` rows of weights and of scales.
+    fn piece(self, rng: &mut SmallRng) -> (Vec<u8>, Vec<u8>) {
+        let (elements, blocks) = (PIECE_ROWS * DIM as usize, PIECE_ROWS * (DIM / 32) as usize);
+        match self {
+            TableKind::Quantized => quantized_gaussian(rng, blocks),
+            TableKind::RandomBytes => {
+                let (mut w, mut s) = (vec![0u8; elements], vec![0u8; blocks]);
+                rng.fill_bytes(&mut w);
+                rng.fill_bytes(&mut s);
+                (w, s)
+            }
+            TableKind::LowEntropy => (vec![0u8; elements], vec![127u8; blocks]),
+        }
+    }
+}
+
+/// `blocks` MX blocks of standard Gaussian weights quantized by the OCP rule.
+fn quantized_gaussian(rng: &mut SmallRng, blocks: usize) -> (Vec<u8>, Vec<u8>) {
+    let mut weights = Vec::with_capacity(blocks * MX_BLOCK as usize);
+    let mut scales = Vec::with_capacity(blocks);
+    let mut block = [0f32; MX_BLOCK as usize];
+    for _ in 0..blocks {
+        for pair in block.chunks_mut(2) {
+            // Box-Muller: two standard normals from two uniforms.
+            let (u, v): (f32, f32) = (rng.random_range(f32::EPSILON..1.0), rng.random());
+            let r = (-2.0 * u.ln()).sqrt();
+            let t = std::f32::consts::TAU * v;
+            pair[0] = r * t.cos();
+            pair[1] = r * t.sin();
+        }
+        let amax = block.iter().fold(0f32, |m, x| m.max(x.abs()));
+        // E4M3's largest power of two is 2^8.
+        let exp = if amax > 0.0 {
+            amax.log2().floor() as i32 - 8
+        } else {
+            -127
+        };
+        let exp = exp.clamp(-127, 127);
+        scales.push((exp + 127) as u8);
+        let unit = 2f32.powi(exp);
+        weights.extend(
+            block
+                .iter()
+                .map(|x| float8::F8E4M3::from_f32((x / unit).clamp(-448.0, 448.0)).to_bits()),
+        );
+    }
+    (weights, scales)
+}
+
+/// Median seconds per call of `f` over `samples` event-timed batches of `launches`.
+fn median_seconds_of(
+    stream: &Arc<CudaStream>,
+    samples: usize,
+    launches: u32,
+    mut f: impl FnMut(),
+) -> f64 {
     f();
     let mut times: Vec<f64> = (0..samples)
-        .map(|_| {
-            event_timed(stream, LAUNCHES_PER_SAMPLE as u64, &mut f).as_secs_f64()
-                / LAUNCHES_PER_SAMPLE as f64
-        })
+        .map(|_| event_timed(stream, launches as u64, &mut f).as_secs_f64() / launches as f64)
         .collect();
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
+}
+
+/// Median seconds per call of `f` over `samples` event-timed batches of `LAUNCHES_PER_SAMPLE`.
+fn median_seconds(stream: &Arc<CudaStream>, samples: usize, f: impl FnMut()) -> f64 {
+    median_seconds_of(stream, samples, LAUNCHES_PER_SAMPLE, f)
 }
 
 /// criterion's sampling over CUDA events: `iters` calls between two events.
@@ -56,6 +154,8 @@ fn event_timed(stream: &Arc<CudaStream>, iters: u64, mut f: impl FnMut()) -> Dur
 
 struct Row {
     what: String,
+    /// Family, variant, table and n, for the winners.
+    key: Option<(&'static str, &'static str, TableKind, u64)>,
     seconds: f64,
     bytes: u64,
     peer: &'static str,
@@ -86,13 +186,10 @@ fn main() {
         kernels.arch()
     );
 
-    // The table: random bytes written on the device (filling 4 GiB from the host would dominate).
     let mut weights = stream.alloc_zeros::<u8>((rows * DIM) as usize).unwrap();
     let mut scales = stream
         .alloc_zeros::<u8>((rows * DIM / 32) as usize)
         .unwrap();
-    fill_random(&stream, &mut weights, &mut rng);
-    fill_random(&stream, &mut scales, &mut rng);
     let max_n = *SIZES.last().unwrap();
     let ids: Vec<i64> = (0..max_n)
         .map(|_| rng.random_range(0..rows as i64))
@@ -102,7 +199,6 @@ fn main() {
         .alloc_zeros::<u8>((max_n * DIM * 2) as usize)
         .unwrap();
     let check = IdCheck::new(&stream).unwrap();
-    let (w_addr, s_addr) = (weights.device_ptr(&stream).0, scales.device_ptr(&stream).0);
     let ids_addr = ids_dev.device_ptr(&stream).0;
     let out_addr = out.device_ptr_mut(&stream).0;
 
@@ -125,28 +221,11 @@ fn main() {
         let (src, mut dst) = (copy_src.slice(..len), copy_dst.slice_mut(..len));
         median_seconds(&stream, 15, || stream.memcpy_dtod(&src, &mut dst).unwrap())
     };
-
-    let mut c = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_millis(800))
-        .configure_from_args();
-    let mut rows_out = Vec::new();
-    for &n in &SIZES {
-        let gp = gather_params((w_addr, rows), ids_addr, out_addr, check.address(), n);
-        let dp = DequantParams {
-            weights: w_addr,
-            scales: s_addr,
-            ids: ids_addr,
-            out: out_addr,
-            status: check.address(),
-            n,
-            rows,
-            dim: DIM as u32,
-            _pad: 0,
-        };
-        let gather_bytes = n * DIM * 2 + 8 * n;
-        let (copy_s, copy_bytes) = (copy_of(n * DIM), (n * DIM).min(copy_bytes));
+    let copies: Vec<(f64, u64)> = SIZES
+        .iter()
+        .map(|&n| (copy_of(n * DIM), (n * DIM).min(copy_bytes)))
+        .collect();
+    for (&n, &(copy_s, copy_bytes)) in SIZES.iter().zip(&copies) {
         if n > 72 {
             println!(
                 "n = {n}: device-to-device copy of {:.0} MiB: {:.1} GB/s (read + write)",
@@ -154,48 +233,78 @@ fn main() {
                 2.0 * copy_bytes as f64 / copy_s / 1e9
             );
         }
-        let dequant_bytes = n * (DIM + DIM / 32) + n * DIM * 2 + 8 * n;
-        let mut group = c.benchmark_group(format!("gather/n={n}"));
-        // Criterion's samples and the summary's row (against the peer launched as gather
-        // `peer_variant` over `gp`) for one kernel moving `bytes`.
-        let mut measure = |name: &str, bytes: u64, peer_variant: usize, launch: &dyn Fn()| {
-            group.throughput(Throughput::Bytes(bytes));
-            group.bench_function(name, |b| {
-                b.iter_custom(|iters| event_timed(&stream, iters, launch))
-            });
-            let seconds = median_seconds(&stream, 15, launch);
-            rows_out.push(peer_row(
-                &kernels,
-                &stream,
-                name,
-                n,
-                seconds,
-                bytes,
-                peer_variant,
-                gp,
-                copy_s,
-                copy_bytes,
-            ));
-        };
-        for (variant, v) in gather::VARIANTS.iter().enumerate() {
-            // SAFETY: all addresses are live allocations of the sizes the params state.
-            let launch = || unsafe { kernels.launch_gather(cu, variant, gp).unwrap() };
-            measure(v.name, gather_bytes, variant, &launch);
-        }
-        for (variant, v) in dequant::VARIANTS.iter().enumerate() {
-            // SAFETY: as above.
-            let launch = || unsafe { kernels.launch_gather_dequant(cu, variant, dp).unwrap() };
-            // The empty kernel gets the grid of the one-thread-per-chunk gather over the same rows.
-            measure(v.name, dequant_bytes, 0, &launch);
-        }
-        group.finish();
     }
 
-    // The access pattern alone: the same gathers at the largest n over ids 0, 1, 2, ... (each
-    // warp's rows contiguous, as a copy reads), against the random ids above: where they are no
-    // faster, what separates the kernels from the copy is not the random access.
+    let mut c = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(100))
+        .measurement_time(Duration::from_millis(300))
+        .configure_from_args();
+    let mut rows_out = Vec::new();
+    for kind in TABLE_KINDS {
+        fill_table(&stream, kind, &mut weights, &mut scales, &mut rng);
+        let (w_addr, s_addr) = (weights.device_ptr(&stream).0, scales.device_ptr(&stream).0);
+        for (&n, &(copy_s, copy_bytes)) in SIZES.iter().zip(&copies) {
+            let gp = gather_params((w_addr, rows), ids_addr, out_addr, check.address(), n);
+            let dp = dequant_params((w_addr, s_addr, rows), ids_addr, out_addr, &check, n);
+            let gather_bytes = n * DIM * 2 + 8 * n;
+            let dequant_bytes = n * (DIM + DIM / 32) + n * DIM * 2 + 8 * n;
+            let sampled = kind == TableKind::Quantized;
+            let mut group = c.benchmark_group(format!("gather/n={n}"));
+            // Criterion's samples (quantized table only) and the summary's row, against
+            // `empty` (an empty kernel with the variant's grid) at n = 72 and the copy above.
+            let mut measure = |family: &'static str,
+                               name: &'static str,
+                               bytes: u64,
+                               launch: &dyn Fn(),
+                               empty: &dyn Fn()| {
+                if sampled {
+                    group.throughput(Throughput::Bytes(bytes));
+                    group.bench_function(name, |b| {
+                        b.iter_custom(|iters| event_timed(&stream, iters, launch))
+                    });
+                }
+                let seconds = median_seconds(&stream, 15, launch);
+                let (peer, peer_seconds, peer_bytes) = if n <= 72 {
+                    ("empty kernel", median_seconds(&stream, 15, empty), 0)
+                } else {
+                    ("d2d copy", copy_s, 2 * copy_bytes)
+                };
+                rows_out.push(Row {
+                    what: format!("{name} {} n={n}", kind.label()),
+                    key: Some((family, name, kind, n)),
+                    seconds,
+                    bytes,
+                    peer,
+                    peer_seconds,
+                    peer_bytes,
+                });
+            };
+            for (variant, v) in gather::VARIANTS.iter().enumerate() {
+                // SAFETY: all addresses are live allocations of the sizes the params state.
+                let launch = || unsafe { kernels.launch_gather(cu, variant, gp).unwrap() };
+                // SAFETY: the empty kernel reads nothing.
+                let empty = || unsafe { kernels.launch_empty(cu, variant, gp).unwrap() };
+                measure("gather", v.name, gather_bytes, &launch, &empty);
+            }
+            for (variant, v) in dequant::VARIANTS.iter().enumerate() {
+                // SAFETY: as above.
+                let launch = || unsafe { kernels.launch_gather_dequant(cu, variant, dp).unwrap() };
+                // SAFETY: the empty kernel reads nothing.
+                let empty =
+                    || unsafe { kernels.launch_empty_like_dequant(cu, variant, dp).unwrap() };
+                measure("dequant", v.name, dequant_bytes, &launch, &empty);
+            }
+            group.finish();
+        }
+    }
+
+    // The access pattern alone: the gathers at the largest n over ids 0, 1, 2, ... (each warp's
+    // rows contiguous, as a copy reads), against the random ids above: where they are no faster,
+    // what separates the kernels from the copy is not the random access.
     let sequential: Vec<i64> = (0..max_n as i64).collect();
     let sequential_dev = stream.clone_htod(&sequential).unwrap();
+    let w_addr = weights.device_ptr(&stream).0;
     let gp = gather_params(
         (w_addr, rows),
         sequential_dev.device_ptr(&stream).0,
@@ -204,11 +313,13 @@ fn main() {
         max_n,
     );
     let bytes = max_n * DIM * 2 + 8 * max_n;
+    let (copy_s, copy_bytes) = *copies.last().unwrap();
     for (variant, v) in gather::VARIANTS.iter().enumerate() {
         // SAFETY: all addresses are live allocations of the sizes the params state.
         let launch = || unsafe { kernels.launch_gather(cu, variant, gp).unwrap() };
         rows_out.push(Row {
             what: format!("{} n={max_n} sequential ids", v.name),
+            key: None,
             seconds: median_seconds(&stream, 15, launch),
             bytes,
             peer: "d2d copy",
@@ -216,57 +327,62 @@ fn main() {
             peer_bytes: 2 * copy_bytes,
         });
     }
-    drop((copy_src, copy_dst, sequential_dev));
+    drop((copy_src, copy_dst, sequential_dev, weights, scales));
 
-    // Pinned host table, read over the bus: 1 GiB, against a pinned host-to-device copy.
+    // Pinned host table, read over the bus: 1 GiB, against a pinned host-to-device copy, on the
+    // same three tables.
     let host_rows = (1u64 << 30) / DIM;
-    let mut host = TableMemory::pinned_host(&gpu.ctx, (host_rows * DIM) as usize).unwrap();
-    let host_addr = host.address(&stream);
-    let mut group = c.benchmark_group("gather_pinned_host");
-    for &n in &[4096u64, 1 << 20] {
-        let host_ids: Vec<i64> = ids[..n as usize]
-            .iter()
-            .map(|&i| i % host_rows as i64)
-            .collect();
-        let host_ids_dev = stream.clone_htod(&host_ids).unwrap();
-        let gp = gather_params(
-            (host_addr, host_rows),
-            host_ids_dev.device_ptr(&stream).0,
-            out_addr,
-            check.address(),
-            n,
-        );
-        let bytes = n * DIM;
-        let h2d_s = median_seconds(&stream, 10, || {
-            // SAFETY: host_addr is a mapped pinned buffer of >= bytes; out holds >= bytes.
-            unsafe {
-                sys::cuMemcpyAsync(out_addr, host_addr, bytes as usize, cu)
-                    .result()
-                    .unwrap()
+    let mut host_w = TableMemory::pinned_host(&gpu.ctx, (host_rows * DIM) as usize).unwrap();
+    let mut host_s = TableMemory::pinned_host(&gpu.ctx, (host_rows * DIM / 32) as usize).unwrap();
+    let (hw_addr, hs_addr) = (host_w.address(&stream), host_s.address(&stream));
+    for kind in TABLE_KINDS {
+        let (w_piece, s_piece) = kind.piece(&mut rng);
+        fill_pinned(&mut host_w, &w_piece);
+        fill_pinned(&mut host_s, &s_piece);
+        for &n in &[4096u64, 1 << 20] {
+            let host_ids: Vec<i64> = ids[..n as usize]
+                .iter()
+                .map(|&i| i % host_rows as i64)
+                .collect();
+            let host_ids_dev = stream.clone_htod(&host_ids).unwrap();
+            let hids = host_ids_dev.device_ptr(&stream).0;
+            let gp = gather_params((hw_addr, host_rows), hids, out_addr, check.address(), n);
+            let dp = dequant_params((hw_addr, hs_addr, host_rows), hids, out_addr, &check, n);
+            let bytes = n * DIM;
+            let h2d_s = median_seconds_of(&stream, 5, 5, || {
+                // SAFETY: hw_addr is a mapped pinned buffer of >= bytes; out holds >= bytes.
+                unsafe {
+                    sys::cuMemcpyAsync(out_addr, hw_addr, bytes as usize, cu)
+                        .result()
+                        .unwrap()
+                }
+            });
+            let mut push = |name: &str, seconds: f64| {
+                rows_out.push(Row {
+                    what: format!("{name} pinned-host {} n={n}", kind.label()),
+                    key: None,
+                    seconds,
+                    bytes,
+                    peer: "pinned HtoD copy",
+                    peer_seconds: h2d_s,
+                    peer_bytes: bytes,
+                })
+            };
+            for (variant, v) in gather::VARIANTS.iter().enumerate() {
+                // SAFETY: as above.
+                let launch = || unsafe { kernels.launch_gather(cu, variant, gp).unwrap() };
+                push(v.name, median_seconds_of(&stream, 5, 5, launch));
             }
-        });
-        for (variant, v) in gather::VARIANTS.iter().enumerate() {
-            // SAFETY: as above.
-            let launch = || unsafe { kernels.launch_gather(cu, variant, gp).unwrap() };
-            group.throughput(Throughput::Bytes(bytes));
-            group.bench_function(format!("{}/n={n}", v.name), |b| {
-                b.iter_custom(|iters| event_timed(&stream, iters, launch))
-            });
-            let seconds = median_seconds(&stream, 10, launch);
-            rows_out.push(Row {
-                what: format!("{} pinned-host n={n}", v.name),
-                seconds,
-                bytes,
-                peer: "pinned HtoD copy",
-                peer_seconds: h2d_s,
-                peer_bytes: bytes,
-            });
+            for (variant, v) in dequant::VARIANTS.iter().enumerate() {
+                // SAFETY: as above.
+                let launch = || unsafe { kernels.launch_gather_dequant(cu, variant, dp).unwrap() };
+                push(v.name, median_seconds_of(&stream, 5, 5, launch));
+            }
         }
     }
-    group.finish();
 
     println!(
-        "\n{:<40} {:>10} {:>10}  {:<18} {:>10} {:>7}",
+        "\n{:<56} {:>10} {:>10}  {:<18} {:>10} {:>7}",
         "kernel", "time us", "GB/s", "peer", "peer", "ratio"
     );
     for r in &rows_out {
@@ -281,7 +397,7 @@ fn main() {
             (format!("{:.1} GB/s", peer_bw / 1e9), bw / peer_bw)
         };
         println!(
-            "{:<40} {:>10.2} {:>10.1}  {:<18} {:>10} {:>7.3}",
+            "{:<56} {:>10.2} {:>10.1}  {:<18} {:>10} {:>7.3}",
             r.what,
             r.seconds * 1e6,
             bw / 1e9,
@@ -291,8 +407,75 @@ fn main() {
         );
     }
     println!(
-        "(ratio: bandwidth / copy bandwidth; for the empty-kernel peer, time / empty-kernel time)"
+        "(ratio: bandwidth / copy bandwidth; for the empty-kernel peer, time / empty-kernel time; \
+         pinned-host bytes: the table bytes a gather reads)"
     );
+    spread_and_winners(&rows_out, kernels.arch());
+}
+
+/// Per variant at the sizes of at least 1M: its slowest over its fastest table time (the issue's
+/// data-independence bound is 1.1). Then each family's winner at the largest n: the smallest
+/// worst time over the three tables.
+fn spread_and_winners(rows: &[Row], arch: &str) {
+    use std::collections::BTreeMap;
+    let mut by_variant: BTreeMap<(&str, &str, u64), Vec<f64>> = BTreeMap::new();
+    for r in rows {
+        if let Some((family, name, _, n)) = r.key {
+            by_variant
+                .entry((family, name, n))
+                .or_default()
+                .push(r.seconds);
+        }
+    }
+    println!(
+        "\n{:<44} {:>9} {:>11} {:>11} {:>7}",
+        "variant (3 tables)", "n", "best us", "worst us", "spread"
+    );
+    for ((_, name, n), times) in &by_variant {
+        if *n < 1 << 20 || times.len() < TABLE_KINDS.len() {
+            continue;
+        }
+        let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let worst = times.iter().copied().fold(0.0, f64::max);
+        println!(
+            "{:<44} {:>9} {:>11.2} {:>11.2} {:>7.3}",
+            name,
+            n,
+            best * 1e6,
+            worst * 1e6,
+            worst / best
+        );
+    }
+    let max_n = *SIZES.last().unwrap();
+    let mut record = String::new();
+    for family in ["gather", "dequant"] {
+        let mut worst: Vec<(&str, f64)> = by_variant
+            .iter()
+            .filter(|((f, _, n), t)| *f == family && *n == max_n && t.len() == TABLE_KINDS.len())
+            .map(|((_, name, _), t)| (*name, t.iter().copied().fold(0.0, f64::max)))
+            .collect();
+        worst.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let Some(&(_, best)) = worst.first() else {
+            continue;
+        };
+        // Within the spread of repeated runs of one variant (about 1%), the winners tie.
+        let tied: Vec<&str> = worst
+            .iter()
+            .take_while(|(_, t)| *t <= best * WINNER_TIE)
+            .map(|(name, _)| *name)
+            .collect();
+        println!(
+            "winners {arch} {family} (within {:.0}% of {:.2} us at n={max_n}, slowest table): {}",
+            (WINNER_TIE - 1.0) * 100.0,
+            best * 1e6,
+            tied.join(" ")
+        );
+        record.push_str(&format!("{arch} {family} {}\n", tied.join(" ")));
+    }
+    if let Ok(path) = std::env::var("FETCHAHEAD_WINNERS_OUT") {
+        std::fs::write(&path, record).unwrap();
+        println!("winners written to {path}");
+    }
 }
 
 /// A gather of `n` ids at `ids` from `table` (address, rows of `DIM` bytes) into `out`.
@@ -309,64 +492,57 @@ fn gather_params(table: (u64, u64), ids: u64, out: u64, status: u64, n: u64) -> 
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn peer_row(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    name: &str,
+/// A gather + dequant of `n` ids at `ids` from `table` (weights, scales, rows) into `out`.
+fn dequant_params(
+    table: (u64, u64, u64),
+    ids: u64,
+    out: u64,
+    check: &IdCheck,
     n: u64,
-    seconds: f64,
-    bytes: u64,
-    variant: usize,
-    gp: GatherParams,
-    copy_s: f64,
-    copy_bytes: u64,
-) -> Row {
-    if n <= 72 {
-        // SAFETY: the empty kernel reads nothing.
-        let empty = median_seconds(stream, 15, || unsafe {
-            kernels
-                .launch_empty(stream.cu_stream(), variant, gp)
-                .unwrap()
-        });
-        Row {
-            what: format!("{name} n={n}"),
-            seconds,
-            bytes,
-            peer: "empty kernel",
-            peer_seconds: empty,
-            peer_bytes: 0,
-        }
-    } else {
-        Row {
-            what: format!("{name} n={n}"),
-            seconds,
-            bytes,
-            peer: "d2d copy",
-            peer_seconds: copy_s,
-            peer_bytes: 2 * copy_bytes,
-        }
+) -> DequantParams {
+    DequantParams {
+        weights: table.0,
+        scales: table.1,
+        ids,
+        out,
+        status: check.address(),
+        n,
+        rows: table.2,
+        dim: DIM as u32,
+        _pad: 0,
     }
 }
 
-/// Random bytes in 64 MiB pieces, copied to the device. No byte is an E4M3 NaN code (0x7F,
-/// 0xFF): a quantizer never writes one, and the packed dequant variant takes its slow exact path
-/// for chunks holding one (the tests cover that path).
-fn fill_random(stream: &Arc<CudaStream>, dst: &mut CudaSlice<u8>, rng: &mut SmallRng) {
-    let mut piece = vec![0u8; 64 << 20];
-    rng.fill_bytes(&mut piece);
-    piece
-        .iter_mut()
-        .filter(|b| **b & 0x7F == 0x7F)
-        .for_each(|b| *b ^= 1);
-    let len = dst.len();
-    let mut offset = 0;
-    while offset < len {
-        let take = piece.len().min(len - offset);
-        stream
-            .memcpy_htod(&piece[..take], &mut dst.slice_mut(offset..offset + take))
-            .unwrap();
-        offset += take;
+/// Fills the device table with `kind`'s piece, repeated.
+fn fill_table(
+    stream: &Arc<CudaStream>,
+    kind: TableKind,
+    weights: &mut CudaSlice<u8>,
+    scales: &mut CudaSlice<u8>,
+    rng: &mut SmallRng,
+) {
+    let (w, s) = kind.piece(rng);
+    for (dst, piece) in [(weights, w), (scales, s)] {
+        let len = dst.len();
+        let mut offset = 0;
+        while offset < len {
+            let take = piece.len().min(len - offset);
+            stream
+                .memcpy_htod(&piece[..take], &mut dst.slice_mut(offset..offset + take))
+                .unwrap();
+            offset += take;
+        }
     }
     stream.synchronize().unwrap();
+}
+
+/// Fills a pinned host table with `piece`, repeated.
+fn fill_pinned(memory: &mut TableMemory, piece: &[u8]) {
+    let TableMemory::PinnedHost { host, .. } = memory else {
+        unreachable!("a pinned host table")
+    };
+    let bytes = host.as_mut_slice().unwrap();
+    for chunk in bytes.chunks_mut(piece.len()) {
+        chunk.copy_from_slice(&piece[..chunk.len()]);
+    }
 }

@@ -41,7 +41,7 @@ class Work(ctypes.Structure):
 class Config(ctypes.Structure):
     _fields_ = [
         ("capacity", ctypes.c_uint64),
-        ("variant", ctypes.c_uint32),
+        ("variant", ctypes.c_char_p),
         ("check", ctypes.c_uint32),
         ("fallback_on_error", ctypes.c_uint32),
         ("completion", ctypes.c_uint32),
@@ -158,7 +158,7 @@ def main():
     table = ctypes.c_void_p()
     check(LIB.fetchahead_open_memory_table(ROWS, DIM, SEED, ctypes.byref(table)), "open table")
     p = ctypes.c_void_p()
-    config = Config(CAPACITY, 0, 1, 1, 0)  # check mode on, fallback on
+    config = Config(CAPACITY, None, 1, 1, 0)  # default variant, check mode on, fallback on
     check(LIB.fetchahead_prefetcher_create(table, 0, ctypes.byref(config), ctypes.byref(p)), "create")
     check(LIB.fetchahead_prefetcher_warm(p), "warm")
 

@@ -136,6 +136,53 @@ pub enum Error {
 
     #[error("read path {path} is not available here: {why}")]
     ReadPathUnavailable { path: &'static str, why: String },
+
+    #[error(
+        "{}: is {kind}, not a regular file; refusing to read it (a FIFO or device could block \
+         or never end)",
+        file.display()
+    )]
+    NotRegularFile { file: PathBuf, kind: &'static str },
+
+    #[error(
+        "{what} would take {bytes} bytes ({:.2} GiB) of memory{}; refusing to allocate it",
+        *bytes as f64 / (1u64 << 30) as f64,
+        available.map_or_else(
+            || " and the allocation failed".to_string(),
+            |a| format!(
+                " but only {a} bytes ({:.2} GiB) are available",
+                a as f64 / (1u64 << 30) as f64
+            )
+        )
+    )]
+    OutOfMemory {
+        what: String,
+        bytes: u64,
+        available: Option<u64>,
+    },
+
+    #[error(
+        "{}: writing needs {need} bytes ({:.2} GiB) but the filesystem has {available} bytes \
+         ({:.2} GiB) free; nothing was written",
+        dir.display(),
+        *need as f64 / (1u64 << 30) as f64,
+        *available as f64 / (1u64 << 30) as f64
+    )]
+    NoSpace {
+        dir: PathBuf,
+        need: u64,
+        available: u64,
+    },
+
+    #[error("{}: refusing to write: {why}", path.display())]
+    WouldOverwrite { path: PathBuf, why: String },
+
+    #[error(
+        "the table's layers disagree in rows ({}); every Engram layer of a table must have the \
+         same rows",
+        rows.iter().map(|(l, r)| format!("layer {l}: {r} rows")).collect::<Vec<_>>().join(", ")
+    )]
+    LayerRowsDiffer { rows: Vec<(u32, u64)> },
 }
 
 /// Row ids named by an error; prints the first few and the count.
@@ -169,7 +216,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid(what: &'static str, why: impl Into<String>) -> Self {
+    /// A bad argument: `what` it is and why.
+    pub fn invalid(what: &'static str, why: impl Into<String>) -> Self {
         Error::Invalid {
             what,
             why: why.into(),

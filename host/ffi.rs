@@ -64,7 +64,12 @@ fn code(e: &Error) -> c_int {
         | Error::BadTensor { .. }
         | Error::TruncatedShard { .. }
         | Error::NoSuchLayer { .. }
-        | Error::ReadPathUnavailable { .. } => FETCHAHEAD_ERR_INVALID,
+        | Error::ReadPathUnavailable { .. }
+        | Error::NotRegularFile { .. }
+        | Error::OutOfMemory { .. }
+        | Error::NoSpace { .. }
+        | Error::WouldOverwrite { .. }
+        | Error::LayerRowsDiffer { .. } => FETCHAHEAD_ERR_INVALID,
         Error::StagingFull { .. } => FETCHAHEAD_ERR_STAGING_FULL,
         Error::NotWarmed { .. } => FETCHAHEAD_ERR_NOT_WARMED,
         Error::PrefetchOrder(_) => FETCHAHEAD_ERR_ORDER,
@@ -272,6 +277,7 @@ pub unsafe extern "C" fn fetchahead_table_lookup_error(
     catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: the caller's contract.
         let Some(table) = (unsafe { table.as_ref() }) else {
+            set_last_error("fetchahead_table_lookup_error: invalid table: null pointer".into());
             return 0;
         };
         let m = table
@@ -320,14 +326,29 @@ pub struct Work {
 /// `work` is null or points at a `Work` whose buffers hold `count` rows, alive for the call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
-    let _ = catch_unwind(AssertUnwindSafe(|| {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: the caller's contract.
         let Some(work) = (unsafe { work.cast::<Work>().as_mut() }) else {
+            set_last_error("fetchahead_lookup: invalid work: null pointer".into());
             return;
         };
         // SAFETY: the caller's contract.
-        let Some(table) = (unsafe { work.table.as_ref() }) else {
-            work.status = FETCHAHEAD_ERR_INVALID;
+        let table = unsafe { work.table.as_ref() };
+        // Every failure leaves its own message: on this thread, and on the table when there is
+        // one (the host function runs on the driver's thread, where the engine cannot ask).
+        let fail = |work: &mut Work, e: Error| {
+            let message = format!("fetchahead_lookup: {e}");
+            if let Some(table) = table {
+                *table
+                    .lookup_error
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = message.clone();
+            }
+            set_last_error(message);
+            work.status = code(&e);
+        };
+        let Some(table) = table else {
+            fail(work, null("work.table"));
             return;
         };
         let dim = table.store.dim();
@@ -335,11 +356,28 @@ pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
             .ok()
             .filter(|c| c.checked_mul(dim).is_some());
         let Some(count) = count else {
-            work.status = FETCHAHEAD_ERR_INVALID;
+            let count = work.count;
+            fail(
+                work,
+                Error::invalid("work.count", format!("{count} rows of dim {dim} overflow")),
+            );
             return;
         };
         if count > 0 && (work.ids.is_null() || work.weights.is_null() || work.scales.is_null()) {
-            work.status = FETCHAHEAD_ERR_INVALID;
+            let which = [
+                ("ids", work.ids.is_null()),
+                ("weights", work.weights.is_null()),
+                ("scales", work.scales.is_null()),
+            ]
+            .iter()
+            .filter(|(_, n)| *n)
+            .map(|(w, _)| *w)
+            .collect::<Vec<_>>()
+            .join(", ");
+            fail(
+                work,
+                Error::invalid("work", format!("{which} null for a lookup of {count} rows")),
+            );
             return;
         }
         let (ids, weights, scales): (&[i64], &mut [u8], &mut [u8]) = if count == 0 {
@@ -354,17 +392,18 @@ pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
                 )
             }
         };
-        work.status = match lookup_or_zero(&*table.store, ids, weights, scales) {
-            Ok(()) => FETCHAHEAD_OK,
-            Err(e) => {
-                *table
-                    .lookup_error
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = e.to_string();
-                code(&e)
-            }
-        };
+        match lookup_or_zero(&*table.store, ids, weights, scales) {
+            Ok(()) => work.status = FETCHAHEAD_OK,
+            Err(e) => fail(work, e),
+        }
     }));
+    if outcome.is_err() {
+        set_last_error("fetchahead_lookup panicked (a bug); the rows are not valid".into());
+        // SAFETY: the caller's contract (null or a live `Work`).
+        if let Some(work) = unsafe { work.cast::<Work>().as_mut() } {
+            work.status = FETCHAHEAD_ERR_PANIC;
+        }
+    }
 }
 
 /// How a prefetcher is built (`fetchahead_prefetcher_config` in C).
@@ -373,8 +412,9 @@ pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
 pub struct FfiPrefetcherConfig {
     /// Most rows per prefetch (rounded up to a power of two).
     pub capacity: u64,
-    /// Gather + dequant variant, an index into `dequant::VARIANTS` (0: `gather_dequant_cvt`).
-    pub variant: u32,
+    /// Gather + dequant variant by name (a NUL-terminated string, `fetchahead kernels` lists
+    /// them); null: the fastest measured for the device's arch.
+    pub variant: *const c_char,
     /// Nonzero: check mode.
     pub check: u32,
     /// Nonzero: fall back to the synchronous path after a lookup error.
@@ -390,6 +430,17 @@ pub struct FfiPrefetcherConfig {
 pub const FETCHAHEAD_COMPLETION_HOST_FUNCTION: u32 = 0;
 /// Lookups run on the prefetcher's own worker thread; the stream waits on a pinned flag.
 pub const FETCHAHEAD_COMPLETION_FLAG: u32 = 1;
+
+/// The variant table's own name for the C string `name` (null: `None`, the device's default).
+fn variant_named(name: *const c_char) -> Result<Option<&'static str>> {
+    if name.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller passes a NUL-terminated string (the header's contract for `variant`).
+    let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+    let index = crate::kernels::dequant_variant_named(&name)?;
+    Ok(Some(fetchahead_gpu::dequant::VARIANTS[index].name))
+}
 
 /// A prefetcher (it holds its table's rows alive).
 pub struct PrefetcherHandle {
@@ -495,7 +546,7 @@ unsafe fn create_prefetcher(
     };
     let config = PrefetcherConfig {
         capacity: usize::try_from(config.capacity).unwrap_or(usize::MAX),
-        variant: config.variant as usize,
+        variant: variant_named(config.variant)?,
         check: config.check != 0,
         fallback_on_error: config.fallback_on_error != 0,
         completion: match config.completion {

@@ -14,6 +14,9 @@
 //!
 //! In flag mode the Engram layers' lookups run on one shared lookup lane, layer by layer in
 //! gather order ([`FlagLanes::Shared`]), or each on a lane of its own ([`FlagLanes::PerLayer`]).
+//!
+//! The Engram side of a step (token buffer, hash, prefetches, gathers, resident tables) is
+//! [`EngramLayers`], which the decode step of [`crate::decode_step`] enqueues too.
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -188,10 +191,13 @@ struct EngramLayer {
     resident_at: (u64, u64),
 }
 
-/// The simulated forward's buffers, kernels and prefetchers on one stream.
-pub struct SimulatedForward {
+/// The Engram side of a simulated forward: the step's token buffer, and per Engram layer its
+/// ids, outputs, resident table and warm prefetcher. [`SimulatedForward`] and
+/// [`crate::decode_step::DecodeStep`] both enqueue through it: the hash (and prefetches) at the
+/// head of the step, each layer's gather where the model reaches it.
+pub struct EngramLayers {
     kernels: Arc<Kernels>,
-    main: Arc<CudaStream>,
+    /// The hash's heads, n-gram and seed (the layer counts and compute are the caller's).
     shape: ForwardShape,
     rows: u64,
     dim: usize,
@@ -200,12 +206,11 @@ pub struct SimulatedForward {
     tokens_at: u64,
     layers: Vec<EngramLayer>,
     id_check: IdCheck,
-    /// Timing events of [`SimulatedForward::time`] and [`SimulatedForward::time_replay`].
-    start: CudaEvent,
-    end: CudaEvent,
+    /// The resident path's gather + dequant variant: the device's default, as the prefetchers'.
+    resident_variant: usize,
 }
 
-impl SimulatedForward {
+impl EngramLayers {
     /// Buffers for up to `max_tokens` tokens per step, and per Engram layer (`tables[k]` for
     /// `shape.engram_layers[k]`, all of one row count and dim) its table copied to the device
     /// for the resident path and one warm prefetcher over it, configured as `prefetch` (its
@@ -213,13 +218,13 @@ impl SimulatedForward {
     /// are as `lanes` says.
     pub fn new(
         kernels: Arc<Kernels>,
-        main: Arc<CudaStream>,
+        main: &Arc<CudaStream>,
         tables: &[Arc<dyn LayerTable>],
-        shape: ForwardShape,
+        shape: &ForwardShape,
         max_tokens: usize,
         prefetch: PrefetcherConfig,
         lanes: FlagLanes,
-    ) -> Result<SimulatedForward> {
+    ) -> Result<EngramLayers> {
         let (rows, dim) = match tables.first() {
             Some(t) => (t.rows(), t.dim()),
             None => (0, 0),
@@ -254,7 +259,7 @@ impl SimulatedForward {
             let mut resident = None;
             table.with_bytes(&mut |weights, scales| {
                 resident = Some(Mxfp8Table::from_bytes(
-                    &main,
+                    main,
                     weights,
                     scales,
                     dim as u32,
@@ -265,8 +270,8 @@ impl SimulatedForward {
             let mut resident = resident
                 .ok_or_else(|| Error::invalid("forward tables", "a table gave no bytes"))?;
             let resident_at = (
-                resident.weights.address(&main),
-                resident.scales.address(&main),
+                resident.weights.address(main),
+                resident.scales.address(main),
             );
             let store: Arc<dyn RowLookup> = table.clone();
             let mut prefetcher = match &shared_lane {
@@ -278,9 +283,9 @@ impl SimulatedForward {
             let ids = main.alloc_zeros::<i64>(max_ids).call("cuMemAlloc")?;
             let out = main.alloc_zeros::<u16>(max_ids * dim).call("cuMemAlloc")?;
             let resident_out = main.alloc_zeros::<u16>(max_ids * dim).call("cuMemAlloc")?;
-            let ids_at = ids.device_ptr(&main).0;
-            let out_at = out.device_ptr(&main).0;
-            let resident_out_at = resident_out.device_ptr(&main).0;
+            let ids_at = ids.device_ptr(main).0;
+            let out_at = out.device_ptr(main).0;
+            let resident_out_at = resident_out.device_ptr(main).0;
             layers.push(EngramLayer {
                 ids_at,
                 out_at,
@@ -294,25 +299,255 @@ impl SimulatedForward {
             });
         }
         let tokens = main.alloc_zeros::<u32>(max_tokens).call("cuMemAlloc")?;
-        let id_check = IdCheck::new(&main)?;
-        let tokens_at = tokens.device_ptr(&main).0;
-        let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let start = main.context().new_event(timed).call("cuEventCreate")?;
-        let end = main.context().new_event(timed).call("cuEventCreate")?;
-        main.synchronize().call("cuStreamSynchronize")?;
-        Ok(SimulatedForward {
-            start,
-            end,
-            tokens_at,
+        let id_check = IdCheck::new(main)?;
+        let tokens_at = tokens.device_ptr(main).0;
+        Ok(EngramLayers {
+            resident_variant: kernels.dequant_variant(None)?,
             kernels,
-            main,
-            shape,
+            shape: shape.clone(),
             rows,
             dim,
             max_tokens,
             tokens,
+            tokens_at,
             layers,
             id_check,
+        })
+    }
+
+    /// Rows of each Engram layer's table.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Elements per row.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Most tokens per step.
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
+    /// Engram layers.
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+
+    /// Writes the next step's tokens (at most `max_tokens`) into the token buffer on `main`.
+    pub fn set_tokens(&mut self, main: &Arc<CudaStream>, tokens: &[u32]) -> Result<()> {
+        if tokens.len() > self.max_tokens {
+            return Err(Error::StagingFull {
+                count: tokens.len(),
+                capacity: self.max_tokens,
+            });
+        }
+        main.memcpy_htod(tokens, &mut self.tokens)
+            .call("cuMemcpyHtoD")
+    }
+
+    fn check_tokens(&self, n_tokens: usize) -> Result<()> {
+        if n_tokens > self.max_tokens {
+            return Err(Error::StagingFull {
+                count: n_tokens,
+                capacity: self.max_tokens,
+            });
+        }
+        Ok(())
+    }
+
+    /// The head of a step on `s`: each Engram layer's hash of the first `n_tokens` tokens into
+    /// its ids, and with [`GatherPath::Prefetch`] its prefetch right after. Capturable.
+    ///
+    /// # Safety
+    /// `s` is a valid stream of this device's context, the one the step's later
+    /// [`EngramLayers::enqueue_gather`] calls get.
+    pub unsafe fn enqueue_head(
+        &mut self,
+        path: GatherPath,
+        n_tokens: usize,
+        s: sys::CUstream,
+    ) -> Result<()> {
+        self.check_tokens(n_tokens)?;
+        let shape = &self.shape;
+        let n = n_tokens * shape.heads as usize;
+        for (k, layer) in self.layers.iter_mut().enumerate() {
+            let p = HashParams {
+                tokens: self.tokens_at,
+                ids: layer.ids_at,
+                n_tokens: n_tokens as u64,
+                seed: shape.layer_seed(k),
+                row_start: 0,
+                rows: self.rows,
+                heads: shape.heads,
+                ngram: shape.ngram,
+            };
+            // SAFETY: the token buffer holds max_tokens >= n_tokens tokens and `ids` room for
+            // max_tokens * heads ids.
+            unsafe { self.kernels.launch_hash(s, p)? };
+            if path == GatherPath::Prefetch {
+                // SAFETY: `ids` holds n ids, rewritten only by the next step's hash, which
+                // comes after this layer's gather on the same stream.
+                unsafe { layer.prefetcher.prefetch(layer.ids_at, n, s)? };
+            }
+        }
+        Ok(())
+    }
+
+    /// Engram layer `k`'s gather of the step's rows on `s`, the way `path` says. Capturable.
+    ///
+    /// # Safety
+    /// As [`EngramLayers::enqueue_head`], which this step called before with the same `path`
+    /// and `n_tokens`.
+    pub unsafe fn enqueue_gather(
+        &mut self,
+        k: usize,
+        path: GatherPath,
+        n_tokens: usize,
+        s: sys::CUstream,
+    ) -> Result<()> {
+        self.check_tokens(n_tokens)?;
+        let n = n_tokens * self.shape.heads as usize;
+        let layer = self
+            .layers
+            .get_mut(k)
+            .ok_or_else(|| Error::invalid("layer", format!("no Engram layer {k}")))?;
+        match path {
+            GatherPath::Resident => {
+                let p = DequantParams {
+                    weights: layer.resident_at.0,
+                    scales: layer.resident_at.1,
+                    ids: layer.ids_at,
+                    out: layer.resident_out_at,
+                    status: self.id_check.address(),
+                    n: n as u64,
+                    rows: self.rows,
+                    dim: self.dim as u32,
+                    _pad: 0,
+                };
+                // SAFETY: the layer's resident table holds `rows` rows, `ids` n ids, `out` n
+                // rows.
+                unsafe {
+                    self.kernels
+                        .launch_gather_dequant(s, self.resident_variant, p)
+                }
+            }
+            // SAFETY: n ids and n * dim bf16 of output, both this step's.
+            GatherPath::Sync => unsafe {
+                layer
+                    .prefetcher
+                    .gather_dequant_sync(layer.ids_at, n, layer.out_at, s)
+            },
+            // SAFETY: n * dim bf16 of output.
+            GatherPath::Prefetch => unsafe { layer.prefetcher.gather_dequant(layer.out_at, s) },
+        }
+    }
+
+    /// Fills every layer's outputs (both paths') with 0xFF bytes on `main`, so that an unwritten
+    /// output shows.
+    pub fn poison(&mut self, main: &Arc<CudaStream>) -> Result<()> {
+        for layer in &mut self.layers {
+            crate::selfcheck::poison(main, &mut layer.out)?;
+            crate::selfcheck::poison(main, &mut layer.resident_out)?;
+        }
+        Ok(())
+    }
+
+    /// Engram layer `k`'s ids and output of the last step of `path`, `n_tokens` tokens.
+    pub fn read(
+        &self,
+        main: &Arc<CudaStream>,
+        k: usize,
+        path: GatherPath,
+        n_tokens: usize,
+    ) -> Result<(Vec<i64>, Vec<u16>)> {
+        self.check_tokens(n_tokens)?;
+        let layer = self
+            .layers
+            .get(k)
+            .ok_or_else(|| Error::invalid("layer", format!("no Engram layer {k}")))?;
+        let n = n_tokens * self.shape.heads as usize;
+        main.synchronize().call("cuStreamSynchronize")?;
+        let ids = main.clone_dtoh(&layer.ids).call("cuMemcpyDtoH")?;
+        let out = match path {
+            GatherPath::Resident => &layer.resident_out,
+            GatherPath::Sync | GatherPath::Prefetch => &layer.out,
+        };
+        let out = main.clone_dtoh(out).call("cuMemcpyDtoH")?;
+        Ok((ids[..n].to_vec(), out[..n * self.dim].to_vec()))
+    }
+
+    /// Check mode's counters, summed over the Engram layers (`None` when it is off); waits for
+    /// the device.
+    pub fn check_differed(&self) -> Result<Option<u32>> {
+        let mut total = None;
+        for layer in &self.layers {
+            if let Some(n) = layer.prefetcher.check_differed()? {
+                total = Some(total.unwrap_or(0) + n);
+            }
+        }
+        Ok(total)
+    }
+
+    /// Engram layer `k`'s prefetcher stats (`None` past the last layer).
+    pub fn layer_stats(&self, k: usize) -> Option<Stats> {
+        self.layers.get(k).map(|layer| layer.prefetcher.stats())
+    }
+
+    /// The prefetchers' stats, summed over the Engram layers.
+    pub fn stats(&self) -> Stats {
+        let mut total = Stats::default();
+        for layer in &self.layers {
+            total += layer.prefetcher.stats();
+        }
+        total
+    }
+}
+
+/// The simulated forward's buffers, kernels and prefetchers on one stream.
+pub struct SimulatedForward {
+    kernels: Arc<Kernels>,
+    main: Arc<CudaStream>,
+    shape: ForwardShape,
+    engram: EngramLayers,
+    /// Timing events of [`SimulatedForward::time`] and [`SimulatedForward::time_replay`].
+    clock: StepClock,
+}
+
+impl SimulatedForward {
+    /// Buffers for up to `max_tokens` tokens per step and the Engram layers' tables, resident
+    /// copies and prefetchers ([`EngramLayers::new`]).
+    pub fn new(
+        kernels: Arc<Kernels>,
+        main: Arc<CudaStream>,
+        tables: &[Arc<dyn LayerTable>],
+        shape: ForwardShape,
+        max_tokens: usize,
+        prefetch: PrefetcherConfig,
+        lanes: FlagLanes,
+    ) -> Result<SimulatedForward> {
+        let engram = EngramLayers::new(
+            kernels.clone(),
+            &main,
+            tables,
+            &shape,
+            max_tokens,
+            prefetch,
+            lanes,
+        )?;
+        let clock = StepClock::new(&main)?;
+        main.synchronize().call("cuStreamSynchronize")?;
+        Ok(SimulatedForward {
+            clock,
+            kernels,
+            main,
+            shape,
+            engram,
         })
     }
 
@@ -332,83 +567,22 @@ impl SimulatedForward {
 
     /// Writes the next step's tokens (at most `max_tokens`) into the token buffer.
     pub fn set_tokens(&mut self, tokens: &[u32]) -> Result<()> {
-        if tokens.len() > self.max_tokens {
-            return Err(Error::StagingFull {
-                count: tokens.len(),
-                capacity: self.max_tokens,
-            });
-        }
-        self.main
-            .memcpy_htod(tokens, &mut self.tokens)
-            .call("cuMemcpyHtoD")
+        self.engram.set_tokens(&self.main, tokens)
     }
 
     /// Enqueues one forward over the first `n_tokens` tokens on the stream: capturable.
     pub fn enqueue(&mut self, path: GatherPath, n_tokens: usize) -> Result<()> {
-        if n_tokens > self.max_tokens {
-            return Err(Error::StagingFull {
-                count: n_tokens,
-                capacity: self.max_tokens,
-            });
-        }
         let s = self.main.cu_stream();
-        let shape = &self.shape;
-        let n = n_tokens * shape.heads as usize;
-        for (k, layer) in self.layers.iter_mut().enumerate() {
-            let p = HashParams {
-                tokens: self.tokens_at,
-                ids: layer.ids_at,
-                n_tokens: n_tokens as u64,
-                seed: shape.layer_seed(k),
-                row_start: 0,
-                rows: self.rows,
-                heads: shape.heads,
-                ngram: shape.ngram,
-            };
-            // SAFETY: the token buffer holds max_tokens >= n_tokens tokens and `ids` room for
-            // max_tokens * heads ids.
-            unsafe { self.kernels.launch_hash(s, p)? };
-            if path == GatherPath::Prefetch {
-                // SAFETY: `ids` holds n ids, rewritten only by the next forward's hash, which
-                // comes after this layer's gather on the same stream.
-                unsafe { layer.prefetcher.prefetch(layer.ids_at, n, s)? };
-            }
-        }
-        for l in 1..=shape.layers {
+        // SAFETY: `s` is this forward's own stream, given to every call of the step.
+        unsafe { self.engram.enqueue_head(path, n_tokens, s)? };
+        for l in 1..=self.shape.layers {
             // SAFETY: `s` is this forward's own stream.
-            unsafe { self.kernels.launch_spin(s, shape.compute_us * 1000)? };
-            let Some(k) = shape.engram_layers.iter().position(|&e| e == l) else {
+            unsafe { self.kernels.launch_spin(s, self.shape.compute_us * 1000)? };
+            let Some(k) = self.shape.engram_layers.iter().position(|&e| e == l) else {
                 continue;
             };
-            let layer = &mut self.layers[k];
-            match path {
-                GatherPath::Resident => {
-                    let p = DequantParams {
-                        weights: layer.resident_at.0,
-                        scales: layer.resident_at.1,
-                        ids: layer.ids_at,
-                        out: layer.resident_out_at,
-                        status: self.id_check.address(),
-                        n: n as u64,
-                        rows: self.rows,
-                        dim: self.dim as u32,
-                        _pad: 0,
-                    };
-                    // SAFETY: the layer's resident table holds `rows` rows, `ids` n ids, `out` n
-                    // rows.
-                    unsafe { self.kernels.launch_gather_dequant(s, 0, p)? };
-                }
-                // SAFETY: n ids and n * dim bf16 of output, both this forward's.
-                GatherPath::Sync => unsafe {
-                    layer
-                        .prefetcher
-                        .gather_dequant_sync(layer.ids_at, n, layer.out_at, s)?
-                },
-                // SAFETY: n * dim bf16 of output.
-                GatherPath::Prefetch => unsafe {
-                    layer.prefetcher.gather_dequant(layer.out_at, s)?
-                },
-            }
+            // SAFETY: the head above was enqueued on `s` with this path and token count.
+            unsafe { self.engram.enqueue_gather(k, path, n_tokens, s)? };
         }
         Ok(())
     }
@@ -429,27 +603,9 @@ impl SimulatedForward {
         &mut self,
         enqueue: impl FnOnce(&mut SimulatedForward) -> Result<()>,
     ) -> Result<StepTime> {
-        // SAFETY: the forward's own stream.
-        unsafe {
-            self.kernels
-                .launch_spin(self.main.cu_stream(), LEAD_IN_US * 1000)?
-        };
-        self.start.record(&self.main).call("cuEventRecord")?;
-        let t = Instant::now();
+        let started = self.clock.begin(&self.kernels, &self.main, LEAD_IN_US)?;
         enqueue(self)?;
-        let enqueue_ms = t.elapsed().as_secs_f64() * 1e3;
-        let lead_in_overrun = self.start.try_is_complete().call("cuEventQuery")?;
-        self.end.record(&self.main).call("cuEventRecord")?;
-        self.end.synchronize().call("cuEventSynchronize")?;
-        let gpu_ms = self
-            .start
-            .elapsed_ms(&self.end)
-            .call("cuEventElapsedTime")? as f64;
-        Ok(StepTime {
-            gpu_ms,
-            enqueue_ms,
-            lead_in_overrun,
-        })
+        self.clock.finish(&self.main, started)
     }
 
     /// Captures one forward into a graph (launch it on [`SimulatedForward::stream`]). Drop the
@@ -473,36 +629,18 @@ impl SimulatedForward {
         path: GatherPath,
         n_tokens: usize,
     ) -> Result<(Vec<i64>, Vec<u16>)> {
-        let layer = self
-            .layers
-            .get(k)
-            .ok_or_else(|| Error::invalid("layer", format!("no Engram layer {k}")))?;
-        let n = n_tokens * self.shape.heads as usize;
-        self.main.synchronize().call("cuStreamSynchronize")?;
-        let ids = self.main.clone_dtoh(&layer.ids).call("cuMemcpyDtoH")?;
-        let out = match path {
-            GatherPath::Resident => &layer.resident_out,
-            GatherPath::Sync | GatherPath::Prefetch => &layer.out,
-        };
-        let out = self.main.clone_dtoh(out).call("cuMemcpyDtoH")?;
-        Ok((ids[..n].to_vec(), out[..n * self.dim].to_vec()))
+        self.engram.read(&self.main, k, path, n_tokens)
     }
 
     /// Engram layers.
     pub fn engram_layers(&self) -> usize {
-        self.layers.len()
+        self.engram.len()
     }
 
     /// Check mode's counters, summed over the Engram layers (`None` when it is off); waits for
     /// the device.
     pub fn check_differed(&self) -> Result<Option<u32>> {
-        let mut total = None;
-        for layer in &self.layers {
-            if let Some(n) = layer.prefetcher.check_differed()? {
-                total = Some(total.unwrap_or(0) + n);
-            }
-        }
-        Ok(total)
+        self.engram.check_differed()
     }
 
     /// Milliseconds of compute a step runs before its first Engram gather.
@@ -513,15 +651,61 @@ impl SimulatedForward {
 
     /// Engram layer `k`'s prefetcher stats (`None` past the last layer).
     pub fn layer_stats(&self, k: usize) -> Option<Stats> {
-        self.layers.get(k).map(|layer| layer.prefetcher.stats())
+        self.engram.layer_stats(k)
     }
 
     /// The prefetchers' stats, summed over the Engram layers.
     pub fn stats(&self) -> Stats {
-        let mut total = Stats::default();
-        for layer in &self.layers {
-            total += layer.prefetcher.stats();
-        }
-        total
+        self.engram.stats()
+    }
+}
+
+/// A timed step's events: started behind a lead-in kernel, so that the CPU's enqueue of the
+/// step is not in its GPU time.
+pub(crate) struct StepClock {
+    start: CudaEvent,
+    end: CudaEvent,
+}
+
+/// A started [`StepClock`] measurement: when the enqueue began on the host.
+pub(crate) struct Started(Instant);
+
+impl StepClock {
+    /// Two timing-enabled events on `main`'s context.
+    pub(crate) fn new(main: &Arc<CudaStream>) -> Result<StepClock> {
+        let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = main.context().new_event(timed).call("cuEventCreate")?;
+        let end = main.context().new_event(timed).call("cuEventCreate")?;
+        Ok(StepClock { start, end })
+    }
+
+    /// A `lead_in_us` spin kernel on `main`, then the start event; the step's enqueue follows.
+    pub(crate) fn begin(
+        &self,
+        kernels: &Kernels,
+        main: &Arc<CudaStream>,
+        lead_in_us: u64,
+    ) -> Result<Started> {
+        // SAFETY: the caller's own stream.
+        unsafe { kernels.launch_spin(main.cu_stream(), lead_in_us * 1000)? };
+        self.start.record(main).call("cuEventRecord")?;
+        Ok(Started(Instant::now()))
+    }
+
+    /// The end event after the step's enqueue; waits for it.
+    pub(crate) fn finish(&self, main: &Arc<CudaStream>, started: Started) -> Result<StepTime> {
+        let enqueue_ms = started.0.elapsed().as_secs_f64() * 1e3;
+        let lead_in_overrun = self.start.try_is_complete().call("cuEventQuery")?;
+        self.end.record(main).call("cuEventRecord")?;
+        self.end.synchronize().call("cuEventSynchronize")?;
+        let gpu_ms = self
+            .start
+            .elapsed_ms(&self.end)
+            .call("cuEventElapsedTime")? as f64;
+        Ok(StepTime {
+            gpu_ms,
+            enqueue_ms,
+            lead_in_overrun,
+        })
     }
 }

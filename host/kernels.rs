@@ -11,7 +11,7 @@ use fetchahead_gpu::params::{
     CHUNK_BYTES, CheckParams, CollectiveParams, DequantParams, GEMV_K_STEP, GEMV_ROWS_PER_WARP,
     GatherParams, GemvParams, HashParams, MAX_NGRAM, MX_BLOCK, PrefetchParams, SpinParams,
 };
-use fetchahead_gpu::{check, collective, dequant, gather, gemv, hash, l2_prefetch, spin};
+use fetchahead_gpu::{check, collective, defaults, dequant, gather, gemv, hash, l2_prefetch, spin};
 
 use crate::access_policy::AccessWindow;
 use crate::error::CudaCall;
@@ -108,6 +108,27 @@ impl Kernels {
         self.ptx.arch
     }
 
+    /// The default variants for this device's arch (`fetchahead_gpu::defaults`).
+    pub fn defaults(&self) -> &'static defaults::Defaults {
+        defaults::for_arch(self.ptx.arch)
+    }
+
+    /// The index of gather + dequant variant `name`, or of this arch's default for `None`.
+    pub fn dequant_variant(&self, name: Option<&str>) -> Result<usize> {
+        dequant_variant_named(name.unwrap_or(self.defaults().dequant))
+    }
+
+    /// The index of gather variant `name`, or of this arch's default for `None`.
+    pub fn gather_variant(&self, name: Option<&str>) -> Result<usize> {
+        let name = name.unwrap_or(self.defaults().gather);
+        gather::find(name).ok_or_else(|| {
+            Error::invalid(
+                "gather variant",
+                format!("no gather variant named `{name}` (`fetchahead kernels` lists them)"),
+            )
+        })
+    }
+
     /// Launches gather `variant` (an index into `gather::VARIANTS`) on `stream`.
     ///
     /// # Safety
@@ -153,6 +174,51 @@ impl Kernels {
         unsafe { self.launch(&empty, threads, stream, p, block_threads) }
     }
 
+    /// Launches the empty kernel with exactly the grid gather + dequant `variant` would get for
+    /// `p`.
+    ///
+    /// # Safety
+    /// None beyond a valid stream: the kernel reads nothing.
+    pub unsafe fn launch_empty_like_dequant(
+        &self,
+        stream: sys::CUstream,
+        variant: usize,
+        p: DequantParams,
+    ) -> Result<()> {
+        let shape = dequant_shape(variant)?;
+        let own = pick(&self.dequant, variant, "gather_dequant")?;
+        let empty = Loaded {
+            function: self.empty.function.clone(),
+            blocks_per_sm: own.blocks_per_sm,
+        };
+        let unused = GatherParams {
+            table: 0,
+            ids: 0,
+            out: 0,
+            status: 0,
+            n: 0,
+            rows: 0,
+            row_bytes: 0,
+            _pad: 0,
+        };
+        let threads = shape.threads(p.n, p.dim);
+        if let dequant::Shape::Units8 { one_pass: true, .. } = shape {
+            let blocks = threads.div_ceil(gather::BLOCK_THREADS as u64) as u32;
+            // SAFETY: the empty kernel touches no memory.
+            return unsafe {
+                self.launch_exact(
+                    &empty.function,
+                    blocks,
+                    gather::BLOCK_THREADS,
+                    stream,
+                    unused,
+                )
+            };
+        }
+        // SAFETY: the empty kernel touches no memory.
+        unsafe { self.launch(&empty, threads, stream, unused, gather::BLOCK_THREADS) }
+    }
+
     /// Launches gather + dequant `variant` (an index into `dequant::VARIANTS`) on `stream`.
     ///
     /// # Safety
@@ -178,18 +244,21 @@ impl Kernels {
         check_aligned_to("scales", p.scales, 1)?;
         check_aligned_to("ids", p.ids, 8)?;
         check_aligned_to("status", p.status, 8)?;
-        let threads = p.n * (p.dim / dequant::ELEMS_PER_THREAD) as u64;
-        check_chunk_count(threads)?;
-        // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
-        unsafe {
-            self.launch(
-                pick(&self.dequant, variant, "gather_dequant")?,
-                threads,
-                stream,
-                p,
-                gather::BLOCK_THREADS,
-            )
+        let shape = dequant_shape(variant)?;
+        // The kernels index 8-element units in u32.
+        check_chunk_count(p.n * (p.dim / 8) as u64)?;
+        let threads = shape.threads(p.n, p.dim);
+        let kernel = pick(&self.dequant, variant, "gather_dequant")?;
+        if let dequant::Shape::Units8 { one_pass: true, .. } = shape {
+            // Below 2^32 / 8 * 32 / 256 blocks, since units < 2^32: inside the grid limit.
+            let blocks = threads.div_ceil(gather::BLOCK_THREADS as u64) as u32;
+            // SAFETY: as below; every tile gets its own warp.
+            return unsafe {
+                self.launch_exact(&kernel.function, blocks, gather::BLOCK_THREADS, stream, p)
+            };
         }
+        // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
+        unsafe { self.launch(kernel, threads, stream, p, gather::BLOCK_THREADS) }
     }
 
     /// Launches L2 prefetch `variant` (an index into `l2_prefetch::VARIANTS`) over `p.n`
@@ -536,6 +605,29 @@ fn cluster_attribute(blocks: u32) -> sys::CUlaunchAttribute {
     }
 }
 
+/// The shape of gather + dequant `variant`, or an error naming it.
+fn dequant_shape(variant: usize) -> Result<dequant::Shape> {
+    dequant::VARIANTS
+        .get(variant)
+        .map(|v| v.shape)
+        .ok_or_else(|| {
+            Error::invalid(
+                "variant",
+                format!("gather_dequant has no variant {variant}"),
+            )
+        })
+}
+
+/// The index of gather + dequant variant `name`, or an error naming it.
+pub fn dequant_variant_named(name: &str) -> Result<usize> {
+    dequant::find(name).ok_or_else(|| {
+        Error::invalid(
+            "gather + dequant variant",
+            format!("no gather + dequant variant named `{name}` (`fetchahead kernels` lists them)"),
+        )
+    })
+}
+
 /// Checks a GEMV's shape and alignment before any launch of a variant that reduces as `reduce`.
 fn check_gemv(p: &GemvParams, reduce: Reduce) -> Result<()> {
     if p.m == 0 || p.m > 16 {
@@ -615,7 +707,9 @@ fn check_chunk_count(chunks: u64) -> Result<()> {
     if chunks >= u32::MAX as u64 {
         return Err(Error::invalid(
             "batch",
-            format!("{chunks} 16-byte chunks in one launch; split it below 2^32"),
+            format!(
+                "{chunks} chunks (16 bytes of a gather, 8 elements of a dequant) in one launch; split it below 2^32"
+            ),
         ));
     }
     Ok(())

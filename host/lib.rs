@@ -17,10 +17,14 @@
 //! - [`prefetcher`]: the side-stream prefetcher of one Engram layer.
 //! - [`ffi`]: the C ABI for engines (`include/fetchahead.h`).
 //! - [`forward`]: a simulated forward with Engram layers, for the demo and the bench.
+//! - [`memory`]: allocations sized by input, checked and fallible.
+//! - [`decode_step`]: a simulated DeepSeek-scale decode step with both features, and its
+//!   projection to the DGX Spark.
 //! - [`store`]: the NVMe row store for Engram tables (safetensors shards, io_uring, DRAM cache).
 
 pub mod access_policy;
 pub mod check_log;
+pub mod decode_step;
 pub mod error;
 pub mod ffi;
 pub mod flag_worker;
@@ -33,6 +37,7 @@ pub mod kernels;
 pub mod l2_plan;
 pub mod lookup;
 pub mod lookup_job;
+pub mod memory;
 pub mod prefetcher;
 pub mod ptx;
 pub mod reference;

@@ -91,8 +91,11 @@ impl MemoryRows {
             .and_then(|r| r.checked_mul(dim))
             .filter(|&b| b < isize::MAX as usize)
             .ok_or_else(|| Error::invalid("table", format!("{rows} rows of dim {dim}")))?;
+        let what = format!("an in-memory table of {rows} rows of dim {dim}");
+        // Weights and scales together, checked against the memory there is before allocating.
+        crate::memory::check_fits((bytes + bytes / MX_BLOCK as usize) as u64, &what)?;
         let mut rng = SmallRng::seed_from_u64(seed);
-        let mut weights = vec![0u8; bytes];
+        let mut weights = crate::memory::zeroed(bytes as u64, &what)?;
         rng.fill_bytes(&mut weights);
         // 0x7F and 0xFF are E4M3 NaN; the table holds numbers only.
         for w in &mut weights {
@@ -100,9 +103,8 @@ impl MemoryRows {
                 *w ^= 1;
             }
         }
-        let scales = (0..bytes / MX_BLOCK as usize)
-            .map(|_| rng.random_range(120..135))
-            .collect();
+        let mut scales = crate::memory::bytes_with_capacity(bytes / MX_BLOCK as usize, &what)?;
+        scales.extend((0..bytes / MX_BLOCK as usize).map(|_| rng.random_range(120u8..135)));
         Ok(MemoryRows {
             rows,
             dim,

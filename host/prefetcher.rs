@@ -31,8 +31,9 @@ use crate::{Error, Result, host_fn, stream};
 pub struct PrefetcherConfig {
     /// Most rows per prefetch (rounded up to a power of two).
     pub capacity: usize,
-    /// The gather + dequant variant, an index into `fetchahead_gpu::dequant::VARIANTS`.
-    pub variant: usize,
+    /// The gather + dequant variant by name (`fetchahead_gpu::dequant::VARIANTS`); `None`: the
+    /// fastest measured for the device's arch (`fetchahead_gpu::defaults`).
+    pub variant: Option<&'static str>,
     /// Run the synchronous path after every prefetched gather and count differing outputs.
     pub check: bool,
     /// Check mode: how often the count is logged (read without waiting, by the gathers or
@@ -60,7 +61,7 @@ impl Default for PrefetcherConfig {
     fn default() -> Self {
         PrefetcherConfig {
             capacity: 4096,
-            variant: 0,
+            variant: None,
             check: false,
             check_log_every: Duration::from_secs(10),
             fallback_on_error: true,
@@ -193,6 +194,8 @@ struct Pending {
 pub struct Prefetcher {
     kernels: Arc<Kernels>,
     config: PrefetcherConfig,
+    /// `config.variant` resolved: an index into `fetchahead_gpu::dequant::VARIANTS`.
+    variant: usize,
     dim: usize,
     side: Arc<CudaStream>,
     fork: CudaEvent,
@@ -256,14 +259,7 @@ impl Prefetcher {
     ) -> Result<Prefetcher> {
         let dim = store.dim();
         let layout = StagingLayout::new(config.capacity, dim)?;
-        fetchahead_gpu::dequant::VARIANTS
-            .get(config.variant)
-            .ok_or_else(|| {
-                Error::invalid(
-                    "gather variant",
-                    format!("no dequant variant {}", config.variant),
-                )
-            })?;
+        let variant = kernels.dequant_variant(config.variant)?;
         let ctx = kernels.gpu().ctx.clone();
         // Prefetchers sharing a lane share its side stream too, so that their requests reach the
         // lane in the order they were enqueued (an earlier layer's never behind a later one's).
@@ -303,6 +299,7 @@ impl Prefetcher {
             join: ctx.new_event(None).call("cuEventCreate")?,
             kernels,
             config,
+            variant,
             dim,
             side,
             flag,
@@ -341,7 +338,7 @@ impl Prefetcher {
     /// First use of every buffer, kernel and the host-function path, eagerly. Call it before
     /// capturing a graph that prefetches; an eager prefetch warms on first use by itself.
     pub fn warm(&mut self) -> Result<()> {
-        let (kernels, variant, side) = (&*self.kernels, self.config.variant, &*self.side);
+        let (kernels, variant, side) = (&*self.kernels, self.variant, &*self.side);
         self.ahead.staging.warm(kernels, variant, side)?;
         self.sync.staging.warm(kernels, variant, side)?;
         let s = side.cu_stream();
@@ -461,7 +458,7 @@ impl Prefetcher {
                     // SAFETY: the staged rows hold `count` rows; the caller vouches for `out`.
                     unsafe {
                         self.kernels
-                            .launch_gather_dequant(main, self.config.variant, params)?
+                            .launch_gather_dequant(main, self.variant, params)?
                     };
                 }
                 self.gathers += 1;
@@ -526,7 +523,7 @@ impl Prefetcher {
             // SAFETY: the staged rows hold `count` rows; the caller vouches for `out`.
             unsafe {
                 self.kernels
-                    .launch_gather_dequant(main, self.config.variant, params)?
+                    .launch_gather_dequant(main, self.variant, params)?
             };
         }
         self.sync_gathers += 1;

@@ -51,7 +51,8 @@ size_t fetchahead_last_error(char *buf, size_t len);
 /* ---- tables ---------------------------------------------------------------------------- */
 
 /* A table of `rows` MXFP8 rows of `dim` elements (a multiple of 32) generated in RAM from `seed`:
- * FP8-E4M3 weights (never NaN) and E8M0 scales in 120..134. Deterministic per seed. */
+ * FP8-E4M3 weights (never NaN) and E8M0 scales in 120..134. Deterministic per seed. A table
+ * larger than the memory available fails with FETCHAHEAD_ERR_INVALID (never an abort). */
 int fetchahead_open_memory_table(uint64_t rows, uint32_t dim, uint64_t seed, fetchahead_table **out);
 
 /* One Engram layer of an on-disk table (a model directory with model.safetensors.index.json, or
@@ -59,7 +60,10 @@ int fetchahead_open_memory_table(uint64_t rows, uint32_t dim, uint64_t seed, fet
  * row_start), read by the row store with its defaults (read path chosen by `fetchahead tune`,
  * scales resident in DRAM, O_DIRECT where allowed, no DRAM row cache). Lookups of ids outside
  * those rows fail with FETCHAHEAD_ERR_LOOKUP; a malformed table fails here with
- * FETCHAHEAD_ERR_INVALID and a message naming the file and tensor. */
+ * FETCHAHEAD_ERR_INVALID and a message naming the file and tensor: so do a FIFO or device in
+ * place of a shard, index or tune file (refused without blocking), layers of different row
+ * counts, and sizes claimed by a header that do not fit the memory available. The default read
+ * path never maps the files (no SIGBUS when a shard is truncated under a running engine). */
 int fetchahead_open_store(const char *dir, uint32_t layer, uint64_t row_start, uint64_t num_rows,
                           fetchahead_table **out);
 
@@ -94,14 +98,17 @@ typedef struct fetchahead_work {
     int32_t status;     /* written: FETCHAHEAD_OK, or an error code with the rows zero-filled */
 } fetchahead_work;
 
-/* cudaLaunchHostFunc(stream, fetchahead_lookup, &work): makes no CUDA call, never unwinds. */
+/* cudaLaunchHostFunc(stream, fetchahead_lookup, &work): makes no CUDA call, never unwinds. On
+ * failure (a NULL table or buffer included) it writes the status and leaves its message both for
+ * fetchahead_last_error on the calling thread and for fetchahead_table_lookup_error. */
 void fetchahead_lookup(void *work);
 
 /* ---- prefetchers, one per Engram layer -------------------------------------------------- */
 
 typedef struct fetchahead_prefetcher_config {
     uint64_t capacity;          /* most ids per prefetch (rounded up to a power of two) */
-    uint32_t variant;           /* gather + dequant variant index (0: gather_dequant_cvt) */
+    const char *variant;        /* gather + dequant variant by name (`fetchahead kernels`);
+                                 * NULL: the fastest measured for the device's arch */
     uint32_t check;             /* nonzero: check mode (synchronous path after each gather) */
     uint32_t fallback_on_error; /* nonzero: after a lookup error, gather synchronously */
     uint32_t completion;        /* FETCHAHEAD_COMPLETION_* */
@@ -195,13 +202,13 @@ void fetchahead_prefetcher_close(fetchahead_prefetcher *p);
 /* The layouts the library was built with (checked on the Rust side too). */
 #ifdef __cplusplus
 static_assert(sizeof(fetchahead_work) == 48, "fetchahead_work layout");
-static_assert(sizeof(fetchahead_prefetcher_config) == 32, "fetchahead_prefetcher_config layout");
+static_assert(sizeof(fetchahead_prefetcher_config) == 40, "fetchahead_prefetcher_config layout");
 static_assert(sizeof(fetchahead_counters) == 56, "fetchahead_counters layout");
 static_assert(sizeof(fetchahead_lookup_error) == 24 + FETCHAHEAD_MESSAGE_BYTES, "fetchahead_lookup_error layout");
 }
 #else
 _Static_assert(sizeof(fetchahead_work) == 48, "fetchahead_work layout");
-_Static_assert(sizeof(fetchahead_prefetcher_config) == 32, "fetchahead_prefetcher_config layout");
+_Static_assert(sizeof(fetchahead_prefetcher_config) == 40, "fetchahead_prefetcher_config layout");
 _Static_assert(sizeof(fetchahead_counters) == 56, "fetchahead_counters layout");
 _Static_assert(sizeof(fetchahead_lookup_error) == 24 + FETCHAHEAD_MESSAGE_BYTES, "fetchahead_lookup_error layout");
 #endif

@@ -35,7 +35,7 @@ fn open(rows: u64, seed: u64) -> *mut TableHandle {
 fn struct_layouts_match_the_header() {
     // The sizes include/fetchahead.h asserts.
     assert_eq!(size_of::<Work>(), 48);
-    assert_eq!(size_of::<FfiPrefetcherConfig>(), 32);
+    assert_eq!(size_of::<FfiPrefetcherConfig>(), 40);
     assert_eq!(size_of::<FfiCounters>(), 56);
     assert_eq!(size_of::<FfiLookupError>(), 24 + FETCHAHEAD_MESSAGE_BYTES);
 }
@@ -143,7 +143,7 @@ fn prefetch_and_gather_through_the_abi() {
     let table = open(1 << 12, 7);
     let config = FfiPrefetcherConfig {
         capacity: 256,
-        variant: 0,
+        variant: ptr::null(),
         check: 1,
         fallback_on_error: 1,
         completion: FETCHAHEAD_COMPLETION_HOST_FUNCTION,
@@ -273,7 +273,7 @@ fn two_prefetchers_share_a_flag_lane_through_the_abi() {
     assert_eq!(rc, FETCHAHEAD_OK, "{}", last_error());
     let config = |completion| FfiPrefetcherConfig {
         capacity: 256,
-        variant: 0,
+        variant: ptr::null(),
         check: 1,
         fallback_on_error: 1,
         completion,

@@ -144,16 +144,27 @@ fn edge_table(rng: &mut SmallRng) -> (Vec<u8>, Vec<u8>) {
 }
 
 fn check_dequant(s: &mut Setup, weights: &[u8], scales: &[u8], sizes: &[usize], what: &str) {
-    let rows = (weights.len() / DIM) as u64;
+    check_dequant_dim(s, weights, scales, DIM, sizes, what)
+}
+
+fn check_dequant_dim(
+    s: &mut Setup,
+    weights: &[u8],
+    scales: &[u8],
+    dim: usize,
+    sizes: &[usize],
+    what: &str,
+) {
+    let rows = (weights.len() / dim) as u64;
     let mut check = IdCheck::new(&s.stream).unwrap();
     for placement in PLACEMENTS {
         let mut table =
-            Mxfp8Table::from_bytes(&s.stream, weights, scales, DIM as u32, placement).unwrap();
+            Mxfp8Table::from_bytes(&s.stream, weights, scales, dim as u32, placement).unwrap();
         for &n in sizes {
             let ids = random_ids(&mut s.rng, n, rows);
-            let want = reference::gather_dequant(weights, scales, DIM, &ids);
+            let want = reference::gather_dequant(weights, scales, dim, &ids);
             let ids_dev = s.stream.clone_htod(&ids).unwrap();
-            let mut out = s.stream.alloc_zeros::<u16>((n * DIM).max(1)).unwrap();
+            let mut out = s.stream.alloc_zeros::<u16>((n * dim).max(1)).unwrap();
             let mut outputs = Vec::new();
             for (variant, v) in dequant::VARIANTS.iter().enumerate() {
                 poison(&s.stream, &mut out).unwrap();
@@ -164,15 +175,15 @@ fn check_dequant(s: &mut Setup, weights: &[u8], scales: &[u8], sizes: &[usize], 
                     .take(&s.stream, address(&s.stream, &ids_dev), n as u64, rows)
                     .unwrap();
                 let got = s.stream.clone_dtoh(&out).unwrap();
-                let got = got[..n * DIM].to_vec();
+                let got = got[..n * dim].to_vec();
                 if let Some(i) = reference::first_bf16_mismatch(&got, &want) {
-                    let (row, col) = (i / DIM, i % DIM);
+                    let (row, col) = (i / dim, i % dim);
                     let id = ids[row] as usize;
                     panic!(
                         "{what}: {} {placement:?} n={n}: element {col} of row {row} (id {id}): e4m3 {:#04x} scale {} -> {:#06x}, want {:#06x}",
                         v.name,
-                        weights[id * DIM + col],
-                        scales[id * DIM / 32 + col / 32],
+                        weights[id * dim + col],
+                        scales[id * dim / 32 + col / 32],
                         got[i],
                         want[i]
                     );
@@ -206,6 +217,22 @@ fn gather_dequant_matches_the_reference_on_random_rows() {
     let weights = random_bytes(&mut s.rng, rows * DIM);
     let scales = random_bytes(&mut s.rng, rows * DIM / 32);
     check_dequant(&mut s, &weights, &scales, &SIZES, "random");
+}
+
+#[test]
+fn gather_dequant_matches_the_reference_at_other_dims() {
+    let Some(mut s) = setup("gather_dequant dims") else {
+        return;
+    };
+    // 32 and 96 give rows of 4 and 12 eight-element units (not a power of two); 288 and 512
+    // rows that span warps unevenly.
+    for dim in [32usize, 96, 288, 512] {
+        let rows = 4099usize;
+        let weights = random_bytes(&mut s.rng, rows * dim);
+        let scales = random_bytes(&mut s.rng, rows * dim / 32);
+        let what = format!("random, dim {dim}");
+        check_dequant_dim(&mut s, &weights, &scales, dim, &[1, 37, 1000, 5003], &what);
+    }
 }
 
 #[test]

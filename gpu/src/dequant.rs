@@ -10,56 +10,176 @@
 pub enum Conversion {
     /// `cvt.rn.f16x2.e4m3x2` (sm_89+), an f32 multiply by the scale, `cvt.rn.bf16x2.f32`.
     Hardware,
-    /// Integer bit manipulation only ([`crate::mxfp8::e4m3_scaled_to_bf16`]).
-    Bits,
     /// No conversion instructions: the E4M3 bits placed in a bf16 (exact, 2^-120 times the
     /// value), then two packed bf16 multiplies, by 2^120 (exact) and by the scale (the one
-    /// rounding). Chunks holding a NaN code take the `Bits` path.
+    /// rounding). NaN codes are patched in by a mask, so every byte costs the same.
     Packed,
+}
+
+/// How a variant maps elements to threads; the host sizes the grid from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// A thread per 16 elements (one 16-byte weight load, two 16-byte stores 16 bytes apart),
+    /// over a grid-stride loop.
+    Chunk16,
+    /// A thread per 8 elements `unroll` times over: a warp takes `32 * unroll` consecutive
+    /// 8-element units of output, lane `l` units `l, l + 32, ...`, all loaded before any is
+    /// stored, so that each store instruction of the warp writes 512 contiguous bytes. With
+    /// `one_pass` the grid has a warp per tile (each warp one pass of its loop); otherwise it
+    /// is capped at what fits on the device at once and strides over the tiles.
+    Units8 { unroll: u32, one_pass: bool },
+}
+
+impl Shape {
+    /// Elements one thread converts per pass of its loop.
+    pub const fn elems_per_thread(self) -> u32 {
+        match self {
+            Shape::Chunk16 => 16,
+            Shape::Units8 { unroll, .. } => 8 * unroll,
+        }
+    }
+
+    /// Threads a launch over `n` rows of `dim` elements needs (before the grid cap).
+    pub const fn threads(self, n: u64, dim: u32) -> u64 {
+        match self {
+            Shape::Chunk16 => n * (dim / 16) as u64,
+            Shape::Units8 { unroll, .. } => {
+                let units = n * (dim / 8) as u64;
+                units.div_ceil(32 * unroll as u64) * 32
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {
     pub name: &'static str,
     pub conversion: Conversion,
+    pub shape: Shape,
     pub about: &'static str,
 }
 
-/// Elements each thread converts.
+/// Elements each thread of a [`Shape::Chunk16`] variant converts.
 pub const ELEMS_PER_THREAD: u32 = 16;
 
 pub const VARIANTS: &[Variant] = &[
     Variant {
         name: "gather_dequant_cvt",
         conversion: Conversion::Hardware,
+        shape: Shape::Chunk16,
         about: "hardware e4m3x2 -> f16x2 conversion, f32 scale multiply",
     },
     Variant {
         name: "gather_dequant_packed",
         conversion: Conversion::Packed,
+        shape: Shape::Chunk16,
         about: "E4M3 bits placed in bf16, two packed bf16x2 multiplies",
     },
     Variant {
         name: "gather_dequant_packed_nohint",
         conversion: Conversion::Packed,
+        shape: Shape::Chunk16,
         about: "packed, weight loads without cache hints",
     },
     Variant {
         name: "gather_dequant_cvt_nohint",
         conversion: Conversion::Hardware,
+        shape: Shape::Chunk16,
         about: "hardware conversion, weight loads without cache hints",
     },
     Variant {
         name: "gather_dequant_packed_ahead",
         conversion: Conversion::Packed,
+        shape: Shape::Chunk16,
         about: "packed, the next id loaded and the next row prefetched into L2 one step ahead",
     },
     Variant {
-        name: "gather_dequant_bits",
-        conversion: Conversion::Bits,
-        about: "integer bit manipulation, no float conversion instructions",
+        name: "gather_dequant_u8_packed",
+        conversion: Conversion::Packed,
+        shape: Shape::Units8 {
+            unroll: 1,
+            one_pass: false,
+        },
+        about: "packed, a thread per 8 elements, each warp store 512 contiguous bytes",
+    },
+    Variant {
+        name: "gather_dequant_u8_packed_x2",
+        conversion: Conversion::Packed,
+        shape: Shape::Units8 {
+            unroll: 2,
+            one_pass: false,
+        },
+        about: "packed, 2 units of 8 elements a thread loaded before any is stored",
+    },
+    Variant {
+        name: "gather_dequant_u8_packed_x2_pass",
+        conversion: Conversion::Packed,
+        shape: Shape::Units8 {
+            unroll: 2,
+            one_pass: true,
+        },
+        about: "packed, 2 units a thread, a warp per tile (no grid-stride loop)",
+    },
+    Variant {
+        name: "gather_dequant_u8_packed_pass",
+        conversion: Conversion::Packed,
+        shape: Shape::Units8 {
+            unroll: 1,
+            one_pass: true,
+        },
+        about: "packed, 1 unit a thread, a warp per tile (no grid-stride loop)",
+    },
+    Variant {
+        name: "gather_dequant_u8_packed_x4",
+        conversion: Conversion::Packed,
+        shape: Shape::Units8 {
+            unroll: 4,
+            one_pass: false,
+        },
+        about: "packed, 4 units of 8 elements a thread loaded before any is stored",
+    },
+    Variant {
+        name: "gather_dequant_u8_packed_x4_cs",
+        conversion: Conversion::Packed,
+        shape: Shape::Units8 {
+            unroll: 4,
+            one_pass: false,
+        },
+        about: "packed, 4 units a thread, streaming (evict-first) stores",
+    },
+    Variant {
+        name: "gather_dequant_u8_packed_x4_stream",
+        conversion: Conversion::Packed,
+        shape: Shape::Units8 {
+            unroll: 4,
+            one_pass: false,
+        },
+        about: "packed, 4 units a thread, weight loads skip L1 with 256-byte L2 fetches",
+    },
+    Variant {
+        name: "gather_dequant_u8_cvt_x4",
+        conversion: Conversion::Hardware,
+        shape: Shape::Units8 {
+            unroll: 4,
+            one_pass: false,
+        },
+        about: "hardware conversion, 4 units of 8 elements a thread",
+    },
+    Variant {
+        name: "gather_dequant_u8_packed_x8",
+        conversion: Conversion::Packed,
+        shape: Shape::Units8 {
+            unroll: 8,
+            one_pass: false,
+        },
+        about: "packed, 8 units of 8 elements a thread loaded before any is stored",
     },
 ];
+
+/// The index in [`VARIANTS`] of the variant named `name`.
+pub fn find(name: &str) -> Option<usize> {
+    VARIANTS.iter().position(|v| v.name == name)
+}
 
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
@@ -67,15 +187,15 @@ mod kernels {
     use super::ELEMS_PER_THREAD;
     use crate::device::{
         e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads, hint,
-        load_hinted_16, load_i64, load_i64_early, load_u8, mul_bf16x2, permute_bytes, prefetch_l2,
-        prefetch_line_l2, record_bad_id, store_16,
+        load_hinted_8, load_hinted_16, load_i64, load_i64_early, load_u8, mul_bf16x2,
+        permute_bytes, prefetch_l2, prefetch_line_l2, record_bad_id, store_16, store_16_streaming,
+        thread_in_block,
     };
-    use crate::mxfp8::{E8M0_NAN, e4m3_scaled_to_bf16};
+    use crate::mxfp8::{BF16_NAN, E8M0_NAN};
     use crate::params::{DequantParams, MX_BLOCK};
 
     // `Conversion` as const-generic values.
     const HARDWARE: u8 = Conversion::Hardware as u8;
-    const BITS: u8 = Conversion::Bits as u8;
     const PACKED: u8 = Conversion::Packed as u8;
 
     /// E8M0 for 2^0.
@@ -100,56 +220,48 @@ mod kernels {
         f32x2_to_bf16x2(lo, hi)
     }
 
-    /// Output word `k` of a 16-element chunk, integer conversion.
-    #[inline(always)]
-    fn word_bits(w: [u32; 4], k: usize, s: u8) -> u32 {
-        let pair = w[k / 2] >> (16 * (k % 2));
-        let lo = e4m3_scaled_to_bf16(pair as u8, s) as u32;
-        let hi = e4m3_scaled_to_bf16((pair >> 8) as u8, s) as u32;
-        lo | hi << 16
-    }
-
     /// bf16 2^120, twice: undoes the bias difference between E4M3 (7) and bf16 (127).
     const BF16X2_2_POW_120: u32 = 0x7B80_7B80;
 
     /// Output words `2q` and `2q + 1` (elements 4q..4q+4) of a chunk, packed path: each byte
     /// moved to the top of a 16-bit lane, its sign to bit 15 and the rest below it, is a bf16 of
-    /// 2^-120 times the E4M3 value (normal or subnormal alike).
+    /// 2^-120 times the E4M3 value (normal or subnormal alike). `nan_scale` is `0x8080_8080` for
+    /// the E8M0 NaN scale and 0 otherwise. Every code takes the same instructions: a NaN byte
+    /// (low 7 bits all ones) or scale is patched in by a mask, never by a branch.
     #[inline(always)]
-    fn words_packed(word: u32, scale2: u32) -> (u32, u32) {
+    fn words_packed(word: u32, scale2: u32, nan_scale: u32) -> (u32, u32) {
         let place = |lanes: u32| (lanes & 0x8000_8000) | ((lanes & 0x7F00_7F00) >> 4);
         let lo = place(permute_bytes(word, 0, 0x1404));
         let hi = place(permute_bytes(word, 0, 0x3424));
         let scaled = |v: u32| mul_bf16x2(mul_bf16x2(v, BF16X2_2_POW_120), scale2);
-        (scaled(lo), scaled(hi))
+        // Bit 7 of a byte set where its low 7 bits are all ones: adding 1 carries into it there
+        // and nowhere else (no carry leaves a byte).
+        let nan = (((word & 0x7F7F_7F7F) + 0x0101_0101) & 0x8080_8080) | nan_scale;
+        // Each 16-bit lane all ones where its byte is NaN (`prmt` replicating the byte's bit 7).
+        let nan_lo = permute_bytes(nan, 0, 0x9988);
+        let nan_hi = permute_bytes(nan, 0, 0xBBAA);
+        let patch = |v: u32, mask: u32| (v & !mask) | (BF16X2_NAN & mask);
+        (patch(scaled(lo), nan_lo), patch(scaled(hi), nan_hi))
     }
 
-    /// Whether any byte of `w` is an E4M3 NaN (0x7F or 0xFF).
-    #[inline(always)]
-    fn has_nan_byte(w: u32) -> bool {
-        let x = !(w | 0x8080_8080); // a zero byte where the low 7 bits were all ones
-        x.wrapping_sub(0x0101_0101) & !x & 0x8080_8080 != 0
-    }
+    /// bf16 NaN, twice.
+    const BF16X2_NAN: u32 = (BF16_NAN as u32) << 16 | BF16_NAN as u32;
 
-    /// The scale as a bf16 pair (2^-127 is a bf16 subnormal, still exact).
+    /// The scale as a bf16 pair (2^-127 is a bf16 subnormal, still exact) and the NaN mask
+    /// [`words_packed`] takes.
     #[inline(always)]
-    fn scale_bf16x2(s: u8) -> u32 {
+    fn scale_bf16x2(s: u8) -> (u32, u32) {
         let one = if s == 0 { 0x0040 } else { (s as u32) << 7 };
-        one | one << 16
+        let nan = if s == E8M0_NAN { 0x8080_8080 } else { 0 };
+        (one | one << 16, nan)
     }
 
-    /// The eight output words of a chunk, each call spelled out so that `k` is a constant and
-    /// the array stays in registers.
+    /// The eight output words of a chunk, hardware conversion, each call spelled out so that
+    /// `k` is a constant and the array stays in registers.
     #[inline(always)]
-    fn convert<const HARDWARE: bool>(w: [u32; 4], s: u8) -> [u32; 8] {
+    fn convert_hardware(w: [u32; 4], s: u8) -> [u32; 8] {
         let scale = scale_f32(s);
-        let word = |k: usize| {
-            if HARDWARE {
-                word_hardware(w, k, scale)
-            } else {
-                word_bits(w, k, s)
-            }
-        };
+        let word = |k: usize| word_hardware(w, k, scale);
         [
             word(0),
             word(1),
@@ -164,20 +276,115 @@ mod kernels {
 
     #[inline(always)]
     fn convert_packed(w: [u32; 4], s: u8) -> [u32; 8] {
-        let nan = s == E8M0_NAN
-            || has_nan_byte(w[0])
-            || has_nan_byte(w[1])
-            || has_nan_byte(w[2])
-            || has_nan_byte(w[3]);
-        if nan {
-            return convert::<false>(w, s);
-        }
-        let scale2 = scale_bf16x2(s);
-        let (a, b) = words_packed(w[0], scale2);
-        let (c, d) = words_packed(w[1], scale2);
-        let (e, f) = words_packed(w[2], scale2);
-        let (g, h) = words_packed(w[3], scale2);
+        let (scale2, nan) = scale_bf16x2(s);
+        let (a, b) = words_packed(w[0], scale2, nan);
+        let (c, d) = words_packed(w[1], scale2, nan);
+        let (e, f) = words_packed(w[2], scale2, nan);
+        let (g, h) = words_packed(w[3], scale2, nan);
         [a, b, c, d, e, f, g, h]
+    }
+
+    /// The four output words of an 8-element unit.
+    #[inline(always)]
+    fn convert_unit<const CONVERSION: u8>(w: [u32; 2], s: u8) -> [u32; 4] {
+        if CONVERSION == PACKED {
+            let (scale2, nan) = scale_bf16x2(s);
+            let (a, b) = words_packed(w[0], scale2, nan);
+            let (c, d) = words_packed(w[1], scale2, nan);
+            [a, b, c, d]
+        } else {
+            let scale = scale_f32(s);
+            let w = [w[0], w[1], 0, 0];
+            [
+                word_hardware(w, 0, scale),
+                word_hardware(w, 1, scale),
+                word_hardware(w, 2, scale),
+                word_hardware(w, 3, scale),
+            ]
+        }
+    }
+
+    /// [`Shape::Units8`](super::Shape::Units8): a warp per `32 * UNROLL` consecutive units of
+    /// 8 elements (16 output bytes), lane `l` taking units `l + 32 j`. Each lane loads all its
+    /// units' ids, then their weights (8 bytes) and scales, and only then converts and stores,
+    /// so that `UNROLL` rows' bytes are in flight a lane; each store instruction of the warp
+    /// writes 512 contiguous bytes of output.
+    #[inline(always)]
+    unsafe fn gather_dequant_units<
+        const UNROLL: usize,
+        const CONVERSION: u8,
+        const HINT: u8,
+        const STREAM_STORE: bool,
+    >(
+        p: &DequantParams,
+    ) {
+        // At least 4 (the host refuses narrower rows), so the divisions below cannot trap.
+        let units_per_row = (p.dim / 8).max(1);
+        let scales_per_row = (p.dim / MX_BLOCK) as u64;
+        let total = p.n * units_per_row as u64;
+        // Rows of a power-of-two number of units (dim 256: 32) split by shift and mask.
+        let pow2 = units_per_row.is_power_of_two();
+        let shift = units_per_row.trailing_zeros();
+        // u < n * units < 2^32, checked on the host.
+        let split = |u: u64| {
+            let u = u as u32;
+            if pow2 {
+                ((u >> shift) as u64, u & (units_per_row - 1))
+            } else {
+                ((u / units_per_row) as u64, u % units_per_row)
+            }
+        };
+        let lane = thread_in_block() % 32;
+        let warps = grid_threads() / 32;
+        let tile_units = 32 * UNROLL as u64;
+        let mut tile = global_thread() / 32;
+        let valid = |id: i64| id >= 0 && (id as u64) < p.rows;
+        while tile * tile_units < total {
+            let base = tile * tile_units + lane as u64;
+            let mut ids = [-1i64; UNROLL];
+            let mut w = [[0u32; 2]; UNROLL];
+            let mut s = [UNIT_SCALE; UNROLL];
+            for j in 0..UNROLL {
+                let u = base + 32 * j as u64;
+                if u < total {
+                    // SAFETY: u < total, so its row is below n and inside the ids array.
+                    ids[j] = unsafe { load_i64(p.ids + 8 * split(u).0) };
+                }
+            }
+            for j in 0..UNROLL {
+                let u = base + 32 * j as u64;
+                let (i, c) = split(u);
+                if u < total && valid(ids[j]) {
+                    let row = ids[j] as u64;
+                    // SAFETY: row < rows and c < dim / 8: 8 bytes inside row `row` (8-byte
+                    // aligned: rows are 16-byte aligned), and its scale byte.
+                    unsafe {
+                        w[j] = load_hinted_8::<HINT>(p.weights + row * p.dim as u64 + 8 * c as u64);
+                        s[j] = load_u8(p.scales + row * scales_per_row + (c / 4) as u64);
+                    }
+                } else if u < total && c == 0 {
+                    // SAFETY: the host passes the address of a live IdStatus.
+                    unsafe { record_bad_id(p.status, i) };
+                }
+            }
+            for j in 0..UNROLL {
+                let u = base + 32 * j as u64;
+                if u < total {
+                    // A bad id converts zero bytes at scale 2^0: a row of +0.0.
+                    let out = convert_unit::<CONVERSION>(w[j], s[j]);
+                    // SAFETY: unit u's 16 bytes of output, inside the n rows, owned by this
+                    // thread.
+                    unsafe {
+                        if STREAM_STORE {
+                            store_16_streaming(p.out + 16 * u, out)
+                        } else {
+                            store_16(p.out + 16 * u, out)
+                        }
+                    }
+                }
+            }
+            tile += warps;
+        }
     }
 
     #[inline(always)]
@@ -242,9 +449,8 @@ mod kernels {
                 ([0; 4], UNIT_SCALE)
             };
             let out = match CONVERSION {
-                HARDWARE => convert::<true>(w, s),
                 PACKED => convert_packed(w, s),
-                _ => convert::<false>(w, s),
+                _ => convert_hardware(w, s),
             };
             let dest = p.out + 2 * (i * p.dim as u64 + (c * ELEMS_PER_THREAD) as u64);
             // SAFETY: 32 bytes of output row i < n, owned by this thread.
@@ -282,7 +488,47 @@ mod kernels {
     }
 
     #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_bits(p: DequantParams) {
-        unsafe { gather_dequant::<BITS, false, { hint::STREAM }>(&p) }
+    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed(p: DequantParams) {
+        unsafe { gather_dequant_units::<1, PACKED, { hint::PLAIN }, false>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x2(p: DequantParams) {
+        unsafe { gather_dequant_units::<2, PACKED, { hint::PLAIN }, false>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x2_pass(p: DequantParams) {
+        unsafe { gather_dequant_units::<2, PACKED, { hint::PLAIN }, false>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_pass(p: DequantParams) {
+        unsafe { gather_dequant_units::<1, PACKED, { hint::PLAIN }, false>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x4(p: DequantParams) {
+        unsafe { gather_dequant_units::<4, PACKED, { hint::PLAIN }, false>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x4_cs(p: DequantParams) {
+        unsafe { gather_dequant_units::<4, PACKED, { hint::PLAIN }, true>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x4_stream(p: DequantParams) {
+        unsafe { gather_dequant_units::<4, PACKED, { hint::STREAM }, false>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_cvt_x4(p: DequantParams) {
+        unsafe { gather_dequant_units::<4, HARDWARE, { hint::PLAIN }, false>(&p) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x8(p: DequantParams) {
+        unsafe { gather_dequant_units::<8, PACKED, { hint::PLAIN }, false>(&p) }
     }
 }

@@ -115,6 +115,34 @@ pub unsafe fn load_hinted_16<const HINT: u8>(addr: u64) -> [u32; 4] {
     }
 }
 
+/// 8 read-only bytes through the non-coherent path with the cache hints `HINT` ([`hint::PLAIN`],
+/// [`hint::L1_BYPASS`] or, for any other value, `.L1::no_allocate.L2::256B`).
+///
+/// # Safety
+/// `addr` is a readable, 8-byte aligned global address that nothing writes during the kernel.
+#[inline(always)]
+pub unsafe fn load_hinted_8<const HINT: u8>(addr: u64) -> [u32; 2] {
+    macro_rules! load_v2 {
+        ($instruction:literal) => {{
+            let (a, b): (u32, u32);
+            asm!(
+                concat!($instruction, ".v2.u32 {{{0}, {1}}}, [{2}];"),
+                out(reg32) a, out(reg32) b, in(reg64) addr,
+                options(pure, readonly, nostack, preserves_flags),
+            );
+            [a, b]
+        }};
+    }
+    // SAFETY: the caller guarantees a readable, aligned, read-only address.
+    unsafe {
+        match HINT {
+            hint::PLAIN => load_v2!("ld.global.nc"),
+            hint::L1_BYPASS => load_v2!("ld.global.nc.L1::no_allocate"),
+            _ => load_v2!("ld.global.nc.L1::no_allocate.L2::256B"),
+        }
+    }
+}
+
 /// 16 bytes written with an ordinary (write-back) store.
 ///
 /// # Safety

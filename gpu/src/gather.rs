@@ -202,6 +202,11 @@ pub const VARIANTS: &[Variant] = &[
 /// Output bytes per tile of `gather_bulk`: 32 rows of 256 bytes.
 pub const BULK_TILE_BYTES: u32 = 8192;
 
+/// The index in [`VARIANTS`] of the variant named `name`.
+pub fn find(name: &str) -> Option<usize> {
+    VARIANTS.iter().position(|v| v.name == name)
+}
+
 /// A kernel that takes [`GatherParams`](crate::params::GatherParams) and does nothing: the launch
 /// cost every small gather is measured against.
 pub const EMPTY_KERNEL: &str = "gather_empty";

@@ -15,6 +15,7 @@
 
 pub mod check;
 pub mod collective;
+pub mod defaults;
 pub mod dequant;
 pub mod gather;
 pub mod gemv;

@@ -21,10 +21,10 @@ pub struct BenchIoArgs {
     /// Rows in the prefill batch.
     #[arg(long, default_value_t = 100_000)]
     pub prefill_rows: usize,
-    /// Batches timed per (path, size): decode, 4096, prefill.
+    /// Batches timed per (path, size): decode, 4096, prefill (three positive counts).
     #[arg(long, value_delimiter = ',', default_value = "50,5,2")]
     pub iters: Vec<usize>,
-    /// 4 KiB reads in the baseline.
+    /// 4 KiB reads in the baseline (at least 1).
     #[arg(long, default_value_t = 200_000)]
     pub baseline_reads: u64,
     #[arg(long, default_value_t = 7)]
@@ -103,7 +103,32 @@ fn summarize(
     }
 }
 
+/// What clap cannot check, before anything is opened or allocated.
+fn validate(args: &BenchIoArgs) -> fetchahead::Result<()> {
+    use fetchahead::Error;
+    if args.iters.len() != 3 || args.iters.contains(&0) {
+        return Err(Error::invalid(
+            "--iters",
+            format!(
+                "{:?}: want three positive counts (decode, 4096 and prefill batches)",
+                args.iters
+            ),
+        ));
+    }
+    if args.baseline_reads == 0 {
+        return Err(Error::invalid("--baseline-reads", "0: want at least 1"));
+    }
+    if args.prefill_rows == 0 {
+        return Err(Error::invalid("--prefill-rows", "0: want at least 1"));
+    }
+    if args.uring_depth == 0 {
+        return Err(Error::invalid("--uring-depth", "0: want at least 1"));
+    }
+    Ok(())
+}
+
 pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
+    validate(args)?;
     if !args.zipf.is_empty() {
         return workload::run(args);
     }
@@ -150,6 +175,12 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
         None
     };
     let range = store.row_range();
+    // The prefill batch's ids, outputs and cache are sized by the argument: check it first.
+    let row_bytes = (store.dim() + store.dim() / 32 + 64) as u64;
+    fetchahead::memory::check_fits(
+        (args.prefill_rows.max(4096) as u64).saturating_mul(row_bytes * 4),
+        "the prefill batch's ids, outputs and row cache",
+    )?;
     let sizes = [72, 4096, args.prefill_rows];
     let iters = |k: usize| args.iters.get(k).copied().unwrap_or(1).max(1);
     let mut rows = Vec::new();
@@ -260,4 +291,39 @@ fn line(r: &Row, baseline_iops: Option<f64>) -> String {
         r.p50_us,
         r.p99_us
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: BenchIoArgs,
+    }
+
+    fn parse(extra: &[&str]) -> BenchIoArgs {
+        let mut argv = vec!["bench-io", "dir"];
+        argv.extend_from_slice(extra);
+        Cli::parse_from(argv).args
+    }
+
+    /// Issue 12, case 9: zeros, a wrong count of --iters and no baseline reads are refused.
+    #[test]
+    fn bench_io_arguments_are_checked() {
+        assert!(validate(&parse(&[])).is_ok());
+        for bad in [
+            &["--iters", "0,0,0"][..],
+            &["--iters", "5,2"],
+            &["--iters", "5,2,1,1"],
+            &["--iters", "5,0,1"],
+            &["--baseline-reads", "0"],
+            &["--prefill-rows", "0"],
+        ] {
+            let msg = validate(&parse(bad)).unwrap_err().to_string();
+            assert!(msg.contains(bad[0]), "{bad:?}: {msg}");
+        }
+    }
 }

@@ -2,7 +2,7 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use fetchahead::gpu::Gpu;
+use fetchahead::gpu::{Gpu, REQUIRE_GPU_ENV, gpu_required};
 use fetchahead::kernels::Kernels;
 use fetchahead::{Error, selfcheck};
 
@@ -20,16 +20,34 @@ pub struct CheckArgs {
 }
 
 pub fn run(args: &CheckArgs) -> fetchahead::Result<ExitCode> {
+    run_with(args, gpu_required())
+}
+
+/// `require_gpu`: no device is a failure (`FETCHAHEAD_REQUIRE_GPU=1`), not a listing.
+fn run_with(args: &CheckArgs, require_gpu: bool) -> fetchahead::Result<ExitCode> {
     let (rows, n) = if args.rows == 0 {
         (1 << 18, 1 << 16)
     } else {
         (args.rows, args.n)
     };
+    // The host copies of the table and of the expected outputs are sized by the arguments.
+    fetchahead::memory::check_fits(
+        rows.saturating_mul(264)
+            .saturating_add((n as u64).saturating_mul(2048)),
+        "the check's table and expected outputs",
+    )?;
     super::kernels::list()?;
     let gpu = match Gpu::open(0) {
         Ok(gpu) => gpu,
+        Err(Error::NoDevice(why)) if require_gpu => {
+            eprintln!("\nno GPU here ({why}) and {REQUIRE_GPU_ENV}=1: nothing was checked");
+            return Ok(ExitCode::FAILURE);
+        }
         Err(Error::NoDevice(why)) => {
-            println!("\nno GPU here ({why}): kernels listed, not launched");
+            println!(
+                "\nno GPU here ({why}): kernels listed, not launched (set {REQUIRE_GPU_ENV}=1 to \
+                 make this a failure)"
+            );
             return Ok(ExitCode::SUCCESS);
         }
         Err(e) => return Err(e),
@@ -64,4 +82,21 @@ pub fn run(args: &CheckArgs) -> fetchahead::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without a GPU, `check` fails when a GPU is required and succeeds (listing) otherwise.
+    #[test]
+    fn check_without_a_gpu_fails_when_one_is_required() {
+        if Gpu::open(0).is_ok() {
+            eprintln!("skipping check_without_a_gpu_fails_when_one_is_required: a GPU is here");
+            return;
+        }
+        let args = CheckArgs::default();
+        assert_eq!(run_with(&args, true).unwrap(), ExitCode::FAILURE);
+        assert_eq!(run_with(&args, false).unwrap(), ExitCode::SUCCESS);
+    }
 }

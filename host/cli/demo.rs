@@ -7,8 +7,10 @@
 //! printed on its own.
 //!
 //! The rows come from the row store: a generated table under `--data-dir` (written once, reused
-//! while it matches the options), one [`LayerRows`] per Engram layer. `--memory` reads a
-//! generated table in RAM instead, with a simulated storage latency.
+//! while it matches the options), one [`LayerRows`] per Engram layer. The demo writes only its own
+//! table (its manifest says the demo wrote it): a directory holding anything else is refused
+//! unless `--force`. `--memory` reads a generated table in RAM instead, with a simulated storage
+//! latency.
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -22,18 +24,25 @@ use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
 use fetchahead::lookup::MemoryRows;
 use fetchahead::prefetcher::{Completion, PrefetcherConfig};
-use fetchahead::store::make::{TableSpec, write_table};
+use fetchahead::store::make::{DirState, TableSpec, WriteOptions, dir_state, write_table_with};
 use fetchahead::store::{LayerRows, ReadPath, RowStore, Stats, StoreOptions};
 use fetchahead::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
+mod decode;
+
 #[derive(Args, Clone, Debug)]
 pub struct DemoArgs {
     /// Where the demo's table lives (relative to the working directory); written when absent or
-    /// not matching --rows, --dim, --engram-layers and --seed, reused otherwise.
+    /// not matching --rows, --dim, --engram-layers and --seed, reused otherwise. A directory
+    /// holding anything but the demo's own table is refused (see --force).
     #[arg(long, default_value = "data/demo-table")]
     pub data_dir: PathBuf,
+    /// Replace the table files in --data-dir even when the demo did not write them (a symlink
+    /// is replaced, never what it points at; files that are no table's are left alone).
+    #[arg(long)]
+    pub force: bool,
     /// Use a generated table in RAM with a simulated lookup latency instead of the row store.
     #[arg(long)]
     pub memory: bool,
@@ -44,7 +53,9 @@ pub struct DemoArgs {
     /// FP8 elements per row.
     #[arg(long, default_value_t = 256)]
     pub dim: usize,
-    /// The row store's read path for rows that miss its DRAM cache.
+    /// The row store's read path for rows that miss its DRAM cache: auto (measured by
+    /// `fetchahead tune`; never mmap), uring, preadv, buffered, or mmap (a shard truncated while
+    /// it runs raises SIGBUS and kills the process).
     #[arg(long, default_value = "auto")]
     pub read_path: ReadPath,
     /// The row store's DRAM row cache, MiB (0: off).
@@ -89,6 +100,43 @@ pub struct DemoArgs {
 }
 
 impl DemoArgs {
+    /// What clap cannot check: as make-table, a layer listed twice is an error, not merged; a
+    /// demo of no steps is refused rather than run.
+    fn validate(&self) -> Result<()> {
+        let mut seen = Vec::with_capacity(self.engram_layers.len());
+        for &l in &self.engram_layers {
+            if seen.contains(&l) {
+                return Err(Error::invalid(
+                    "--engram-layers",
+                    format!("{:?} lists layer {l} twice", self.engram_layers),
+                ));
+            }
+            seen.push(l);
+        }
+        if self.steps == 0 {
+            return Err(Error::invalid(
+                "--steps",
+                "0 timed steps measure nothing; want at least 1",
+            ));
+        }
+        if self.decode_tokens == 0 || self.prefill_tokens == 0 {
+            return Err(Error::invalid(
+                "tokens",
+                format!(
+                    "--decode-tokens {} and --prefill-tokens {}: want at least 1 each",
+                    self.decode_tokens, self.prefill_tokens
+                ),
+            ));
+        }
+        // The host half's buffers are sized by these arguments: check them before allocating.
+        let rows_per_step = (self.decode_tokens.max(self.prefill_tokens) as u64)
+            .checked_mul(u64::from(self.heads))
+            .and_then(|n| n.checked_mul((self.dim + self.dim / 32) as u64 * 2))
+            .unwrap_or(u64::MAX);
+        fetchahead::memory::check_fits(rows_per_step, "one step's lookup buffers")?;
+        Ok(())
+    }
+
     fn shape(&self) -> ForwardShape {
         ForwardShape {
             layers: self.layers,
@@ -133,8 +181,8 @@ impl Default for DemoArgs {
 
 const VOCAB: u32 = 128 * 1024;
 
-/// The generator's seed, written beside the table so that a reused table is the one asked for.
-const SEED_FILE: &str = "fetchahead-demo-seed";
+/// The writer the demo's tables' manifests name.
+const WRITER: &str = "demo";
 
 /// One phase of the demo: its name and tokens per step.
 struct Phase {
@@ -154,75 +202,67 @@ impl Tables {
     }
 }
 
-/// Why the table in `dir` is not the one `spec` describes (`None`: it is).
-fn table_mismatch(dir: &Path, spec: &TableSpec) -> Option<String> {
-    let store = match RowStore::open(dir, StoreOptions::default()) {
-        Ok(store) => store,
-        Err(e) => return Some(e.to_string()),
+/// Why the demo's table in `dir` is not the one `spec` describes (`None`: it is).
+fn table_mismatch(dir: &Path, recorded: Option<&TableSpec>, spec: &TableSpec) -> Option<String> {
+    let Some(have) = recorded else {
+        return Some("an older demo's table, without a manifest".into());
     };
-    let seed = std::fs::read_to_string(dir.join(SEED_FILE)).ok();
-    let have = (
-        store.layers().to_vec(),
-        store.row_range().end,
-        store.dim(),
-        seed.as_deref().map(str::trim),
-    );
-    let want = (
-        spec.layers.clone(),
-        spec.rows,
-        spec.dim,
-        Some(spec.seed.to_string()),
-    );
-    (have.0 != want.0 || have.1 != want.1 || have.2 != want.2 || have.3 != want.3.as_deref()).then(
-        || {
-            format!(
-                "it has layers {:?}, {} rows of dim {}, seed {}; want layers {:?}, {} rows of dim \
-                 {}, seed {}",
-                have.0,
-                have.1,
-                have.2,
-                have.3.unwrap_or("unknown"),
-                want.0,
-                want.1,
-                want.2,
-                spec.seed
-            )
-        },
-    )
-}
-
-fn io_error(file: &Path, op: &'static str, source: std::io::Error) -> Error {
-    Error::Io {
-        file: file.to_path_buf(),
-        op,
-        source,
+    if have != spec {
+        return Some(format!(
+            "it has layers {:?}, {} rows of dim {}, seed {}; want layers {:?}, {} rows of dim {}, \
+             seed {}",
+            have.layers,
+            have.rows,
+            have.dim,
+            have.seed,
+            spec.layers,
+            spec.rows,
+            spec.dim,
+            spec.seed
+        ));
+    }
+    match RowStore::open(dir, StoreOptions::default()) {
+        Ok(store) if store.layers() == spec.layers && store.row_range().end == spec.rows => None,
+        Ok(_) => Some("its files do not match its manifest".into()),
+        Err(e) => Some(e.to_string()),
     }
 }
 
 /// Writes the demo's table into `args.data_dir` with a progress bar unless a matching one is
-/// there; true when it was reused.
+/// there; true when it was reused. Only the demo's own table is rewritten: anything else in the
+/// directory is refused, naming what is there, unless `--force`.
 fn prepare_table(args: &DemoArgs) -> Result<bool> {
     let dir = &args.data_dir;
     let spec = args.spec();
     let shown = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
-    if dir.exists() {
-        match table_mismatch(dir, &spec) {
-            None => {
-                println!("table: reusing {}", shown.display());
-                return Ok(true);
+    let state = dir_state(dir)?;
+    match &state {
+        DirState::Absent | DirState::Empty => println!("table: writing {}", shown.display()),
+        DirState::Ours(m) if m.writer == WRITER => {
+            let recorded = if m.complete { m.spec.as_ref() } else { None };
+            match table_mismatch(dir, recorded, &spec) {
+                None => {
+                    println!("table: reusing {}", shown.display());
+                    return Ok(true);
+                }
+                Some(why) => println!("table: rewriting {} ({why})", shown.display()),
             }
-            Some(why) => println!("table: rewriting {} ({why})", shown.display()),
         }
-    } else {
-        println!("table: writing {}", shown.display());
-    }
-    let seed_file = dir.join(SEED_FILE);
-    // A table left half-written is never taken for the seed's table.
-    match std::fs::remove_file(&seed_file) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(io_error(&seed_file, "remove", e));
+        _ if args.force => println!(
+            "table: --force: replacing the table files in {} (it held {})",
+            shown.display(),
+            state.describe()
+        ),
+        _ => {
+            return Err(Error::WouldOverwrite {
+                path: shown,
+                why: format!(
+                    "it holds {}, not the demo's own table; the demo writes only its own table: \
+                     pass --force to replace it, or give --data-dir another directory",
+                    state.describe()
+                ),
+            });
         }
-        _ => {}
     }
     let bar = ProgressBar::new(spec.data_bytes());
     bar.set_style(
@@ -232,10 +272,12 @@ fn prepare_table(args: &DemoArgs) -> Result<bool> {
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let t = Instant::now();
-    write_table(dir, &spec, |done| bar.set_position(done))?;
+    let options = WriteOptions {
+        writer: WRITER.into(),
+        force: args.force,
+    };
+    write_table_with(dir, &spec, &options, |done| bar.set_position(done))?;
     bar.finish_and_clear();
-    std::fs::write(&seed_file, spec.seed.to_string())
-        .map_err(|e| io_error(&seed_file, "write", e))?;
     println!(
         "  wrote {:.0} MiB in {:.1} s",
         spec.data_bytes() as f64 / (1u64 << 20) as f64,
@@ -264,9 +306,15 @@ fn open_tables(args: &DemoArgs) -> Result<Tables> {
         });
     }
     prepare_table(args)?;
+    if args.read_path == ReadPath::Mmap {
+        eprintln!(
+            "WARNING: --read-path mmap: a shard truncated while the demo runs raises SIGBUS and \
+             kills it (auto never picks mmap)"
+        );
+    }
     let options = StoreOptions {
         read_path: args.read_path,
-        cache_bytes: args.cache_mib << 20,
+        cache_bytes: args.cache_mib.saturating_mul(1 << 20),
         ..Default::default()
     };
     let store = Arc::new(RowStore::open(&args.data_dir, options)?);
@@ -300,17 +348,27 @@ fn describe(args: &DemoArgs, tables: &Tables) {
             };
             println!(
                 "row store: layers {:?} of {} rows x {} FP8 (+ E8M0 scales), {:.0} MiB each; \
-                 read path {} (batch of {} rows: {}), {direct}; DRAM row cache {} MiB",
+                 read path {}, {direct}; DRAM row cache {} MiB",
                 store.layers(),
                 store.row_range().end,
                 store.dim(),
                 per_layer_mib,
-                store.read_path(),
-                args.decode_tokens * args.heads as usize,
-                store.auto_path(args.decode_tokens * args.heads as usize),
+                read_path_line(store, args.decode_tokens * args.heads as usize),
                 args.cache_mib
             );
         }
+    }
+}
+
+/// The read path as the store takes it: `auto` says what it picks for a decode batch; a path
+/// asked for by name is that path.
+fn read_path_line(store: &RowStore, batch: usize) -> String {
+    match store.read_path() {
+        ReadPath::Auto => format!("auto (batch of {batch} rows: {})", store.auto_path(batch)),
+        ReadPath::Mmap => "mmap (asked for: a shard truncated while the demo runs would raise \
+                           SIGBUS)"
+            .to_string(),
+        p => p.to_string(),
     }
 }
 
@@ -329,6 +387,7 @@ fn phases(args: &DemoArgs) -> [Phase; 2] {
 }
 
 pub fn run(args: &DemoArgs) -> Result<ExitCode> {
+    args.validate()?;
     let shape = args.shape();
     shape.check(args.rows)?;
     let tables = open_tables(args)?;
@@ -341,6 +400,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
             println!("\nno GPU here ({why}); running the host half only");
             let results = host_half(args, &shape, &tables, &phases, &mut rng)?;
             print_host_half(&phases, &results);
+            decode::skipped(args);
             let wrong: usize = results.iter().map(|r| r.wrong_rows).sum();
             println!(
                 "\nlookups equal the table's own bytes{}: {}\n\
@@ -393,7 +453,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         ..Default::default()
     };
     let mut forward = SimulatedForward::new(
-        kernels,
+        kernels.clone(),
         main,
         &tables.layers,
         shape,
@@ -468,7 +528,9 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
          lookup errors: {errors}",
         if all_match { "yes" } else { "NO" }
     );
-    Ok(if all_match && errors == 0 {
+    drop(forward);
+    let decode_ok = decode::run(args, &gpu, &kernels, &tables.layers, &mut rng)?;
+    Ok(if all_match && errors == 0 && decode_ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -757,5 +819,140 @@ mod tests {
                 .iter()
                 .all(|r| r.wrong_rows == 0 && r.store.is_none())
         );
+    }
+
+    /// Issue 12, case 1: a shard that links to a user's file, a user's other files and a
+    /// make-table table are refused (naming --force and --data-dir) and stay byte for byte;
+    /// --force replaces the link, never what it points at.
+    #[test]
+    fn the_demo_writes_only_its_own_table() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("real.safetensors");
+        let bytes: Vec<u8> = (0..50_000u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&real, &bytes).unwrap();
+        let args = small(tmp.path());
+        std::fs::create_dir(&args.data_dir).unwrap();
+        let link = args.data_dir.join("model.safetensors");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let msg = prepare_table(&args).unwrap_err().to_string();
+        assert!(
+            msg.contains("a symlink to") && msg.contains("--force") && msg.contains("--data-dir"),
+            "{msg}"
+        );
+        assert_eq!(std::fs::read(&real).unwrap(), bytes);
+        assert!(
+            std::fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+
+        // A table from make-table: refused, untouched.
+        let made = tmp.path().join("made");
+        let spec = TableSpec {
+            rows: 1000,
+            ..args.spec()
+        };
+        fetchahead::store::make::write_table(&made, &spec, |_| {}).unwrap();
+        let shard = std::fs::read(made.join("model.safetensors")).unwrap();
+        let theirs = DemoArgs {
+            data_dir: made.clone(),
+            ..small(tmp.path())
+        };
+        let msg = prepare_table(&theirs).unwrap_err().to_string();
+        assert!(msg.contains("fetchahead make-table"), "{msg}");
+        assert_eq!(
+            std::fs::read(made.join("model.safetensors")).unwrap(),
+            shard
+        );
+
+        let forced = DemoArgs {
+            force: true,
+            ..small(tmp.path())
+        };
+        assert!(!prepare_table(&forced).unwrap());
+        assert_eq!(
+            std::fs::read(&real).unwrap(),
+            bytes,
+            "written through the link"
+        );
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_file());
+        // Now the demo's own: reused without --force.
+        assert!(prepare_table(&small(tmp.path())).unwrap());
+    }
+
+    /// A table an older demo wrote (its shard and seed marker, no manifest) is the demo's own.
+    #[test]
+    fn an_older_demos_table_is_rewritten() {
+        let tmp = tempfile::tempdir().unwrap();
+        let args = small(tmp.path());
+        let scratch = tmp.path().join("scratch");
+        fetchahead::store::make::write_table(&scratch, &args.spec(), |_| {}).unwrap();
+        std::fs::create_dir(&args.data_dir).unwrap();
+        std::fs::rename(
+            scratch.join("model.safetensors"),
+            args.data_dir.join("model.safetensors"),
+        )
+        .unwrap();
+        let seed = args
+            .data_dir
+            .join(fetchahead::store::make::LEGACY_DEMO_SEED);
+        std::fs::write(&seed, "1").unwrap();
+        assert!(!prepare_table(&args).unwrap(), "rewritten, with a manifest");
+        assert!(!seed.exists());
+        assert!(prepare_table(&args).unwrap());
+    }
+
+    /// Issue 12, cases 3 and 9: arguments a user gets wrong are errors, never an abort or a
+    /// silent change.
+    #[test]
+    fn demo_arguments_are_checked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let twice = DemoArgs {
+            engram_layers: vec![1, 1],
+            ..small(tmp.path())
+        };
+        let msg = twice.validate().unwrap_err().to_string();
+        assert!(msg.contains("layer 1 twice"), "{msg}");
+        let none = DemoArgs {
+            steps: 0,
+            ..small(tmp.path())
+        };
+        assert!(none.validate().unwrap_err().to_string().contains("--steps"));
+        assert!(small(tmp.path()).validate().is_ok());
+        let huge = DemoArgs {
+            memory: true,
+            rows: 1_000_000_000_000,
+            ..small(tmp.path())
+        };
+        let msg = open_tables(&huge).err().unwrap().to_string();
+        assert!(msg.contains("memory"), "{msg}");
+    }
+
+    /// Issue 12, case 8: `--read-path preadv` says preadv, not Auto's choice.
+    #[test]
+    fn the_read_path_shown_is_the_one_taken() {
+        let tmp = tempfile::tempdir().unwrap();
+        let args = small(tmp.path());
+        prepare_table(&args).unwrap();
+        for (path, want) in [
+            (ReadPath::Preadv, "preadv"),
+            (ReadPath::Buffered, "buffered"),
+            (ReadPath::Mmap, "SIGBUS"),
+        ] {
+            let options = StoreOptions {
+                read_path: path,
+                ..StoreOptions::default()
+            };
+            let store = RowStore::open(&args.data_dir, options).unwrap();
+            let line = read_path_line(&store, 512);
+            assert!(
+                line.starts_with(path.name()) && line.contains(want),
+                "{line}"
+            );
+            assert!(!line.contains("batch of"), "{line}");
+        }
+        let store = RowStore::open(&args.data_dir, StoreOptions::default()).unwrap();
+        assert!(read_path_line(&store, 512).starts_with("auto (batch of 512 rows: "));
     }
 }

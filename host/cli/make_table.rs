@@ -4,12 +4,13 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Args;
-use fetchahead::store::make::{TableSpec, write_table};
+use fetchahead::store::make::{TableSpec, WriteOptions, write_table_with};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Args)]
 pub struct MakeTableArgs {
-    /// Directory to write (created if absent).
+    /// Directory to write (created if absent). It must be empty or hold a table make-table
+    /// wrote, which is replaced whole (index included).
     pub dir: PathBuf,
     /// Rows per layer.
     #[arg(long)]
@@ -25,6 +26,10 @@ pub struct MakeTableArgs {
     pub shards: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Replace the table files in DIR even when make-table did not write them (a symlink is
+    /// replaced, never what it points at; files that are no table's are left alone).
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn run(args: &MakeTableArgs) -> fetchahead::Result<ExitCode> {
@@ -43,7 +48,11 @@ pub fn run(args: &MakeTableArgs) -> fetchahead::Result<ExitCode> {
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let t = Instant::now();
-    let files = write_table(&args.dir, &spec, |done| bar.set_position(done))?;
+    let options = WriteOptions {
+        writer: "make-table".into(),
+        force: args.force,
+    };
+    let files = write_table_with(&args.dir, &spec, &options, |done| bar.set_position(done))?;
     bar.finish_and_clear();
     let secs = t.elapsed().as_secs_f64();
     println!(

@@ -27,11 +27,13 @@ pub enum Command {
     /// hashed ids, side-stream prefetch, compute, gathers; GPU idle before the gathers with and
     /// without the prefetcher, hit rate and IOPS (the default command).
     Demo(demo::DemoArgs),
-    /// Write a generated Engram table (safetensors shards) for the row store.
+    /// Write a generated Engram table (safetensors shards) for the row store: into an empty
+    /// directory or over a table make-table wrote (replaced whole), never elsewhere without --force.
     MakeTable(make_table::MakeTableArgs),
     /// Show a table's tensors, rows, bytes, shards and row alignment to 4 KiB pages.
     Inspect(inspect::InspectArgs),
-    /// Measure the read paths on this disk and write Auto's choice beside the table.
+    /// Measure the read paths on this disk and write Auto's choice beside the table (mmap is
+    /// measured, never chosen: a truncated shard would raise SIGBUS).
     Tune(tune::TuneArgs),
     /// Benchmark every read path cold and warm beside a raw io_uring QD64 baseline.
     BenchIo(bench_io::BenchIoArgs),

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use fetchahead::store::tune::{measure, tune_file};
-use fetchahead::store::{RowStore, StoreOptions};
+use fetchahead::store::{ReadPath, RowStore, StoreOptions};
 
 #[derive(Args)]
 pub struct TuneArgs {
@@ -13,6 +13,10 @@ pub struct TuneArgs {
     pub dir: PathBuf,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Replace the tune file even when it is not one tune wrote (a symlink is replaced, never
+    /// what it points at).
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn run(args: &TuneArgs) -> fetchahead::Result<ExitCode> {
@@ -30,14 +34,19 @@ pub fn run(args: &TuneArgs) -> fetchahead::Result<ExitCode> {
     );
     let tuning = measure(&store, layer, args.seed, |s| {
         println!(
-            "  batch {:>6} {:<9} p50 {:>10.0} us",
+            "  batch {:>6} {:<9} p50 {:>10.0} us{}",
             s.batch,
             s.path.name(),
-            s.p50_us
+            s.p50_us,
+            if s.path == ReadPath::Mmap {
+                "  (never Auto's choice: SIGBUS if a shard is truncated)"
+            } else {
+                ""
+            }
         );
     })?;
     let file = tune_file(&args.dir);
-    tuning.save(&file)?;
+    tuning.save_with(&file, args.force)?;
     println!("Auto's choice, written to {}:", file.display());
     for r in &tuning.ranges {
         let upto = if r.max_batch == u64::MAX {

@@ -1,6 +1,5 @@
 //! One Engram layer of a [`RowStore`] as the prefetcher and the C ABI read rows
 //! ([`RowLookup`]).
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
@@ -50,9 +49,10 @@ impl LayerRows {
         let rows = self.store.row_range().end;
         let [weights, scales] = spans.map(|span| {
             let path = layout.path(span.file);
-            let mut bytes = vec![0u8; (rows * span.row_bytes) as usize];
-            File::open(path)
-                .and_then(|f| f.read_exact_at(&mut bytes, span.row_offset(0)))
+            let len = crate::memory::product(rows, span.row_bytes, &span.name)?;
+            let mut bytes = crate::memory::zeroed(len, &format!("a copy of {}", span.name))?;
+            super::file::open_regular(path, 0)?
+                .read_exact_at(&mut bytes, span.row_offset(0))
                 .map_err(|e| Error::io(path, "read a whole layer", e))?;
             Ok::<_, Error>(bytes)
         });

@@ -1,13 +1,13 @@
 //! Where each Engram layer's rows live: safetensors shards, found through
 //! `model.safetensors.index.json` or a single `.safetensors` file, checked before any row is read.
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use safetensors::Dtype;
-use safetensors::tensor::Metadata;
+use safetensors::tensor::TensorInfo;
 
+use super::file::{open_regular, read_small};
 use crate::{Error, Result};
 
 /// Bytes of one page: the unit of O_DIRECT reads.
@@ -20,6 +20,8 @@ pub const MAX_DIM: usize = 8192;
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 /// safetensors refuses headers over 100 MB; so do we, before allocating.
 const MAX_HEADER: u64 = 100_000_000;
+/// An index file larger than this is not an index.
+const MAX_INDEX: u64 = 100_000_000;
 
 pub fn weight_name(layer: u32) -> String {
     format!("layers.{layer}.engram.embed.weight")
@@ -101,12 +103,13 @@ impl TableLayout {
     /// Opens a model directory (with an index or one `.safetensors` file) or one file.
     pub fn open(path: &Path) -> Result<Self> {
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "stat", e))?;
-        if meta.is_file() {
+        if !meta.is_dir() {
+            // A FIFO or device is refused by the shard's own open.
             return Self::from_files(&[path.to_path_buf()], None);
         }
         let index = path.join(INDEX_FILE);
-        if index.exists() {
-            let bytes = std::fs::read(&index).map_err(|e| Error::io(&index, "read", e))?;
+        if std::fs::symlink_metadata(&index).is_ok() {
+            let bytes = read_small(&index, MAX_INDEX)?;
             let weight_map = parse_index(&bytes).map_err(|why| Error::TableHeader {
                 file: index.clone(),
                 why,
@@ -133,7 +136,12 @@ impl TableLayout {
         for entry in std::fs::read_dir(path).map_err(|e| Error::io(path, "read_dir", e))? {
             let entry = entry.map_err(|e| Error::io(path, "read_dir", e))?;
             let p = entry.path();
-            if p.extension().is_some_and(|x| x == "safetensors") {
+            // A writer's temporary files (a rewrite in progress, or a killed one's) are not shards.
+            let temp = entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(super::file::TEMP_PREFIX);
+            if !temp && p.extension().is_some_and(|x| x == "safetensors") {
                 shards.push(p);
             }
         }
@@ -149,6 +157,24 @@ impl TableLayout {
     /// `owner`: tensor name → file index, from an index file; without it every tensor of every
     /// file counts.
     fn from_files(paths: &[PathBuf], owner: Option<&BTreeMap<String, usize>>) -> Result<Self> {
+        let layout = Self::from_files_unchecked(paths, owner)?;
+        // Serving only the rows every layer has would leave the longer layers' last rows
+        // unreachable without a word: refuse, naming each layer's rows.
+        let rows: Vec<(u32, u64)> = layout
+            .layers
+            .iter()
+            .map(|l| (l.layer, l.weight.rows))
+            .collect();
+        if rows.windows(2).any(|w| w[0].1 != w[1].1) {
+            return Err(Error::LayerRowsDiffer { rows });
+        }
+        Ok(layout)
+    }
+
+    fn from_files_unchecked(
+        paths: &[PathBuf],
+        owner: Option<&BTreeMap<String, usize>>,
+    ) -> Result<Self> {
         let mut files = Vec::with_capacity(paths.len());
         let mut headers = Vec::with_capacity(paths.len());
         for path in paths {
@@ -162,7 +188,7 @@ impl TableLayout {
             Some(owner) => location.extend(owner.iter().map(|(t, &f)| (t.clone(), f))),
             None => {
                 for (i, metadata) in headers.iter().enumerate() {
-                    for name in metadata.tensors().keys() {
+                    for name in metadata.names() {
                         if is_engram_tensor(name) {
                             location.insert(name.clone(), i);
                         }
@@ -253,7 +279,8 @@ impl TableLayout {
             .map_or(Path::new(""), |f| f.path.as_path())
     }
 
-    /// Rows every layer has (the table's row count when layers agree).
+    /// The table's rows (every layer has them: [`open`](Self::open) refuses layers that
+    /// disagree).
     pub fn rows(&self) -> u64 {
         self.layers.iter().map(|l| l.weight.rows).min().unwrap_or(0)
     }
@@ -270,7 +297,7 @@ fn bad(file: &Path, tensor: &str, why: String) -> Error {
 /// A tensor's span, checked to be two-dimensional and inside its file.
 fn span(
     files: &[ShardFile],
-    headers: &[Metadata],
+    headers: &[Header],
     location: &BTreeMap<String, usize>,
     name: &str,
     paths: &[PathBuf],
@@ -324,10 +351,10 @@ fn span(
     })
 }
 
-/// Reads and checks one shard's header: length prefix, JSON, contiguous offsets that match each
-/// tensor's dtype and shape (the `safetensors` crate's own validation).
-pub fn read_header(path: &Path) -> Result<(ShardFile, Metadata)> {
-    let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+/// Reads and checks one shard's header: length prefix, JSON, and each tensor's offsets against
+/// its dtype and shape and the other tensors' (see [`parse_header`]).
+pub fn read_header(path: &Path) -> Result<(ShardFile, Header)> {
+    let file = open_regular(path, 0)?;
     let len = file
         .metadata()
         .map_err(|e| Error::io(path, "stat", e))?
@@ -350,7 +377,7 @@ pub fn read_header(path: &Path) -> Result<(ShardFile, Metadata)> {
             "header length {n} does not fit the {len}-byte file"
         )));
     }
-    let mut header = vec![0u8; n as usize];
+    let mut header = crate::memory::zeroed(n, "a safetensors header")?;
     file.read_exact_at(&mut header, 8)
         .map_err(|e| Error::io(path, "read", e))?;
     let metadata = parse_header(&header).map_err(header_err)?;
@@ -364,9 +391,88 @@ pub fn read_header(path: &Path) -> Result<(ShardFile, Metadata)> {
     ))
 }
 
-/// Parses a safetensors JSON header (without its length prefix).
-pub fn parse_header(header: &[u8]) -> std::result::Result<Metadata, String> {
-    serde_json::from_slice::<Metadata>(header).map_err(|e| e.to_string())
+/// A shard's tensors as its header lists them.
+#[derive(Clone, Debug, Default)]
+pub struct Header {
+    tensors: BTreeMap<String, TensorInfo>,
+}
+
+impl Header {
+    pub fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.tensors.keys()
+    }
+}
+
+/// Parses a safetensors JSON header (without its length prefix). Each tensor is checked on its
+/// own, so that an error names the tensor at fault: its dtype and shape must give exactly the
+/// bytes of its `data_offsets`, and no two tensors may share bytes. Gaps between tensors are
+/// allowed (the store reads only the Engram tensors; a tensor missing from the header is then
+/// reported by name where it is looked for, not as its neighbour's bad offset).
+pub fn parse_header(header: &[u8]) -> std::result::Result<Header, String> {
+    let map: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(header).map_err(|e| format!("not a JSON object of tensors: {e}"))?;
+    let mut tensors = BTreeMap::new();
+    for (name, value) in map {
+        if name == "__metadata__" {
+            continue;
+        }
+        let info: TensorInfo =
+            serde_json::from_value(value).map_err(|e| format!("tensor {name}: {e}"))?;
+        let (start, end) = info.data_offsets;
+        if end < start {
+            return Err(format!(
+                "tensor {name}: data_offsets [{start}, {end}] end before they start"
+            ));
+        }
+        let bits = info
+            .shape
+            .iter()
+            .try_fold(info.dtype.bitsize(), |acc, &d| acc.checked_mul(d));
+        let want = match bits {
+            Some(b) if b % 8 == 0 => b / 8,
+            Some(_) => {
+                return Err(format!(
+                    "tensor {name}: shape {:?} of {:?} is not a whole number of bytes",
+                    info.shape, info.dtype
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "tensor {name}: shape {:?} of {:?} overflows a size",
+                    info.shape, info.dtype
+                ));
+            }
+        };
+        if end - start != want {
+            return Err(format!(
+                "tensor {name}: shape {:?} of {:?} is {want} bytes, but its data_offsets \
+                 [{start}, {end}] span {}",
+                info.shape,
+                info.dtype,
+                end - start
+            ));
+        }
+        tensors.insert(name, info);
+    }
+    let mut spans: Vec<(&String, (usize, usize))> = tensors
+        .iter()
+        .filter(|(_, i)| i.data_offsets.1 > i.data_offsets.0)
+        .map(|(n, i)| (n, i.data_offsets))
+        .collect();
+    spans.sort_by_key(|&(_, o)| o);
+    for w in spans.windows(2) {
+        let ((a, (a0, a1)), (b, (b0, b1))) = (w[0], w[1]);
+        if a1 > b0 {
+            return Err(format!(
+                "tensor {b}: data_offsets [{b0}, {b1}] overlap tensor {a}'s [{a0}, {a1}]"
+            ));
+        }
+    }
+    Ok(Header { tensors })
 }
 
 /// Parses `model.safetensors.index.json` into tensor name → file name.

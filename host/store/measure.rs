@@ -1,8 +1,6 @@
 //! Timing lookups and raw reads, for `bench-io`, `tune` and the criterion bench.
 use std::collections::HashSet;
-use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -61,9 +59,13 @@ pub fn time_lookups(
     cold: bool,
 ) -> Result<Vec<Duration>> {
     let dim = store.dim();
-    let longest = batches.iter().map(Vec::len).max().unwrap_or(0);
-    let mut weights = vec![0u8; longest * dim];
-    let mut scales = vec![0u8; longest * dim / super::layout::MX_BLOCK];
+    let longest = batches.iter().map(Vec::len).max().unwrap_or(0) as u64;
+    let bytes = crate::memory::product(longest, dim as u64, "lookup outputs")?;
+    let mut weights = crate::memory::zeroed(bytes, "lookup outputs")?;
+    let mut scales = crate::memory::zeroed(
+        bytes / super::layout::MX_BLOCK as u64,
+        "lookup outputs (scales)",
+    )?;
     let mut times = Vec::with_capacity(batches.len());
     for ids in batches {
         if cold {
@@ -98,11 +100,13 @@ pub fn raw_random_reads(
     reads: u64,
     seed: u64,
 ) -> Result<RawReads> {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(file)
-        .map_err(|e| Error::io(file, "open O_DIRECT", e))?;
+    if reads == 0 || depth == 0 {
+        return Err(Error::invalid(
+            "raw reads",
+            format!("{reads} reads at depth {depth}; want at least one of each"),
+        ));
+    }
+    let f = super::file::open_regular(file, libc::O_DIRECT)?;
     let fd = f.as_raw_fd();
     let first_page = bytes.start.div_ceil(PAGE);
     let pages = (bytes.end / PAGE).saturating_sub(first_page).max(1);
@@ -112,7 +116,19 @@ pub fn raw_random_reads(
     let base = buf.as_mut_ptr();
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut started = vec![Instant::now(); depth as usize];
-    let mut latencies = Vec::with_capacity(reads as usize);
+    // Each read's latency is kept for the percentiles: sized by the argument, so checked.
+    crate::memory::check_fits(
+        crate::memory::product(reads, 8, "read latencies")?,
+        "the baseline's read latencies",
+    )?;
+    let mut latencies = Vec::new();
+    latencies
+        .try_reserve_exact(reads as usize)
+        .map_err(|_| Error::OutOfMemory {
+            what: "the baseline's read latencies".into(),
+            bytes: reads.saturating_mul(8),
+            available: None,
+        })?;
     let (mut submitted, mut completed, mut in_flight) = (0u64, 0u64, 0u32);
     let mut free: Vec<u32> = (0..depth).collect();
     let t0 = Instant::now();

@@ -1,6 +1,10 @@
 //! mmap with MADV_RANDOM (set when the store opens): `posix_fadvise(WILLNEED)` for every extent
 //! of the batch first, so that the kernel has all of the batch's reads in flight, then one copy
 //! per row out of the mapping.
+//!
+//! The one read path that can kill its process: a shard truncated between the length check below
+//! and the copy raises SIGBUS. It runs only when a caller names it (`ReadPath::Mmap`, `--read-path
+//! mmap`); `Auto` never takes it, and opening a store with it logs a warning.
 use std::io;
 
 use super::plan::{OutRows, Plan, Step, step};

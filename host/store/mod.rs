@@ -7,11 +7,11 @@
 //! - [`make`]: writing generated tables; [`measure`]: timing lookups and raw reads.
 //! - [`LayerRows`]: one layer of a store as a [`RowLookup`](crate::lookup::RowLookup).
 use std::fmt;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::ops::Range;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +28,7 @@ pub mod belady;
 mod cache;
 mod dio;
 mod fault;
+pub(crate) mod file;
 mod layer_rows;
 pub mod layout;
 pub mod make;
@@ -58,13 +59,16 @@ const MULTI_RING_MIN: usize = 8192;
 /// How a lookup reads the rows that miss the DRAM cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReadPath {
-    /// Chosen by batch size from `fetchahead tune`'s figures (io_uring when never tuned).
+    /// Chosen by batch size from `fetchahead tune`'s figures (io_uring when never tuned); never
+    /// mmap, so that the default cannot raise SIGBUS.
     Auto,
     /// io_uring batches of O_DIRECT reads, up to [`StoreOptions::uring_depth`] in flight.
     Uring,
     /// A pool of threads each issuing blocking `preadv` (O_DIRECT when available).
     Preadv,
-    /// mmap (MADV_RANDOM), `posix_fadvise(WILLNEED)` for the whole batch, then one copy.
+    /// mmap (MADV_RANDOM), `posix_fadvise(WILLNEED)` for the whole batch, then one copy. Only
+    /// when asked for by name (`Auto` never takes it): a shard truncated while a lookup copies
+    /// out of the mapping raises SIGBUS, which kills the process.
     Mmap,
     /// One buffered `pread` after another.
     Buffered,
@@ -293,9 +297,10 @@ impl RowStore {
         let mut direct_off = (!options.direct_io).then(|| "turned off by the caller".to_string());
         for shard in &layout.files {
             let p = &shard.path;
-            let buffered = File::open(p).map_err(|e| Error::io(p, "open", e))?;
-            // SAFETY: the mapping is read-only; a file shrinking under it is guarded by the mmap
-            // path's length check before each batch.
+            let buffered = file::open_regular(p, 0)?;
+            // SAFETY: the mapping is read-only and only the mmap path reads it, which runs only
+            // when asked for by name (never under Auto); its length check before each batch
+            // narrows, but cannot close, the window in which a shrinking file raises SIGBUS.
             let map = unsafe { Mmap::map(&buffered) }.map_err(|e| Error::io(p, "mmap", e))?;
             map.advise(Advice::Random)
                 .map_err(|e| Error::io(p, "madvise(MADV_RANDOM)", e))?;
@@ -330,6 +335,12 @@ impl RowStore {
                 }
             }
         }
+        if options.read_path == ReadPath::Mmap {
+            log::warn!(
+                "fetchahead: the mmap read path was asked for: a shard truncated while lookups \
+                 run can raise SIGBUS and kill this process (Auto never picks mmap)"
+            );
+        }
         let uring_off = io_uring::IoUring::new(4)
             .err()
             .map(|e| format!("io_uring_setup: {e}"));
@@ -340,13 +351,28 @@ impl RowStore {
                 scales.push(None);
                 continue;
             }
-            let mut bytes = vec![0u8; (rows.end - rows.start) as usize * sdim];
+            // The header's row count was checked against the file's length, but a sparse file
+            // can claim any length: check the size against memory before allocating.
+            let want =
+                crate::memory::product(rows.end - rows.start, sdim as u64, "resident scales")?;
+            let mut bytes = crate::memory::zeroed(
+                want,
+                &format!(
+                    "the resident scales of layer {} ({})",
+                    l.layer, l.scale.name
+                ),
+            )?;
             let file = &shards[l.scale.file].buffered;
             file.read_exact_at(&mut bytes, l.scale.row_offset(rows.start))
                 .map_err(|e| Error::io(layout.path(l.scale.file), "read scales", e))?;
             scales.push(Some(bytes));
         }
         let tuning = Tuning::load(&tune::tune_file(path))?.unwrap_or_default();
+        if options.cache_bytes > 0 {
+            // The cache sizes its index from the budget up front: a budget past the memory there
+            // is would fail that allocation (an abort), not just never fill.
+            crate::memory::check_fits(options.cache_bytes, "the DRAM row cache's budget")?;
+        }
         let cache = (options.cache_bytes > 0)
             .then(|| RowCache::new(options.cache_bytes, layout.dim + sdim));
         let inner = Arc::new(Inner {
@@ -565,10 +591,7 @@ pub fn cache_bytes_for(rows: u64, dim: usize) -> u64 {
 
 /// Opens `path` with O_DIRECT and proves it with one aligned read; Err says why not.
 fn open_direct(path: &Path) -> std::result::Result<File, String> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
+    let file = file::open_regular(path, libc::O_DIRECT)
         .map_err(|e| format!("open(O_DIRECT) of {}: {e}", path.display()))?;
     let mut probe = AlignedBuf::new(layout::PAGE as usize);
     file.read_at(probe.as_mut_slice(), 0)
@@ -919,7 +942,17 @@ impl Inner {
             .then(|| plan.rows_of(failures.iter().map(|f| f.extent as usize)));
         if let (Some(first), Some(rows)) = (failures.first_mut(), rows) {
             let ext = plan.extents.get(first.extent as usize).copied();
-            let source = std::mem::replace(&mut first.error, io::Error::other(""));
+            let mut source = std::mem::replace(&mut first.error, io::Error::other(""));
+            if source.kind() == io::ErrorKind::UnexpectedEof
+                && let Some(e) = ext
+            {
+                // Say where the file ends now, not where the read stopped.
+                let now = match self.current_len(e.file as usize) {
+                    Ok(len) => format!("the file is {len} bytes now"),
+                    Err(err) => format!("its length is unknown ({err})"),
+                };
+                source = io::Error::new(io::ErrorKind::UnexpectedEof, format!("{source}; {now}"));
+            }
             return Err(Error::RowRead {
                 layer: layer.layer,
                 rows: RowIds(rows),

@@ -272,9 +272,8 @@ pub(crate) fn step(ext: &Extent, direct: bool, done: u32, res: i64, attempts: &m
         return Step::Failed(io::Error::new(
             io::ErrorKind::UnexpectedEof,
             format!(
-                "short read: the file ended at byte {} before byte {} that the rows need",
-                ext.offset + total,
-                ext.offset + u64::from(ext.need)
+                "short read: {total} of the {} bytes from byte {} that the rows need",
+                ext.need, ext.offset
             ),
         ));
     }

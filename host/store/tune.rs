@@ -1,10 +1,16 @@
 //! `Auto`'s choice of read path by batch size, measured on this disk by `fetchahead tune` and
-//! kept beside the table.
+//! kept beside the table. `Auto` never takes the mmap path: a shard truncated under a mapping
+//! raises SIGBUS, which would kill the engine; mmap is measured for the record only and is there
+//! for callers who ask for it by name.
 use std::path::{Path, PathBuf};
 
+use super::file::{read_small_optional, write_replacing};
 use super::measure::{percentiles_us, time_lookups, unique_rows};
 use super::{ReadPath, RowStore};
 use crate::{Error, Result};
+
+/// A tune file larger than this is not one.
+const MAX_TUNE_FILE: u64 = 1 << 20;
 
 /// The file `tune` writes: `DIR/fetchahead-tune.json`, or `FILE.tune.json` beside one file.
 pub fn tune_file(table: &Path) -> PathBuf {
@@ -33,8 +39,9 @@ pub struct Tuning {
 }
 
 impl Tuning {
-    /// The measured choice for a batch of `n` rows; unmeasured, io_uring when the kernel has it
-    /// (every read in flight), else the preadv pool.
+    /// The measured choice for a batch of `n` rows; unmeasured (or measured as mmap, which
+    /// `Auto` never takes), io_uring when the kernel has it (every read in flight), else the
+    /// preadv pool.
     pub fn choose(&self, n: usize, uring: bool) -> ReadPath {
         let tuned = self
             .ranges
@@ -42,7 +49,7 @@ impl Tuning {
             .find(|r| n as u64 <= r.max_batch)
             .or(self.ranges.last())
             .map(|r| r.path)
-            .filter(|&p| uring || p != ReadPath::Uring);
+            .filter(|&p| (uring || p != ReadPath::Uring) && p != ReadPath::Mmap);
         tuned.unwrap_or(if uring {
             ReadPath::Uring
         } else {
@@ -50,15 +57,18 @@ impl Tuning {
         })
     }
 
+    /// Reads a tune file (`None` when there is none); a FIFO or device there is refused.
     pub fn load(file: &Path) -> Result<Option<Self>> {
-        let bytes = match std::fs::read(file) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(Error::io(file, "read", e)),
+        let Some(bytes) = read_small_optional(file, MAX_TUNE_FILE)? else {
+            return Ok(None);
         };
+        Self::parse(file, &bytes).map(Some)
+    }
+
+    fn parse(file: &Path, bytes: &[u8]) -> Result<Self> {
         let bad = |why: &str| Error::invalid("tune file", format!("{}: {why}", file.display()));
         let value: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|e| bad(&e.to_string()))?;
+            serde_json::from_slice(bytes).map_err(|e| bad(&e.to_string()))?;
         let list = value
             .get("ranges")
             .and_then(|r| r.as_array())
@@ -82,10 +92,39 @@ impl Tuning {
             });
         }
         ranges.sort_by_key(|r| r.max_batch);
-        Ok(Some(Tuning { ranges }))
+        Ok(Tuning { ranges })
     }
 
+    /// Writes the tune file through a temporary file renamed into place. Refuses to replace
+    /// what is not a tune file (a symlink, another file, a FIFO) unless `force`.
     pub fn save(&self, file: &Path) -> Result<()> {
+        self.save_with(file, false)
+    }
+
+    /// [`save`](Self::save); `force` replaces whatever is at `file` (a symlink itself, never
+    /// what it points at).
+    pub fn save_with(&self, file: &Path, force: bool) -> Result<()> {
+        if !force && let Ok(meta) = std::fs::symlink_metadata(file) {
+            let ours = meta.file_type().is_file()
+                && read_small_optional(file, MAX_TUNE_FILE)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|b| Self::parse(file, &b).is_ok());
+            if !ours {
+                let what = if meta.file_type().is_file() {
+                    "a file that is not a tune file"
+                } else {
+                    super::file::kind_of(meta.file_type())
+                };
+                return Err(Error::WouldOverwrite {
+                    path: file.to_path_buf(),
+                    why: format!(
+                        "it is {what}, which fetchahead tune did not write (pass --force to \
+                         replace it)"
+                    ),
+                });
+            }
+        }
         let ranges: Vec<serde_json::Value> = self
             .ranges
             .iter()
@@ -93,7 +132,7 @@ impl Tuning {
             .collect();
         let text = serde_json::to_string_pretty(&serde_json::json!({ "ranges": ranges }))
             .map_err(|e| Error::invalid("tune file", e.to_string()))?;
-        std::fs::write(file, text).map_err(|e| Error::io(file, "write", e))
+        write_replacing(file, text.as_bytes())
     }
 }
 
@@ -106,7 +145,7 @@ pub struct TuneSample {
 }
 
 /// Times every available path on cold batches of growing size and keeps the fastest for each (a
-/// later path must beat an earlier one by 5%);
+/// later path must beat an earlier one by 5%; mmap is timed and reported but never kept);
 /// each size's choice holds up to the geometric middle between it and the next size.
 pub fn measure(
     store: &RowStore,
@@ -136,8 +175,9 @@ pub fn measure(
                 p50_us: percentiles_us(&times).0,
             };
             report(&sample);
-            // Ties within noise go to the path measured first (ReadPath::ALL's order).
-            if winner.is_none_or(|w| sample.p50_us < w.p50_us * 0.95) {
+            // Ties within noise go to the path measured first (ReadPath::ALL's order); mmap is
+            // measured for the record, never chosen (SIGBUS on a truncated shard).
+            if path != ReadPath::Mmap && winner.is_none_or(|w| sample.p50_us < w.p50_us * 0.95) {
                 winner = Some(sample);
             }
         }

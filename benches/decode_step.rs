@@ -1,0 +1,439 @@
+//! What fetchahead buys per decode step: the simulated DeepSeek-scale step of
+//! `fetchahead::decode_step` (a hasher; 61 layers with 89 all-reduce and 49 all-gather windows,
+//! 3.6 ms in all, each followed by bf16 GEMV readers of the next weights; spin compute between;
+//! Engram layers 2 and 15 gathering rows looked up in a row store on disk), timed with CUDA
+//! events, eager and replayed from a CUDA graph, in six configurations: neither feature, the
+//! Engram prefetcher only, the L2 plan only, both, and the two floors (rows resident, plan off and
+//! on) the Engram stall is measured from. Lookups two ways, each with its own store:
+//!
+//! - cold: the DRAM row cache off, io_uring O_DIRECT reads (preadv where io_uring is missing),
+//!   the table's pages evicted before each step, so every row comes from the disk;
+//! - warm: the DRAM row cache on, sized for the whole table and filled first.
+//!
+//! Printed at the end: the step table per lookup setting and execution mode (mean step, p10-p90,
+//! the share each configuration saves against neither, the Engram stall against its floor as a
+//! share of the step's lookup time), whether the outputs were bit-identical across every
+//! configuration, the readers' cold and warm times, and the DGX Spark projection with its model
+//! and assumptions.
+//!
+//! Knobs: FETCHAHEAD_BENCH_DIR (where the table is written; point it at the NVMe),
+//! FETCHAHEAD_BENCH_ROWS (rows per Engram layer, default 2^19), FETCHAHEAD_BENCH_SAMPLES (timed
+//! steps per configuration, default 20).
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
+use fetchahead::decode_step::{
+    DECODE_LEAD_IN_US, DecodeShape, DecodeStep, DecodeWeights, GB10, Run, Runs, SparkModel,
+    StepConfig, StepOutputs, model_windows, reader_times, report, spark_lines,
+};
+use fetchahead::forward::LayerTable;
+use fetchahead::gpu::Gpu;
+use fetchahead::kernels::Kernels;
+use fetchahead::store::make::{TableSpec, write_table};
+use fetchahead::store::{LayerRows, ReadPath, RowStore, StoreOptions};
+use rand::{RngExt, SeedableRng, rngs::SmallRng};
+
+const DIM: usize = 256;
+const VOCAB: u32 = 128 * 1024;
+/// Cold and warm runs of each reader matrix for the projection.
+const READER_REPS: usize = 15;
+
+fn knob(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One way of reading the table.
+struct Lookups {
+    label: &'static str,
+    what: String,
+    store: Arc<RowStore>,
+    tables: Vec<Arc<dyn LayerTable>>,
+    evict: bool,
+}
+
+impl Lookups {
+    fn open(label: &'static str, dir: &Path, layers: &[u32], cache_bytes: u64) -> Lookups {
+        let open = |read_path| {
+            let options = StoreOptions {
+                read_path,
+                cache_bytes,
+                ..Default::default()
+            };
+            Arc::new(RowStore::open(dir, options).expect("open the bench table"))
+        };
+        let mut store = open(ReadPath::Uring);
+        if let Err(why) = store.uring() {
+            println!("WARNING: no io_uring ({why}): {label} lookups read through preadv");
+            store = open(ReadPath::Preadv);
+        }
+        let direct = match store.direct_io() {
+            Ok(()) => "O_DIRECT".to_string(),
+            Err(why) => {
+                println!("WARNING: no O_DIRECT ({why}): misses read through the page cache");
+                "buffered".to_string()
+            }
+        };
+        let evict = cache_bytes == 0;
+        let what = if evict {
+            format!(
+                "{} {direct}, no row cache, page cache evicted before each step",
+                store.read_path()
+            )
+        } else {
+            format!("{} MiB DRAM row cache filled first", cache_bytes >> 20)
+        };
+        let tables = layers
+            .iter()
+            .map(|&l| {
+                Arc::new(LayerRows::new(store.clone(), l).expect("a layer of the table"))
+                    as Arc<dyn LayerTable>
+            })
+            .collect();
+        Lookups {
+            label,
+            what,
+            store,
+            tables,
+            evict,
+        }
+    }
+
+    fn before_step(&self) {
+        if self.evict {
+            self.store.evict_page_cache().expect("evict the page cache");
+        }
+    }
+
+    /// Looks every row of every layer up once, so that the row cache holds the table.
+    fn fill(&self, rows: u64) {
+        let batch = 4096;
+        let mut w = vec![0u8; batch * DIM];
+        let mut s = vec![0u8; batch * DIM / 32];
+        for t in &self.tables {
+            for first in (0..rows).step_by(batch) {
+                let ids: Vec<i64> = (first..(first + batch as u64).min(rows))
+                    .map(|i| i as i64)
+                    .collect();
+                let n = ids.len();
+                t.lookup(&ids, &mut w[..n * DIM], &mut s[..n * DIM / 32])
+                    .expect("fill the row cache");
+            }
+        }
+    }
+}
+
+/// One timed step on fresh tokens, prepared as `lookups` says, recorded into `run`.
+fn step(
+    s: &mut DecodeStep,
+    lookups: &Lookups,
+    config: StepConfig,
+    graph: Option<&cudarc::driver::CudaGraph>,
+    rng: &mut SmallRng,
+    run: &mut Run,
+) -> fetchahead::Result<f64> {
+    let tokens: Vec<u32> = (0..s.shape().tokens)
+        .map(|_| rng.random_range(0..VOCAB))
+        .collect();
+    s.set_tokens(&tokens)?;
+    lookups.before_step();
+    let (all, first) = (s.engram_stats(), s.first_layer_stats());
+    let warmed = s.plan().counters().bytes_prefetched;
+    let t = match graph {
+        Some(g) => s.time_replay(g),
+        None => s.time(config),
+    }?;
+    let ms = |after: u64, before: u64| (after - before) as f64 / 1e6;
+    run.record(
+        t,
+        ms(s.engram_stats().lookup_ns, all.lookup_ns),
+        ms(s.first_layer_stats().lookup_ns, first.lookup_ns),
+        s.before_first_gather_ms(),
+    );
+    run.warmed_bytes += s.plan().counters().bytes_prefetched - warmed;
+    Ok(t.gpu_ms)
+}
+
+/// One step of `tokens` with every output poisoned first: its outputs.
+fn checked_step(
+    s: &mut DecodeStep,
+    config: StepConfig,
+    graph: Option<&cudarc::driver::CudaGraph>,
+    tokens: &[u32],
+) -> fetchahead::Result<StepOutputs> {
+    s.set_tokens(tokens)?;
+    s.poison()?;
+    match graph {
+        Some(g) => s.time_replay(g),
+        None => s.time(config),
+    }?;
+    s.outputs(config)
+}
+
+fn decode_step(c: &mut Criterion) {
+    let shape = DecodeShape::deepseek();
+    let windows = shape.schedule().expect("the DeepSeek shape's schedule");
+    for line in shape.describe(&windows) {
+        println!("{line}");
+    }
+    let Some(gpu) = Gpu::for_test("the decode_step bench").expect("open the GPU") else {
+        println!(
+            "skipped (no GPU): the step's timings, the output comparison, the readers' times and \
+             the {} projection, which is made from them. Its model:",
+            GB10.name
+        );
+        for line in SparkModel::assumptions(&GB10) {
+            println!("  {line}");
+        }
+        return;
+    };
+    let kernels = Arc::new(Kernels::load(&gpu).expect("load the kernels"));
+    // SAFETY: from here on every launch passes raw addresses taken at creation, and no slice is
+    // shared between streams without the crate's own fork and join events.
+    unsafe { gpu.ctx.disable_event_tracking() };
+    let samples = knob("FETCHAHEAD_BENCH_SAMPLES", 20).max(10) as usize;
+    let rows = knob("FETCHAHEAD_BENCH_ROWS", 1 << 19);
+    println!(
+        "{} ({} SMs, L2 {} MiB), PTX {}; each step behind a {} ms lead-in",
+        gpu.name,
+        gpu.multiprocessors,
+        gpu.l2_bytes >> 20,
+        kernels.arch(),
+        DECODE_LEAD_IN_US / 1000
+    );
+
+    let tmp = match std::env::var_os("FETCHAHEAD_BENCH_DIR") {
+        Some(dir) => tempfile::tempdir_in(dir),
+        None => tempfile::tempdir(),
+    }
+    .expect("temp dir for the bench table");
+    let spec = TableSpec {
+        rows,
+        layers: shape.engram_layers.clone(),
+        dim: DIM,
+        shards: 1,
+        seed: 1,
+    };
+    let t = Instant::now();
+    write_table(tmp.path(), &spec, |_| {}).expect("write the bench table");
+    println!(
+        "table: {} ({:.0} MiB, written in {:.1} s)",
+        tmp.path().display(),
+        spec.data_bytes() as f64 / (1u64 << 20) as f64,
+        t.elapsed().as_secs_f64()
+    );
+    let cold = Lookups::open("cold", tmp.path(), &spec.layers, 0);
+    let warm = Lookups::open(
+        "warm",
+        tmp.path(),
+        &spec.layers,
+        2 * spec.data_bytes() + (64 << 20),
+    );
+    warm.fill(rows);
+
+    let setup = gpu.ctx.new_stream().expect("a stream");
+    let t = Instant::now();
+    let weights =
+        Arc::new(DecodeWeights::new(&kernels, &setup, &shape).expect("the step's weights"));
+    println!(
+        "weights: {:.2} GiB in {} windows, written in {:.1} s",
+        weights.bytes() as f64 / (1u64 << 30) as f64,
+        weights.windows().len(),
+        t.elapsed().as_secs_f64()
+    );
+    let times = reader_times(&kernels, &setup, &weights, READER_REPS).expect("reader times");
+
+    let mut rng = SmallRng::seed_from_u64(7);
+    let check_tokens: Vec<u32> = (0..shape.tokens)
+        .map(|_| rng.random_range(0..VOCAB))
+        .collect();
+    let mut reference: Option<StepOutputs> = None;
+    let mut differences = Vec::new();
+    let mut failures: Vec<String> = Vec::new();
+    /// Per lookup setting: its runs, the model's windows, the work before the first gather.
+    type Measured<'a> = (
+        &'a Lookups,
+        Runs,
+        Vec<fetchahead::decode_step::ModelWindow>,
+        f64,
+    );
+    let mut all_runs: Vec<Measured> = Vec::new();
+    let mut group = c.benchmark_group("decode_step");
+    group
+        .sample_size(samples)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_millis(100))
+        .measurement_time(Duration::from_millis(500))
+        .nresamples(1000);
+    for lookups in [&cold, &warm] {
+        let stream = gpu.ctx.new_stream().expect("a stream");
+        let mut s = DecodeStep::new(
+            kernels.clone(),
+            stream,
+            &lookups.tables,
+            shape.clone(),
+            weights.clone(),
+        )
+        .expect("the decode step");
+        s.warm_plan().expect("warm the plan");
+        let mut runs: Runs = BTreeMap::new();
+        let mut graphs_work = true;
+        for config in StepConfig::ALL {
+            for graph in [false, true] {
+                let exec = if graph { "graph" } else { "eager" };
+                let name = format!("{} {exec} {}", lookups.label, config.name());
+                if graph && !graphs_work {
+                    continue;
+                }
+                let captured = match graph.then(|| s.capture(config)).transpose() {
+                    Ok(captured) => captured,
+                    Err(e) => {
+                        failures.push(format!("{name}: capture failed, graphs skipped: {e}"));
+                        graphs_work = false;
+                        continue;
+                    }
+                };
+                // One untimed step first (a graph's first launch, the lane's first lookup).
+                let warm_up = step(
+                    &mut s,
+                    lookups,
+                    config,
+                    captured.as_ref(),
+                    &mut rng,
+                    &mut Run::default(),
+                );
+                let mut run = Run::default();
+                let mut failure = warm_up.err();
+                if failure.is_none() {
+                    let id = format!("{}/{exec}/{}", lookups.label, config.id());
+                    group.bench_function(id, |b| {
+                        b.iter_custom(|iters| {
+                            let mut total = 0.0;
+                            for _ in 0..iters {
+                                match step(
+                                    &mut s,
+                                    lookups,
+                                    config,
+                                    captured.as_ref(),
+                                    &mut rng,
+                                    &mut run,
+                                ) {
+                                    Ok(ms) => total += ms,
+                                    Err(e) => {
+                                        failure.get_or_insert(e);
+                                    }
+                                }
+                            }
+                            Duration::from_secs_f64(total / 1e3)
+                        })
+                    });
+                }
+                if let Some(e) = failure {
+                    failures.push(format!("{name}: a step failed: {e}"));
+                    continue;
+                }
+                runs.insert((graph, config), run);
+                // The same tokens for every configuration, outputs poisoned first.
+                match checked_step(&mut s, config, captured.as_ref(), &check_tokens) {
+                    Err(e) => failures.push(format!("{name}: the checked step failed: {e}")),
+                    Ok(out) => match &reference {
+                        None => reference = Some(out),
+                        Some(want) => {
+                            if let Some(why) = want.first_difference(&out) {
+                                differences.push(format!("{name}: {why}"));
+                            }
+                        }
+                    },
+                }
+                drop(captured);
+            }
+        }
+        let errors = s.engram_stats().lookup_errors;
+        if errors > 0 {
+            failures.push(format!("{} lookups: {errors} lookup errors", lookups.label));
+        }
+        let windows = model_windows(&s);
+        all_runs.push((lookups, runs, windows, s.before_first_gather_ms()));
+    }
+    group.finish();
+
+    println!("\n== decode step summary");
+    for line in shape.describe(&windows) {
+        println!("{line}");
+    }
+    for f in &failures {
+        println!("FAILED: {f}");
+    }
+    println!(
+        "\nstep = GPU time from a start event behind a {} ms lead-in (the CPU's enqueue, printed \
+         apart in ms, is not in it); saves = neither's mean minus this one's; Engram stall = this \
+         step minus its floor (rows resident, the same plan setting), as a share of the step's \
+         lookup time (both Engram layers, measured inside the lookups in the same steps)",
+        DECODE_LEAD_IN_US / 1000
+    );
+    for (lookups, runs, _, before_ms) in &all_runs {
+        println!(
+            "\n{} lookups: {}; {} ids a step per Engram layer; {before_ms:.3} ms of compute and \
+             collectives before the first Engram gather",
+            lookups.label,
+            lookups.what,
+            shape.tokens * shape.heads
+        );
+        for graph in [false, true] {
+            for line in report(lookups.label, graph, runs) {
+                println!("{line}");
+            }
+        }
+    }
+    println!(
+        "\noutputs (every reader's y and every Engram layer's rows, same tokens, poisoned before) \
+         bit-identical across all {} configurations, eager and graph, cold and warm: {}",
+        StepConfig::ALL.len(),
+        if differences.is_empty() {
+            "yes".to_string()
+        } else {
+            format!("NO: {}", differences.join("; "))
+        }
+    );
+    println!(
+        "\nreaders on this device (median of {READER_REPS}, event-timed behind a 20 us idle \
+         collective): cold after an L2 flush / warm right after the same launch"
+    );
+    for t in &times {
+        println!(
+            "  {:<20} [{} x {}] {:>6.1} MiB: cold {:.2} us, warm {:.2} us ({:.0} GB/s of the \
+             difference)",
+            t.matrix.name,
+            t.matrix.rows,
+            t.matrix.k,
+            t.matrix.bytes() as f64 / (1u64 << 20) as f64,
+            t.cold_us,
+            t.warm_us,
+            t.matrix.bytes() as f64 / ((t.cold_us - t.warm_us).max(1e-3) * 1e3)
+        );
+    }
+    println!();
+    for line in SparkModel::assumptions(&GB10) {
+        println!("{line}");
+    }
+    for (lookups, runs, windows, _) in &all_runs {
+        for graph in [false, true] {
+            match spark_lines(lookups.label, graph, runs, windows, &times) {
+                Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
+                Err(e) => println!("projection failed: {e}"),
+            }
+        }
+    }
+    if !differences.is_empty() || !failures.is_empty() {
+        eprintln!("decode_step bench: outputs differed or configurations failed (above)");
+        std::process::exit(1);
+    }
+}
+
+criterion_group!(benches, decode_step);
+criterion_main!(benches);

@@ -1,0 +1,936 @@
+//! Issue 12, as a careless or hostile user would try it: writers never damage what they did not
+//! write, the C library never aborts its host, no SIGBUS through the defaults, no hang on a FIFO,
+//! no silently wrong table, and every message names what is actually at fault.
+//!
+//! Tests that could kill the process on a regression (an abort, SIGBUS, SIGKILL) run their body
+//! in a child process: this test binary re-executed with `FETCHAHEAD_TEST_CHILD` naming the test.
+mod common;
+
+use std::collections::BTreeSet;
+use std::ffi::{CStr, CString, c_char};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::ptr;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{DIM, make, outputs};
+use fetchahead::Error;
+use fetchahead::ffi::*;
+use fetchahead::store::layout::TableLayout;
+use fetchahead::store::make::{
+    DirState, MANIFEST, TableSpec, WriteOptions, dir_state, write_table, write_table_with,
+};
+use fetchahead::store::tune::{TunedRange, tune_file};
+use fetchahead::store::{ReadPath, RowStore, StoreOptions, Tuning};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, serialize_to_file};
+
+const CHILD_ENV: &str = "FETCHAHEAD_TEST_CHILD";
+
+/// Runs `body` in a child process (this test, re-executed) and fails unless the child exits
+/// normally with success: a signal (abort, SIGBUS) or a failed assertion there fails the test.
+fn in_child(test: &str, body: impl FnOnce()) {
+    if std::env::var(CHILD_ENV).as_deref() == Ok(test) {
+        body();
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = Command::new(exe)
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, test)
+        .output()
+        .expect("run the child");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{test}: the child {} (signal {:?})\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status,
+        out.status.signal()
+    );
+    // The child ran exactly this test (a renamed test would otherwise pass with nothing run).
+    assert!(
+        stdout.contains("1 passed"),
+        "{test}: the child ran nothing:\n{stdout}"
+    );
+}
+
+fn last_error() -> String {
+    let mut buf = [0 as c_char; 1024];
+    // SAFETY: `buf` is writable for its length.
+    unsafe { fetchahead_last_error(buf.as_mut_ptr(), buf.len()) };
+    // SAFETY: fetchahead_last_error NUL-terminates what it writes.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn table_lookup_error(table: *const TableHandle) -> String {
+    let mut buf = [0 as c_char; 1024];
+    // SAFETY: `buf` is writable for its length; `table` is open.
+    unsafe { fetchahead_table_lookup_error(table, buf.as_mut_ptr(), buf.len()) };
+    // SAFETY: NUL-terminated.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn open_store(path: &Path, layer: u32) -> (i32, *mut TableHandle) {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let mut table = ptr::null_mut();
+    // SAFETY: `c` is NUL-terminated and `table` writable.
+    let rc = unsafe { fetchahead_open_store(c.as_ptr(), layer, 0, 0, &mut table) };
+    (rc, table)
+}
+
+fn names(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+fn spec(rows: u64, shards: usize) -> TableSpec {
+    TableSpec {
+        rows,
+        layers: vec![1, 14],
+        dim: DIM,
+        shards,
+        seed: 1,
+    }
+}
+
+/// A user's precious file, and a directory that links to it as its shard.
+fn linked_dir(root: &Path) -> (PathBuf, PathBuf, Vec<u8>) {
+    let precious = root.join("precious");
+    std::fs::create_dir(&precious).unwrap();
+    let real = precious.join("real.safetensors");
+    let bytes: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&real, &bytes).unwrap();
+    let dir = root.join("m");
+    std::fs::create_dir(&dir).unwrap();
+    std::os::unix::fs::symlink(
+        "../precious/real.safetensors",
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
+    (dir, real, bytes)
+}
+
+// ---- case 1: data loss ------------------------------------------------------------------
+
+#[test]
+fn make_table_never_writes_through_a_symlink_or_over_foreign_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, real, bytes) = linked_dir(tmp.path());
+    let err = write_table(&dir, &spec(4096, 1), |_| {}).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, Error::WouldOverwrite { .. })
+            && msg.contains("model.safetensors (a symlink to ../precious/real.safetensors)")
+            && msg.contains("--force"),
+        "{msg}"
+    );
+    assert_eq!(
+        std::fs::read(&real).unwrap(),
+        bytes,
+        "the link's target changed"
+    );
+    assert!(
+        std::fs::symlink_metadata(dir.join("model.safetensors"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(
+        names(&dir),
+        set(&["model.safetensors"]),
+        "nothing else written"
+    );
+
+    // A user's other files: refused too, named.
+    let other = tmp.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), b"mine").unwrap();
+    let msg = write_table(&other, &spec(4096, 1), |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("notes.txt (4 bytes)"), "{msg}");
+    assert_eq!(names(&other), set(&["notes.txt"]));
+
+    // --force replaces the link itself, never what it points at, and leaves other files alone.
+    std::fs::write(dir.join("notes.txt"), b"mine").unwrap();
+    let forced = WriteOptions {
+        force: true,
+        ..WriteOptions::default()
+    };
+    write_table_with(&dir, &spec(4096, 1), &forced, |_| {}).unwrap();
+    assert_eq!(
+        std::fs::read(&real).unwrap(),
+        bytes,
+        "the link's target changed"
+    );
+    let shard = std::fs::symlink_metadata(dir.join("model.safetensors")).unwrap();
+    assert!(
+        shard.file_type().is_file(),
+        "the link was replaced by the table's shard"
+    );
+    assert_eq!(std::fs::read(dir.join("notes.txt")).unwrap(), b"mine");
+    assert_eq!(TableLayout::open(&dir).unwrap().rows(), 4096);
+}
+
+#[test]
+fn a_table_of_another_writer_is_refused_without_force() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_table(tmp.path(), &spec(4096, 1), |_| {}).unwrap();
+    let before = std::fs::read(tmp.path().join("model.safetensors")).unwrap();
+    let demo = WriteOptions {
+        writer: "demo".into(),
+        force: false,
+    };
+    let msg = write_table_with(tmp.path(), &spec(2048, 1), &demo, |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("fetchahead make-table") && msg.contains("--force"),
+        "{msg}"
+    );
+    assert_eq!(
+        std::fs::read(tmp.path().join("model.safetensors")).unwrap(),
+        before
+    );
+}
+
+// ---- case 2: a rewrite replaces the whole table ----------------------------------------
+
+#[test]
+fn a_second_make_table_leaves_only_the_new_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("s");
+    write_table(&dir, &spec(4096, 2), |_| {}).unwrap();
+    assert_eq!(
+        names(&dir),
+        set(&[
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+            "model.safetensors.index.json",
+            MANIFEST
+        ])
+    );
+    write_table(&dir, &spec(8192, 1), |_| {}).unwrap();
+    assert_eq!(names(&dir), set(&["model.safetensors", MANIFEST]));
+    assert_eq!(TableLayout::open(&dir).unwrap().rows(), 8192);
+    // And back to shards: the single file goes.
+    write_table(&dir, &spec(1024, 3), |_| {}).unwrap();
+    assert!(!dir.join("model.safetensors").exists());
+    assert_eq!(names(&dir).len(), 5, "{:?}", names(&dir));
+    assert_eq!(TableLayout::open(&dir).unwrap().rows(), 1024);
+    match dir_state(&dir).unwrap() {
+        DirState::Ours(m) => {
+            assert!(m.complete);
+            assert_eq!(m.writer, "make-table");
+            assert_eq!(m.spec, Some(spec(1024, 3)));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+// ---- case 6: disk filled, partial files ---------------------------------------------------
+
+#[test]
+fn a_table_larger_than_the_free_space_is_refused_before_writing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("x");
+    let err = write_table(&dir, &spec(1_000_000_000_000_000, 1), |_| {}).unwrap_err();
+    match &err {
+        Error::NoSpace {
+            need, available, ..
+        } => assert!(need > available, "{err}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!dir.exists(), "nothing is created");
+}
+
+/// A write that fails half-way (here: a file-size limit, EFBIG) removes what it wrote and leaves
+/// the table that was there whole.
+#[test]
+fn a_failed_write_leaves_nothing_behind() {
+    in_child("a_failed_write_leaves_nothing_behind", || {
+        let tmp = tempfile::tempdir().unwrap();
+        let fresh = tmp.path().join("fresh");
+        let old = tmp.path().join("old");
+        write_table(&old, &spec(1024, 2), |_| {}).unwrap();
+        let before: Vec<(String, Vec<u8>)> = names(&old)
+            .into_iter()
+            .map(|n| (n.clone(), std::fs::read(old.join(&n)).unwrap()))
+            .collect();
+        // SAFETY: plain syscalls on this (child) process: no write may grow a file past 1 MiB,
+        // and a write that tries fails with EFBIG instead of raising SIGXFSZ.
+        unsafe {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let limit = libc::rlimit {
+                rlim_cur: 1 << 20,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
+        }
+        let err = write_table(&fresh, &spec(8192, 1), |_| {}).unwrap_err();
+        assert!(matches!(err, Error::Io { .. }), "{err}");
+        assert!(
+            !fresh.exists(),
+            "left {:?}",
+            fresh.exists().then(|| names(&fresh))
+        );
+        let err = write_table(&old, &spec(8192, 1), |_| {}).unwrap_err();
+        assert!(matches!(err, Error::Io { .. }), "{err}");
+        let after: Vec<(String, Vec<u8>)> = names(&old)
+            .into_iter()
+            .map(|n| (n.clone(), std::fs::read(old.join(&n)).unwrap()))
+            .collect();
+        assert!(before == after, "the old table changed: {:?}", names(&old));
+        assert_eq!(TableLayout::open(&old).unwrap().rows(), 1024);
+    });
+}
+
+/// A writer killed mid-write leaves only temporary files, which the next write removes.
+#[test]
+fn a_killed_write_leaves_only_temporary_files_that_the_next_removes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("k");
+    if std::env::var(CHILD_ENV).as_deref()
+        == Ok("a_killed_write_leaves_only_temporary_files_that_the_next_removes")
+    {
+        let target = PathBuf::from(std::env::var("FETCHAHEAD_TEST_DIR").unwrap());
+        write_table(&target, &spec(8192, 2), |done| {
+            if done > 1 << 20 {
+                // SAFETY: kills this child process, as a user's kill -9 would.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            }
+        })
+        .unwrap();
+        return;
+    }
+    let kill_a_write_into = |dir: &Path| {
+        let exe = std::env::current_exe().unwrap();
+        let name = "a_killed_write_leaves_only_temporary_files_that_the_next_removes";
+        let status = Command::new(exe)
+            .args([name, "--exact", "--nocapture"])
+            .env(CHILD_ENV, name)
+            .env("FETCHAHEAD_TEST_DIR", dir)
+            .status()
+            .unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+    };
+    // Into a fresh directory: only temporary files, no table.
+    kill_a_write_into(&dir);
+    let left = names(&dir);
+    assert!(
+        !left.is_empty() && left.iter().all(|n| n.starts_with(".fetchahead-tmp-")),
+        "a killed write left {left:?}"
+    );
+    assert!(TableLayout::open(&dir).is_err(), "no table is there");
+    assert_eq!(dir_state(&dir).unwrap(), DirState::Empty);
+    write_table(&dir, &spec(1024, 1), |_| {}).unwrap();
+    assert_eq!(names(&dir), set(&["model.safetensors", MANIFEST]));
+    // Over a table: the old one stays whole and opens; the next write removes the leftovers.
+    kill_a_write_into(&dir);
+    assert!(names(&dir).len() > 2);
+    assert_eq!(TableLayout::open(&dir).unwrap().rows(), 1024);
+    assert!(matches!(dir_state(&dir).unwrap(), DirState::Ours(m) if m.complete));
+    write_table(&dir, &spec(2048, 1), |_| {}).unwrap();
+    assert_eq!(names(&dir), set(&["model.safetensors", MANIFEST]));
+    assert_eq!(TableLayout::open(&dir).unwrap().rows(), 2048);
+}
+
+/// On a tiny tmpfs (mounted here when allowed): refused for want of space, nothing left.
+#[test]
+fn out_of_space_on_a_tiny_tmpfs_leaves_nothing_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("tiny");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&mnt)
+        .output();
+    match mounted {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => {
+            eprintln!(
+                "SKIP out_of_space_on_a_tiny_tmpfs_leaves_nothing_behind: mount -t tmpfs not \
+                 allowed here ({})",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            return;
+        }
+        Err(e) => {
+            eprintln!("SKIP out_of_space_on_a_tiny_tmpfs_leaves_nothing_behind: no mount ({e})");
+            return;
+        }
+    }
+    let dir = mnt.join("t");
+    let outcome = write_table(&dir, &spec(8192, 1), |_| {});
+    let left: Vec<_> = walk(&mnt);
+    let _ = Command::new("umount").arg(&mnt).status();
+    let err = outcome.unwrap_err();
+    assert!(matches!(err, Error::NoSpace { .. }), "{err}");
+    assert!(left.is_empty(), "left {left:?}");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        out.push(e.path());
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&e.path()));
+        }
+    }
+    out
+}
+
+// ---- case 3: the C library never aborts its host -------------------------------------------
+
+/// A safetensors file whose header claims `rows` rows of dim 32, made sparse to that length.
+fn sparse_table(path: &Path, rows: u64) -> bool {
+    let (w, s) = (rows * 32, rows);
+    let header = format!(
+        r#"{{"layers.1.engram.embed.weight":{{"dtype":"F8_E4M3","shape":[{rows},32],"data_offsets":[0,{w}]}},"layers.1.engram.embed.scale":{{"dtype":"F8_E8M0","shape":[{rows},1],"data_offsets":[{w},{}]}}}}"#,
+        w + s
+    );
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    std::fs::write(path, &bytes).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    match f.set_len(bytes.len() as u64 + w + s) {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!(
+                "SKIP the sparse-file case: a {} B sparse file is refused here ({e})",
+                w + s
+            );
+            false
+        }
+    }
+}
+
+#[test]
+fn absurd_sizes_through_the_c_abi_are_errors() {
+    in_child("absurd_sizes_through_the_c_abi_are_errors", || {
+        let mut table = ptr::null_mut();
+        // SAFETY: `table` is writable.
+        let rc = unsafe { fetchahead_open_memory_table(1_000_000_000_000, 256, 1, &mut table) };
+        assert_eq!(rc, FETCHAHEAD_ERR_INVALID, "{}", last_error());
+        assert!(table.is_null());
+        assert!(last_error().contains("memory"), "{}", last_error());
+
+        // Scales of more rows than this machine has bytes of memory (2^36 at least).
+        let available = fetchahead::memory::available_bytes().unwrap_or(1 << 36);
+        let rows = (available.saturating_mul(2))
+            .next_power_of_two()
+            .max(1 << 36);
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("sparse.safetensors");
+        if sparse_table(&file, rows) {
+            let (rc, table) = open_store(&file, 1);
+            assert_eq!(rc, FETCHAHEAD_ERR_INVALID, "{}", last_error());
+            assert!(table.is_null());
+            let msg = last_error();
+            assert!(
+                msg.contains("resident scales") && msg.contains("memory"),
+                "{msg}"
+            );
+        }
+    });
+}
+
+// ---- case 4: no SIGBUS through the defaults ------------------------------------------------
+
+#[test]
+fn tune_never_makes_mmap_autos_choice() {
+    let tmp = tempfile::tempdir().unwrap();
+    make(tmp.path(), 20000, &[1], 1, 2);
+    let store = RowStore::open(tmp.path(), StoreOptions::default()).unwrap();
+    let mut measured = Vec::new();
+    let tuning = fetchahead::store::tune::measure(&store, 1, 3, |s| measured.push(s.path)).unwrap();
+    assert!(measured.contains(&ReadPath::Mmap), "mmap is still measured");
+    assert!(
+        tuning.ranges.iter().all(|r| r.path != ReadPath::Mmap),
+        "{tuning:?}"
+    );
+    // A tune file of older days that names mmap: Auto ignores it.
+    let mmap_everywhere = Tuning {
+        ranges: vec![TunedRange {
+            max_batch: u64::MAX,
+            path: ReadPath::Mmap,
+            p50_us: 1.0,
+        }],
+    };
+    for n in [1, 72, 4096, 1 << 20] {
+        assert_ne!(mmap_everywhere.choose(n, true), ReadPath::Mmap);
+        assert_ne!(mmap_everywhere.choose(n, false), ReadPath::Mmap);
+    }
+}
+
+#[test]
+fn truncation_during_lookups_under_auto_after_tune_never_kills_the_process() {
+    in_child(
+        "truncation_during_lookups_under_auto_after_tune_never_kills_the_process",
+        || {
+            let tmp = tempfile::tempdir().unwrap();
+            let files = make(tmp.path(), 8192, &[1], 1, 5);
+            // What `tune` could write before: mmap for every batch size.
+            Tuning {
+                ranges: vec![TunedRange {
+                    max_batch: u64::MAX,
+                    path: ReadPath::Mmap,
+                    p50_us: 1.0,
+                }],
+            }
+            .save(&tune_file(tmp.path()))
+            .unwrap();
+            let store = RowStore::open(tmp.path(), StoreOptions::default()).unwrap();
+            assert_eq!(store.read_path(), ReadPath::Auto);
+            assert_ne!(store.auto_path(4096), ReadPath::Mmap);
+            let len = std::fs::metadata(&files[0]).unwrap().len();
+            let ids: Vec<i64> = (0..8192).rev().collect();
+            let (mut w, mut s) = outputs(&store, ids.len());
+            let shard = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&files[0])
+                .unwrap();
+            let (mut ok, mut failed) = (0, 0);
+            std::thread::scope(|scope| {
+                let cut = scope.spawn(|| {
+                    for i in 0..200u64 {
+                        shard.set_len(len / 2 + (i % 7) * 4096).unwrap();
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                });
+                while !cut.is_finished() {
+                    store.evict_page_cache().unwrap();
+                    match store.lookup(1, &ids, &mut w, &mut s) {
+                        Ok(()) => ok += 1,
+                        // Any error is fine (the rows past the cut are gone); a signal is not.
+                        Err(_) => failed += 1,
+                    }
+                }
+            });
+            assert!(
+                failed > 0,
+                "the truncation was never seen ({ok} lookups passed)"
+            );
+        },
+    );
+}
+
+// ---- case 5: a FIFO never hangs --------------------------------------------------------
+
+fn mkfifo(path: &Path) {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is NUL-terminated.
+    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
+    assert_eq!(rc, 0, "mkfifo {}", path.display());
+}
+
+/// `open` returns within a second with an error naming `fifo` as a FIFO.
+fn refused_quickly(what: &str, fifo: &Path, open: impl FnOnce() -> String + Send + 'static) {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(open());
+    });
+    let msg = rx
+        .recv_timeout(Duration::from_secs(1))
+        .unwrap_or_else(|_| panic!("{what}: still blocked after a second on {}", fifo.display()));
+    assert!(
+        msg.contains("FIFO") && msg.contains(&*fifo.file_name().unwrap().to_string_lossy()),
+        "{what}: {msg}"
+    );
+}
+
+#[test]
+fn a_fifo_is_refused_within_a_second() {
+    let tmp = tempfile::tempdir().unwrap();
+    // In place of the only shard.
+    let shard_dir = tmp.path().join("shard");
+    std::fs::create_dir(&shard_dir).unwrap();
+    let fifo = shard_dir.join("model.safetensors");
+    mkfifo(&fifo);
+    let d = shard_dir.clone();
+    refused_quickly("TableLayout::open", &fifo, move || {
+        TableLayout::open(&d).unwrap_err().to_string()
+    });
+    let f = fifo.clone();
+    refused_quickly("RowStore::open of the file", &fifo, move || {
+        RowStore::open(&f, StoreOptions::default())
+            .err()
+            .unwrap()
+            .to_string()
+    });
+    let d = shard_dir.clone();
+    refused_quickly("fetchahead_open_store", &fifo, move || {
+        let (rc, _) = open_store(&d, 1);
+        assert_eq!(rc, FETCHAHEAD_ERR_INVALID);
+        last_error()
+    });
+    // In place of the index.
+    let index_dir = tmp.path().join("index");
+    make(&index_dir, 1000, &[1, 14], 2, 1);
+    let index = index_dir.join("model.safetensors.index.json");
+    std::fs::remove_file(&index).unwrap();
+    mkfifo(&index);
+    let d = index_dir.clone();
+    refused_quickly("the index", &index, move || {
+        RowStore::open(&d, StoreOptions::default())
+            .err()
+            .unwrap()
+            .to_string()
+    });
+    // In place of the tune file.
+    let tune_dir = tmp.path().join("tune");
+    make(&tune_dir, 1000, &[1], 1, 1);
+    let tune = tune_file(&tune_dir);
+    mkfifo(&tune);
+    let d = tune_dir.clone();
+    refused_quickly("the tune file", &tune, move || {
+        RowStore::open(&d, StoreOptions::default())
+            .err()
+            .unwrap()
+            .to_string()
+    });
+    let t = tune.clone();
+    refused_quickly("Tuning::load", &tune, move || {
+        Tuning::load(&t).unwrap_err().to_string()
+    });
+    // And tune never writes over it.
+    let err = Tuning::default().save(&tune).unwrap_err().to_string();
+    assert!(err.contains("FIFO") && err.contains("--force"), "{err}");
+}
+
+#[test]
+fn tune_never_replaces_a_file_it_did_not_write() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, real, bytes) = linked_dir(tmp.path());
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let tune = dir.join("fetchahead-tune.json");
+    std::os::unix::fs::symlink("../precious/real.safetensors", &tune).unwrap();
+    let err = Tuning::default().save(&tune).unwrap_err();
+    assert!(matches!(err, Error::WouldOverwrite { .. }), "{err}");
+    assert_eq!(std::fs::read(&real).unwrap(), bytes);
+    Tuning::default().save_with(&tune, true).unwrap();
+    assert_eq!(
+        std::fs::read(&real).unwrap(),
+        bytes,
+        "written through the link"
+    );
+    assert!(std::fs::symlink_metadata(&tune).unwrap().is_file());
+    // A tune file of its own it replaces without asking.
+    Tuning::default().save(&tune).unwrap();
+}
+
+// ---- case 7: layers of different rows ------------------------------------------------------
+
+fn write_tensors(path: &Path, tensors: Vec<(&str, Dtype, Vec<usize>)>) {
+    let data: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, d, s)| vec![1u8; s.iter().product::<usize>() * d.bitsize() / 8])
+        .collect();
+    let views: Vec<_> = tensors
+        .iter()
+        .zip(&data)
+        .map(|((n, d, s), bytes)| (*n, TensorView::new(*d, s.clone(), bytes).unwrap()))
+        .collect();
+    serialize_to_file(views, None, path).unwrap();
+}
+
+#[test]
+fn layers_of_different_rows_are_refused_naming_each() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("t.safetensors");
+    write_tensors(
+        &file,
+        vec![
+            (
+                "layers.1.engram.embed.weight",
+                Dtype::F8_E4M3,
+                vec![4096, 64],
+            ),
+            ("layers.1.engram.embed.scale", Dtype::F8_E8M0, vec![4096, 2]),
+            (
+                "layers.14.engram.embed.weight",
+                Dtype::F8_E4M3,
+                vec![2048, 64],
+            ),
+            (
+                "layers.14.engram.embed.scale",
+                Dtype::F8_E8M0,
+                vec![2048, 2],
+            ),
+        ],
+    );
+    let err = TableLayout::open(&file).unwrap_err();
+    assert!(matches!(&err, Error::LayerRowsDiffer { rows } if rows == &[(1, 4096), (14, 2048)]));
+    let msg = err.to_string();
+    assert!(
+        msg.contains("layer 1: 4096 rows") && msg.contains("layer 14: 2048 rows"),
+        "{msg}"
+    );
+    let (rc, _) = open_store(&file, 1);
+    assert_eq!(rc, FETCHAHEAD_ERR_INVALID);
+    assert!(
+        last_error().contains("layer 14: 2048 rows"),
+        "{}",
+        last_error()
+    );
+}
+
+// ---- case 8: messages that name what is at fault ---------------------------------------
+
+/// Rewrites `file`'s header with `edit` applied to its JSON text.
+fn edit_header(file: &Path, edit: impl Fn(String) -> String) {
+    let bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let json = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
+    let edited = edit(json).into_bytes();
+    let mut out = (edited.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&edited);
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(file, out).unwrap();
+}
+
+#[test]
+fn a_tensor_whose_shape_and_offsets_disagree_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = make(tmp.path(), 1000, &[1, 14], 1, 1);
+    edit_header(&files[0], |j| j.replace("[1000,8]", "[1000,9]"));
+    let msg = TableLayout::open(tmp.path()).unwrap_err().to_string();
+    assert!(
+        msg.contains("tensor layers.") && msg.contains("engram.embed.scale"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("invalid shape, data type, or offset for tensor"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_missing_scale_is_named_not_its_neighbour() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = make(tmp.path(), 1000, &[1, 14], 1, 1);
+    // Drop layer 1's scale from the header (its bytes stay, a gap before layer 14's).
+    edit_header(&files[0], |j| {
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        let mut m = v.as_object().unwrap().clone();
+        m.remove("layers.1.engram.embed.scale").unwrap();
+        serde_json::to_string(&m).unwrap()
+    });
+    match TableLayout::open(tmp.path()) {
+        Err(Error::MissingTensor { tensor, file }) => {
+            assert_eq!(tensor, "layers.1.engram.embed.scale");
+            assert_eq!(file, files[0]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_short_read_says_where_the_file_ends() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = make(tmp.path(), 8192, &[1], 1, 2);
+    let store = RowStore::open(tmp.path(), StoreOptions::default()).unwrap();
+    let span = store.layout().layer(1).unwrap().weight.clone();
+    // Cut the file well before the pages of row 8000.
+    let cut = span.row_offset(4096);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&files[0])
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    store.evict_page_cache().unwrap();
+    for path in [ReadPath::Preadv, ReadPath::Buffered] {
+        let (mut w, mut s) = outputs(&store, 1);
+        let msg = store
+            .lookup_with(path, 1, &[8000], &mut w, &mut s)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains(&format!("the file is {cut} bytes now")),
+            "{path}: {msg}"
+        );
+        assert!(!msg.contains("ended at"), "{path}: {msg}");
+    }
+}
+
+#[test]
+fn failed_lookups_through_the_c_abi_leave_their_own_message() {
+    let mut table = ptr::null_mut();
+    // SAFETY: `table` is writable.
+    let rc = unsafe { fetchahead_open_memory_table(100, DIM as u32, 1, &mut table) };
+    assert_eq!(rc, FETCHAHEAD_OK);
+    let ids = [1i64, 2];
+    let (mut w, mut s) = (vec![0u8; 2 * DIM], vec![0u8; 2 * DIM / 32]);
+    let mut work = Work {
+        table,
+        ids: ids.as_ptr(),
+        weights: w.as_mut_ptr(),
+        scales: s.as_mut_ptr(),
+        count: 2,
+        status: -1,
+    };
+    // A failure first, whose message must not survive the next one.
+    let bad = [500i64, 1];
+    work.ids = bad.as_ptr();
+    // SAFETY: `work` names an open table and buffers of 2 rows.
+    unsafe { fetchahead_lookup(ptr::from_mut(&mut work).cast()) };
+    assert_eq!(work.status, FETCHAHEAD_ERR_LOOKUP);
+    assert!(last_error().contains("500"), "{}", last_error());
+    assert!(table_lookup_error(table).contains("500"));
+    // Null ids: a message of its own, on this thread and on the table.
+    work.ids = ptr::null();
+    work.status = -1;
+    // SAFETY: a null `ids` is what is refused.
+    unsafe { fetchahead_lookup(ptr::from_mut(&mut work).cast()) };
+    assert_eq!(work.status, FETCHAHEAD_ERR_INVALID);
+    assert!(last_error().contains("ids null"), "{}", last_error());
+    assert!(
+        table_lookup_error(table).contains("ids null"),
+        "{}",
+        table_lookup_error(table)
+    );
+    // A null table.
+    work.ids = ids.as_ptr();
+    work.table = ptr::null();
+    work.status = -1;
+    // SAFETY: a null table is what is refused.
+    unsafe { fetchahead_lookup(ptr::from_mut(&mut work).cast()) };
+    assert_eq!(work.status, FETCHAHEAD_ERR_INVALID);
+    assert!(last_error().contains("work.table"), "{}", last_error());
+    // A null work.
+    // SAFETY: null is refused.
+    unsafe { fetchahead_lookup(ptr::null_mut()) };
+    assert!(last_error().contains("work"), "{}", last_error());
+    // SAFETY: open, closed once.
+    unsafe { fetchahead_table_close(table) };
+}
+
+// ---- the command line, end to end ------------------------------------------------------
+
+/// The `fetchahead` binary beside this test binary's folder (`target/release/fetchahead` for
+/// `target/release/deps/robustness-*`), found at run time, never from a compile-time path.
+fn cli() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let bin = exe.parent()?.parent()?.join("fetchahead");
+    if bin.is_file() {
+        Some(bin)
+    } else {
+        eprintln!(
+            "SKIP the command-line cases: no fetchahead binary at {}",
+            bin.display()
+        );
+        None
+    }
+}
+
+/// Runs the CLI with `args`; its exit status and stderr, or a panic if it is still running
+/// after `limit`.
+fn run_cli(bin: &Path, args: &[&str], env: &[(&str, &str)], limit: Duration) -> (i32, String) {
+    let mut child = Command::new(bin)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            assert!(
+                status.signal().is_none(),
+                "{args:?}: killed by {status}\n{err}"
+            );
+            return (status.code().unwrap_or(-1), err);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("fetchahead {args:?} still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn the_cli_refuses_a_fifo_within_a_second() {
+    let Some(bin) = cli() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("fifo");
+    std::fs::create_dir(&dir).unwrap();
+    mkfifo(&dir.join("model.safetensors"));
+    let d = dir.to_str().unwrap();
+    for args in [
+        &["inspect", d][..],
+        &["tune", d],
+        &["bench-io", d],
+        &["demo", "--data-dir", d, "--rows", "4096", "--steps", "1"],
+    ] {
+        let (code, err) = run_cli(&bin, args, &[], Duration::from_secs(1));
+        assert_ne!(code, 0, "{args:?}");
+        assert!(
+            err.contains("FIFO") || err.contains("did not write"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn the_cli_rejects_what_a_user_gets_wrong() {
+    let Some(bin) = cli() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let table = tmp.path().join("t");
+    make(&table, 4096, &[1], 1, 1);
+    let t = table.to_str().unwrap();
+    let d = tmp.path().join("d");
+    let d = d.to_str().unwrap();
+    let long = Duration::from_secs(60);
+    for (args, want) in [
+        (&["bench-io", t, "--iters", "0,0,0"][..], "--iters"),
+        (&["bench-io", t, "--iters", "5,2"], "--iters"),
+        (
+            &["bench-io", t, "--baseline-reads", "0"],
+            "--baseline-reads",
+        ),
+        (&["demo", "--data-dir", d, "--steps", "0"], "--steps"),
+        (
+            &["demo", "--data-dir", d, "--engram-layers", "1,1"],
+            "twice",
+        ),
+        (&["demo", "--memory", "--rows", "1000000000000"], "memory"),
+        (&["make-table", d, "--rows", "1000000000000000"], "free"),
+    ] {
+        let (code, err) = run_cli(&bin, args, &[], long);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    assert!(!Path::new(d).exists(), "a refused command wrote {d}");
+    if fetchahead::gpu::Gpu::open(0).is_err() {
+        let (code, err) = run_cli(&bin, &["check"], &[("FETCHAHEAD_REQUIRE_GPU", "1")], long);
+        assert_ne!(
+            code, 0,
+            "check without a GPU under FETCHAHEAD_REQUIRE_GPU=1: {err}"
+        );
+    }
+}
