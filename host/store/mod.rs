@@ -167,7 +167,7 @@ pub struct Stats {
     pub hits: u64,
     /// Rows that were not in the cache (duplicates within a batch count each time).
     pub misses: u64,
-    /// Reads issued (one per extent of adjacent rows' pages).
+    /// Reads issued (one per extent of adjacent rows' blocks).
     pub reads: u64,
     /// Bytes those reads asked for.
     pub bytes: u64,
