@@ -169,7 +169,8 @@ def _launch_gather(
     status: Optional[torch.Tensor],
     variant: Optional[str],
 ) -> None:
-    row_bytes = _check_gather_shapes(table, ids)
+    # The callers checked the shapes (`_check_gather_shapes`); this is the hot path.
+    row_bytes = table.shape[1] * table.element_size()
     _check_status(status)
     n = ids.shape[0]
     if ids.device.type != "cuda":
@@ -199,7 +200,8 @@ def _launch_gather_dequant(
     status: Optional[torch.Tensor],
     variant: Optional[str],
 ) -> None:
-    dim = _check_dequant_shapes(weights, scales, ids)
+    # The callers checked the shapes (`_check_dequant_shapes`); this is the hot path.
+    dim = weights.shape[1]
     _check_status(status)
     n = ids.shape[0]
     if ids.device.type != "cuda":
