@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use crate::Error;
-use crate::host_fn::HostCall;
-use crate::lookup::{RowLookup, lookup_or_zero};
-use crate::staging::{HostSpans, StagingLayout};
+use crate::driver::host_fn::HostCall;
+use crate::prefetch::lookup::{RowLookup, lookup_or_zero};
+use crate::prefetch::staging::{HostSpans, StagingLayout};
 
 /// One failed lookup: why, and the ids it was asked for (its rows were zero-filled).
 #[derive(Clone, Debug)]

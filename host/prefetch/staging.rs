@@ -8,10 +8,11 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PinnedHostSlice, sys};
 use fetchahead_gpu::params::{DequantParams, MX_BLOCK};
 
+use crate::driver::stream;
 use crate::error::CudaCall;
-use crate::id_check::IdCheck;
 use crate::kernels::Kernels;
-use crate::{Error, Result, stream};
+use crate::kernels::id_check::IdCheck;
+use crate::{Error, Result};
 
 /// The rows staged per lookup, rounded up to a power of two, and the row width.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
