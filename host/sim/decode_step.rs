@@ -729,7 +729,7 @@ impl DecodeStep {
     }
 
     /// Enqueues one step on the stream: capturable. With the plan, the plan learns in its first
-    /// eager steps and fits its windows over the next three ([`crate::l2_plan::window_fit`]); call
+    /// eager steps and fits its windows over the next three (`l2_plan/window_fit.rs`); call
     /// [`DecodeStep::warm_plan`] before timing or capturing.
     pub fn enqueue(&mut self, config: StepConfig) -> Result<()> {
         let s = self.main.cu_stream();
