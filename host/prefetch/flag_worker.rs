@@ -192,7 +192,7 @@ fn serve(state: &LaneState) {
 }
 
 /// One staging set's place in a lane: its pinned flag words and its registration.
-pub struct FlagSlot {
+pub(crate) struct FlagSlot {
     lane: Arc<FlagLane>,
     id: u64,
     device: u64,

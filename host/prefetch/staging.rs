@@ -80,7 +80,7 @@ impl StagingLayout {
 
 /// The pinned host buffers, as raw pointers a host function can write through.
 #[derive(Clone, Copy, Debug)]
-pub struct HostSpans {
+pub(crate) struct HostSpans {
     /// `capacity` ids, copied from the device: cached memory, read by the CPU.
     pub ids: *mut i64,
     /// `capacity * dim` bytes, written by the lookup, read by the copy engine.
@@ -91,7 +91,7 @@ pub struct HostSpans {
 
 /// The device mirrors and what the gather of staged rows reads.
 #[derive(Clone, Copy, Debug)]
-pub struct DeviceSpans {
+pub(crate) struct DeviceSpans {
     pub weights: u64,
     pub scales: u64,
     /// `capacity` int64 ids `0, 1, 2, ...`: staged row `i` is row `i` of the mirrors.
@@ -101,7 +101,7 @@ pub struct DeviceSpans {
 
 /// Pinned host buffers and their device mirrors for one lookup path.
 #[derive(Debug)]
-pub struct StagingBuffers {
+pub(crate) struct StagingBuffers {
     layout: StagingLayout,
     host: HostSpans,
     device: DeviceSpans,
