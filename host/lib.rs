@@ -12,7 +12,7 @@
 //!   [`Prefetcher`], the [`FlagLane`], check mode's log.
 //! - [`store`]: the NVMe row store for Engram tables (safetensors shards, io_uring, DRAM cache).
 //! - [`ffi`]: the C ABI for engines (`include/fetchahead.h`).
-//! - [`sim`] (feature `simulation`, on by default): the simulation the demo, benches and tests use
+//! - `sim` (feature `simulation`, on by default): the simulation the demo, benches and tests use
 //!   (bf16 GEMV reader, simulated forward, collective, hash and spin kernels' launches, decode
 //!   step, CPU reference, self-check). An engine may build with `default-features = false`.
 //! - [`error`], [`logging`], [`memory`]: the one error type, the stderr logger of the CLI and the

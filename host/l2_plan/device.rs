@@ -198,7 +198,7 @@ impl L2Plan {
     /// In eager forwards the plan also times each prefetched window against its prefetch (the
     /// window ends at the first `consume` after the collective) and, from the next eager
     /// forward on, caps the window's bytes to what its prefetch issues within it
-    /// ([`WindowFit`]); a captured forward uses the caps learned so far.
+    /// (`WindowFit`); a captured forward uses the caps learned so far.
     pub fn collective(&mut self) -> Result<()> {
         self.join_branch()?;
         // A window whose reader never reported its weights is not measured.

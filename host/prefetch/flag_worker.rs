@@ -1,6 +1,6 @@
 //! Flag-mode completion: a lookup thread (a [`FlagLane`]) runs staging sets' lookups, and each
 //! side stream waits for its own with `cuStreamWaitValue32` on a pinned flag pair (a
-//! [`FlagSlot`]) instead of running a host function. Host functions of every stream run on the
+//! `FlagSlot`) instead of running a host function. Host functions of every stream run on the
 //! driver's one callback thread; a lane is a thread of the crate's own, woken by a flag.
 //!
 //! A lane runs one lookup at a time. Prefetchers whose lookups read one disk share a lane, so

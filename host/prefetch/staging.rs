@@ -1,7 +1,7 @@
 //! Staging for one lookup path: pinned host buffers the lookup fills (ids, weights, scales) and
 //! their device mirrors the gather reads, sized once to a power-of-two number of rows.
 //!
-//! Everything a prefetch or gather will touch is allocated and used once by [`StagingBuffers::warm`],
+//! Everything a prefetch or gather will touch is allocated and used once by `StagingBuffers::warm`,
 //! before any graph capture: a capture must not be the first use of a buffer or a kernel.
 use std::sync::Arc;
 

@@ -11,7 +11,7 @@
 //! - [`forward`]: a simulated forward with Engram layers, for the demo and the bench.
 //! - [`decode_step`]: a simulated DeepSeek-scale decode step with both features, and its
 //!   projection to the DGX Spark.
-//! - [`reference`]: the CPU reference every kernel is checked against.
+//! - [`reference`](mod@reference): the CPU reference every kernel is checked against.
 //! - [`selfcheck`]: runs every kernel against the reference on this machine's GPU.
 
 pub mod decode_step;
