@@ -1,6 +1,7 @@
 //! The row store's read paths on one table, cold (pages evicted before each batch), beside raw
-//! io_uring O_DIRECT 4 KiB random reads of the same file at QD64 measured in the same run; and
-//! the DRAM cache's 72-row hit path beside a hand-written locked HashMap.
+//! io_uring O_DIRECT 4 KiB random reads of the same file at QD64 measured in the same run; the
+//! DRAM cache's 72-row hit path beside a hand-written locked HashMap; and Zipf decode batches
+//! through the cache, its hit rate printed beside Belady's optimum on the same trace.
 //!
 //! FETCHAHEAD_BENCH_TABLE=DIR benches an existing table (e.g. one from `fetchahead make-table`);
 //! without it a 1 GiB table is generated in a temporary directory.
@@ -11,9 +12,11 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
+use fetchahead::store::belady::belady;
 use fetchahead::store::make::{TableSpec, write_table};
 use fetchahead::store::measure::{raw_random_reads, unique_rows};
-use fetchahead::store::{ReadPath, RowStore, StoreOptions};
+use fetchahead::store::zipf::ZipfRows;
+use fetchahead::store::{ReadPath, RowStore, StoreOptions, cache_bytes_for, cache_rows};
 
 struct Bench {
     dir: PathBuf,
@@ -119,6 +122,80 @@ fn row_store(c: &mut Criterion) {
     let b = setup();
     read_paths(c, &b);
     cache_hits(c, &b);
+    zipf_decode(c, &b);
+}
+
+/// Decode batches of 72 Zipf ids (one row per 512-byte block, hot rows scattered) through a
+/// cache of 5% of the rows drawn from, warmed by the first half of the trace.
+fn zipf_decode(c: &mut Criterion, b: &Bench) {
+    let dim = b.store.dim();
+    let row_bytes = dim as u64;
+    let stride = 512u64.div_ceil(row_bytes).max(1);
+    let mut group = c.benchmark_group("row_store/zipf_decode_72");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(5));
+    for s_exp in [0.8, 1.0, 1.2] {
+        let mut z = ZipfRows::new(b.store.row_range(), stride, s_exp, 17).expect("zipf");
+        let trace = z.batches(40_000, 72);
+        let from = 4000;
+        let cache_bytes = cache_bytes_for(z.population() / 20, dim);
+        let store = RowStore::open(
+            &b.dir,
+            StoreOptions {
+                cache_bytes,
+                ..StoreOptions::default()
+            },
+        )
+        .expect("open");
+        let (mut w, mut s) = (vec![0u8; 72 * dim], vec![0u8; 72 * dim / 32]);
+        for ids in &trace[..from] {
+            store.lookup(b.layer, ids, &mut w, &mut s).expect("warm");
+        }
+        let before = store.stats();
+        let next = Cell::new(from);
+        let wrapped = Cell::new(false);
+        group.bench_function(format!("s{s_exp}"), |bench| {
+            bench.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    let k = next.get();
+                    if k + 1 < trace.len() {
+                        next.set(k + 1);
+                    } else {
+                        next.set(from);
+                        wrapped.set(true);
+                    }
+                    let t = Instant::now();
+                    store
+                        .lookup(b.layer, &trace[k], &mut w, &mut s)
+                        .expect("lookup");
+                    spent += t.elapsed();
+                }
+                spent
+            })
+        });
+        let after = store.stats();
+        let (hits, misses) = (after.hits - before.hits, after.misses - before.misses);
+        let hit_rate = hits as f64 / (hits + misses).max(1) as f64;
+        let used = if wrapped.get() {
+            trace.len()
+        } else {
+            next.get()
+        };
+        let opt = belady(&trace[..used], cache_rows(cache_bytes, dim), from).rate();
+        println!(
+            "zipf s={s_exp} decode, cache 5%: hit rate {hit_rate:.3} = {:.3} x Belady {opt:.3} over {} batches{}",
+            hit_rate / opt.max(1e-12),
+            used - from,
+            if wrapped.get() {
+                " (the trace wrapped: Belady is of one pass)"
+            } else {
+                ""
+            }
+        );
+    }
+    group.finish();
 }
 
 fn read_paths(c: &mut Criterion, b: &Bench) {

@@ -9,6 +9,8 @@ use fetchahead::store::measure::{percentiles_us, raw_random_reads, time_lookups,
 use fetchahead::store::{ReadPath, RowStore, StoreOptions};
 use serde_json::json;
 
+mod workload;
+
 #[derive(Args)]
 pub struct BenchIoArgs {
     /// A model directory or one .safetensors file.
@@ -33,6 +35,37 @@ pub struct BenchIoArgs {
     /// Only these read paths (comma-separated); all when not given.
     #[arg(long, value_delimiter = ',')]
     pub paths: Vec<ReadPath>,
+    /// The Engram workload instead: ids drawn from Zipf laws with these exponents (e.g.
+    /// 0.8,1.0,1.2), the cache's hit rate beside Belady's optimum per budget, cold reads beside
+    /// fio, two layers and an advise at once.
+    #[arg(long, value_delimiter = ',')]
+    pub zipf: Vec<f64>,
+    /// Cache budgets, percent of the rows the ids are drawn from.
+    #[arg(long, value_delimiter = ',', default_value = "1,5,10")]
+    pub budgets: Vec<f64>,
+    /// Decode batches in a Zipf trace (the first half warms the cache, uncounted).
+    #[arg(long, default_value_t = 2000)]
+    pub decode_batches: usize,
+    /// Rows a decode batch asks (per layer).
+    #[arg(long, default_value_t = 72)]
+    pub decode_rows: usize,
+    /// Batches of a longer trace replayed through the cache's policy alone (no reads) beside
+    /// Belady, decode and prefill (prefill batches: this / 200); 0 skips it.
+    #[arg(long, default_value_t = 20_000)]
+    pub replay_batches: usize,
+    /// Rows a Zipf prefill batch asks.
+    #[arg(long, default_value_t = 20_000)]
+    pub zipf_prefill_rows: usize,
+    /// Prefill batches in a Zipf trace (the first half warms the cache, uncounted).
+    #[arg(long, default_value_t = 12)]
+    pub prefill_batches: usize,
+    /// Ids use every STRIDE-th row only; 0: one row per read block, so that the rows of a batch
+    /// rarely share a block, as in a production table (~384M rows a layer).
+    #[arg(long, default_value_t = 0)]
+    pub stride: u64,
+    /// Seconds of each fio peer run (skipped with a reason where fio is missing).
+    #[arg(long, default_value_t = 4)]
+    pub fio_seconds: u32,
 }
 
 struct Row {
@@ -96,6 +129,9 @@ fn validate(args: &BenchIoArgs) -> fetchahead::Result<()> {
 
 pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
     validate(args)?;
+    if !args.zipf.is_empty() {
+        return workload::run(args);
+    }
     let say = |line: String| {
         if !args.json {
             println!("{line}");

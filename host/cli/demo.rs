@@ -559,6 +559,7 @@ fn delta(before: Option<Stats>, after: Option<Stats>) -> Option<Stats> {
         misses: a.misses - b.misses,
         reads: a.reads - b.reads,
         bytes: a.bytes - b.bytes,
+        rows_read: a.rows_read - b.rows_read,
         advised: a.advised - b.advised,
         advise_dropped: a.advise_dropped - b.advise_dropped,
         advise_failed: a.advise_failed - b.advise_failed,

@@ -191,3 +191,99 @@ pub fn raw_random_reads(
         p99_us,
     })
 }
+
+/// User + system CPU seconds this process has used (all threads, io_uring's workers included).
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: rusage is plain old data; all-zero is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid, writable rusage buffer.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
+/// fio's random O_DIRECT reads of a file region through io_uring, from its JSON report.
+#[derive(Clone, Debug)]
+pub struct FioReads {
+    pub command: String,
+    pub reads: u64,
+    pub iops: f64,
+    /// (usr + sys) CPU seconds over reads.
+    pub cpu_us_per_read: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+/// Runs `fio` (the peer the store's io_uring path is held against): `block`-byte random reads of
+/// `bytes` of `file`, `depth` in flight, registered files and buffers, for `seconds`. Err says
+/// why there is no figure (fio missing, failed, or its report unreadable).
+pub fn fio_random_reads(
+    file: &Path,
+    bytes: std::ops::Range<u64>,
+    block: u64,
+    depth: u32,
+    seconds: u32,
+) -> std::result::Result<FioReads, String> {
+    let start = bytes.start.next_multiple_of(block);
+    let size = (bytes.end.saturating_sub(start) / block) * block;
+    let args = [
+        "--name=peer".to_string(),
+        format!("--filename={}", file.display()),
+        "--rw=randread".into(),
+        format!("--bs={block}"),
+        "--direct=1".into(),
+        "--ioengine=io_uring".into(),
+        "--fixedbufs=1".into(),
+        "--registerfiles=1".into(),
+        format!("--iodepth={depth}"),
+        format!("--iodepth_batch_submit={}", depth.div_ceil(4)),
+        format!("--iodepth_batch_complete_min={}", depth.div_ceil(4).min(16)),
+        format!("--offset={start}"),
+        format!("--size={size}"),
+        "--time_based=1".into(),
+        format!("--runtime={seconds}"),
+        "--norandommap=1".into(),
+        "--randrepeat=0".into(),
+        "--output-format=json".into(),
+    ];
+    let command = format!("fio {}", args.join(" "));
+    let out = std::process::Command::new("fio")
+        .args(&args)
+        .output()
+        .map_err(|e| format!("fio not run ({e}); install it with `apt-get install -y fio`"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "fio failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    // fio may print notes before the JSON object.
+    let json = text.find('{').map_or("", |i| &text[i..]);
+    let v: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("fio's report: {e}"))?;
+    let job = &v["jobs"][0];
+    let read = &job["read"];
+    let reads = read["total_ios"].as_u64().unwrap_or(0);
+    let runtime_s = job["job_runtime"].as_f64().unwrap_or(0.0) / 1e3;
+    let cpu_pct = job["usr_cpu"].as_f64().unwrap_or(0.0) + job["sys_cpu"].as_f64().unwrap_or(0.0);
+    let pct = |p: &str| {
+        read["clat_ns"]["percentile"][p]
+            .as_f64()
+            .map_or(0.0, |ns| ns / 1e3)
+    };
+    if reads == 0 || runtime_s <= 0.0 {
+        return Err("fio reported no reads".into());
+    }
+    Ok(FioReads {
+        command,
+        reads,
+        iops: read["iops"].as_f64().unwrap_or(0.0),
+        cpu_us_per_read: cpu_pct / 100.0 * runtime_s / reads as f64 * 1e6,
+        p50_us: pct("50.000000"),
+        p99_us: pct("99.000000"),
+    })
+}

@@ -24,7 +24,9 @@ use crate::{Error, Result};
 
 mod advise;
 mod aligned;
+pub mod belady;
 mod cache;
+mod dio;
 mod fault;
 pub(crate) mod file;
 mod layer_rows;
@@ -36,6 +38,7 @@ mod plan;
 mod preadv;
 pub mod tune;
 mod uring;
+pub mod zipf;
 
 use aligned::AlignedBuf;
 use cache::RowCache;
@@ -46,7 +49,12 @@ pub use layer_rows::LayerRows;
 use layout::{MX_BLOCK, TableLayout};
 use plan::{Kind, MAX_EXTENT, OutRows, Plan};
 pub use tune::Tuning;
-pub use uring::QUEUE_DEPTH;
+pub use uring::{QUEUE_DEPTH, RingFeatures};
+
+/// Idle io_uring rings a store keeps (one per thread that looked rows up through io_uring).
+const MAX_IDLE_RINGS: usize = 64;
+/// Reads per ring below which a batch stays on one ring.
+const MULTI_RING_MIN: usize = 8192;
 
 /// How a lookup reads the rows that miss the DRAM cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -127,8 +135,11 @@ pub struct StoreOptions {
     pub resident_scales: bool,
     /// Threads of the preadv pool (its queue depth).
     pub preadv_threads: usize,
-    /// Reads in flight per io_uring lookup (rounded up to a power of two).
+    /// Reads in flight per io_uring ring (rounded up to a power of two).
     pub uring_depth: u32,
+    /// Rings (each on its own thread) a large io_uring batch is spread over, at most one per
+    /// 8192 reads; 1 keeps every batch on the calling thread's ring.
+    pub uring_rings: usize,
     /// Use O_DIRECT where the filesystem allows it.
     pub direct_io: bool,
 }
@@ -143,6 +154,7 @@ impl Default for StoreOptions {
             resident_scales: true,
             preadv_threads: 64,
             uring_depth: QUEUE_DEPTH,
+            uring_rings: 1,
             direct_io: true,
         }
     }
@@ -245,10 +257,12 @@ pub struct Stats {
     pub hits: u64,
     /// Rows that were not in the cache (duplicates within a batch count each time).
     pub misses: u64,
-    /// Reads issued (one per extent of adjacent rows' pages).
+    /// Reads issued (one per extent of adjacent rows' blocks).
     pub reads: u64,
     /// Bytes those reads asked for.
     pub bytes: u64,
+    /// Distinct rows those reads delivered (`bytes / rows_read`: bytes read per row).
+    pub rows_read: u64,
     /// Distinct rows `advise` read into the cache (not counted as hits or misses).
     pub advised: u64,
     /// `advise` batches dropped because the warming queue was full.
@@ -263,6 +277,7 @@ struct Counters {
     misses: AtomicU64,
     reads: AtomicU64,
     bytes: AtomicU64,
+    rows_read: AtomicU64,
     advised: AtomicU64,
     advise_dropped: AtomicU64,
     advise_failed: AtomicU64,
@@ -300,9 +315,10 @@ struct ShardIo {
 #[derive(Default)]
 struct Scratch {
     plan: Plan,
-    uring: Option<uring::UringReader>,
     slot: Option<AlignedBuf>,
     failures: Vec<Failure>,
+    /// The missed rows as read (weights then scales, one row per unique row), for the cache.
+    fill: Vec<u8>,
 }
 
 pub(crate) struct Inner {
@@ -314,6 +330,10 @@ pub(crate) struct Inner {
     direct_off: Option<String>,
     /// Why io_uring is unavailable, when it is.
     uring_off: Option<String>,
+    /// Reads are aligned to this many bytes (the shards' O_DIRECT alignment).
+    block: u64,
+    /// Why `block` is a page rather than what the file allows, when statx could not say.
+    block_why: Option<String>,
     /// Resident scales per layer (index as in `layout.layers`), rows of `rows` only.
     scales: Vec<Option<Vec<u8>>>,
     cache: Option<RowCache>,
@@ -321,8 +341,15 @@ pub(crate) struct Inner {
     tuning: Tuning,
     preadv_threads: usize,
     uring_depth: u32,
+    uring_rings: usize,
+    /// Threads for a batch spread over several rings.
+    ring_pool: OnceLock<std::result::Result<rayon::ThreadPool, String>>,
     pool: OnceLock<std::result::Result<rayon::ThreadPool, String>>,
     scratch: Mutex<Vec<Scratch>>,
+    /// Idle rings, each usable only by the thread that made it (single-issuer rings).
+    rings: Mutex<Vec<uring::UringReader>>,
+    /// What the last ring set up got from the kernel.
+    ring_features: Mutex<Option<uring::RingFeatures>>,
     counters: Counters,
     fault: OnceLock<FaultState>,
 }
@@ -388,6 +415,16 @@ impl RowStore {
                 s.direct = None;
             }
         }
+        let (mut block, mut block_why) = (dio::MIN_BLOCK, None);
+        for (i, s) in shards.iter().enumerate() {
+            if let Some(d) = &s.direct {
+                let (b, why) = dio::read_block(dio::dio_offset_align(d));
+                block = block.max(b);
+                if let Some(why) = why {
+                    block_why.get_or_insert(format!("{}: {why}", layout.path(i).display()));
+                }
+            }
+        }
         if options.read_path == ReadPath::Mmap {
             log::warn!(
                 "fetchahead: the mmap read path was asked for: a shard truncated while lookups \
@@ -435,14 +472,20 @@ impl RowStore {
             shards,
             direct_off,
             uring_off,
+            block,
+            block_why,
             scales,
             cache,
             read_path: options.read_path,
             tuning,
             preadv_threads: options.preadv_threads.max(1),
             uring_depth: options.uring_depth,
+            uring_rings: options.uring_rings.clamp(1, 64),
+            ring_pool: OnceLock::new(),
             pool: OnceLock::new(),
             scratch: Mutex::new(Vec::new()),
+            rings: Mutex::new(Vec::new()),
+            ring_features: Mutex::new(None),
             counters: Counters::default(),
             fault: OnceLock::new(),
         });
@@ -515,6 +558,7 @@ impl RowStore {
             misses: get(&c.misses),
             reads: get(&c.reads),
             bytes: get(&c.bytes),
+            rows_read: get(&c.rows_read),
             advised: get(&c.advised),
             advise_dropped: get(&c.advise_dropped),
             advise_failed: get(&c.advise_failed),
@@ -549,6 +593,23 @@ impl RowStore {
     /// Ok when reads bypass the page cache (O_DIRECT), else why not.
     pub fn direct_io(&self) -> std::result::Result<(), &str> {
         self.inner.direct_off.as_deref().map_or(Ok(()), Err)
+    }
+
+    /// What the io_uring rings got from the kernel (registered buffers and files, task-run
+    /// flags, and why any is missing); `None` before the first io_uring lookup.
+    pub fn ring_features(&self) -> Option<RingFeatures> {
+        self.inner
+            .ring_features
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The block reads are aligned to and sized in: the shards' O_DIRECT alignment from
+    /// `statx(STATX_DIOALIGN)` (512 bytes where allowed), a page where it could not be known (and
+    /// why), 512 bytes without O_DIRECT.
+    pub fn read_block(&self) -> (u64, Option<&str>) {
+        (self.inner.block, self.inner.block_why.as_deref())
     }
 
     /// Ok when the kernel offers io_uring, else why not.
@@ -586,6 +647,36 @@ impl RowStore {
     pub fn inject_read_fault(&self, fault: ReadFault) -> bool {
         self.inner.fault.set(FaultState::new(fault)).is_ok()
     }
+}
+
+/// The hit count the store's row cache gets on `batches` with a budget of `cache_bytes` for rows
+/// of `dim` weights (and `dim / 32` scales), replayed without reading anything: the cache is the
+/// store's own, used as a lookup uses it.
+pub fn replay_row_cache(
+    cache_bytes: u64,
+    dim: usize,
+    batches: &[Vec<i64>],
+    counted_from: usize,
+) -> belady::HitCount {
+    let row = vec![0u8; dim + dim / MX_BLOCK];
+    let cache = RowCache::new(cache_bytes, row.len());
+    let (w, s) = row.split_at(dim);
+    belady::replay(
+        batches,
+        counted_from,
+        |id| cache.get(0, id as u64).is_some(),
+        |id| cache.insert(0, id as u64, w, s),
+    )
+}
+
+/// Rows a row cache of `cache_bytes` holds for rows of `dim` weights.
+pub fn cache_rows(cache_bytes: u64, dim: usize) -> usize {
+    cache::rows_in(cache_bytes, dim + dim / MX_BLOCK)
+}
+
+/// The budget a row cache needs to hold `rows` rows of `dim` weights.
+pub fn cache_bytes_for(rows: u64, dim: usize) -> u64 {
+    rows * cache::entry_bytes(dim + dim / MX_BLOCK)
 }
 
 /// Opens `path` with O_DIRECT and proves it with one aligned read; Err says why not.
@@ -676,6 +767,102 @@ impl Inner {
             path: "preadv",
             why: why.clone(),
         })
+    }
+
+    /// Rings a batch of `extents` reads is spread over: one until each ring would get
+    /// `MULTI_RING_MIN` reads, at most `uring_rings`.
+    fn rings_for(&self, extents: usize) -> usize {
+        (extents / MULTI_RING_MIN).clamp(1, self.uring_rings)
+    }
+
+    /// A large batch on several rings at once, each on its own thread of the store's ring pool
+    /// (when one ring's thread, submitting and copying, is the limit).
+    fn read_rings(
+        &self,
+        layer: &layout::LayerLayout,
+        plan: &Plan,
+        out: &OutRows,
+        failures: &mut Vec<Failure>,
+        rings: usize,
+    ) -> Result<()> {
+        use rayon::prelude::*;
+        let pool = self
+            .ring_pool
+            .get_or_init(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(self.uring_rings)
+                    .thread_name(|i| format!("fetchahead-uring-{i}"))
+                    .build()
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|why| Error::ReadPathUnavailable {
+                path: "uring",
+                why: why.clone(),
+            })?;
+        let n = plan.extents.len();
+        let chunk = n.div_ceil(rings);
+        let failed = Mutex::new(std::mem::take(failures));
+        let fatal: Mutex<Option<Error>> = Mutex::new(None);
+        pool.install(|| {
+            (0..rings).into_par_iter().with_max_len(1).for_each(|k| {
+                let range = k * chunk..((k + 1) * chunk).min(n);
+                let mut local = Vec::new();
+                let outcome = self.take_ring().and_then(|mut reader| {
+                    reader
+                        .read(self, layer, plan, range, out, &mut local)
+                        .map_err(|e| {
+                            Error::io(self.layout.path(layer.weight.file), "io_uring_enter", e)
+                        })?;
+                    self.give_ring(reader);
+                    Ok(())
+                });
+                if let Err(e) = outcome {
+                    fatal
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert(e);
+                }
+                failed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .append(&mut local);
+            })
+        });
+        *failures = failed.into_inner().unwrap_or_else(|e| e.into_inner());
+        match fatal.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// This thread's idle ring, or a new one.
+    fn take_ring(&self) -> Result<uring::UringReader> {
+        let me = std::thread::current().id();
+        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = rings.iter().position(|r| r.owner() == me) {
+            return Ok(rings.swap_remove(i));
+        }
+        drop(rings);
+        let fds: Vec<RawFd> = (0..self.shards.len()).map(|i| self.read_fd(i).0).collect();
+        let reader = uring::UringReader::new(self.uring_depth, &fds).map_err(|e| {
+            Error::ReadPathUnavailable {
+                path: "uring",
+                why: e.to_string(),
+            }
+        })?;
+        *self.ring_features.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(reader.features().clone());
+        Ok(reader)
+    }
+
+    fn give_ring(&self, reader: uring::UringReader) {
+        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        // Rings of threads that are gone can never be used again: keep a bounded number.
+        if rings.len() >= MAX_IDLE_RINGS {
+            rings.remove(0);
+        }
+        rings.push(reader);
     }
 
     fn resolve(&self, path: ReadPath, n: usize) -> Result<ReadPath> {
@@ -789,36 +976,40 @@ impl Inner {
             return Ok(());
         }
         plan.group();
-        plan.add_extents(Kind::Weight, &layer.weight);
+        plan.add_extents(Kind::Weight, &layer.weight, self.block);
         if resident.is_none() {
-            plan.add_extents(Kind::Scale, &layer.scale);
+            plan.add_extents(Kind::Scale, &layer.scale, self.block);
         }
-        let out = OutRows::new(weights_out, scales_out);
+        let row_bytes = dim + sdim;
+        let fill = &mut scratch.fill;
+        if self.cache.is_some() {
+            fill.resize(plan.uniques.len() * row_bytes, 0);
+        }
+        let out = OutRows::new(
+            weights_out,
+            scales_out,
+            self.cache.is_some().then_some((&mut fill[..], dim)),
+        );
         let failures = &mut scratch.failures;
         failures.clear();
         match path {
+            ReadPath::Uring if self.rings_for(plan.extents.len()) > 1 => {
+                let rings = self.rings_for(plan.extents.len());
+                self.read_rings(layer, plan, &out, failures, rings)?;
+            }
             ReadPath::Uring => {
-                if scratch.uring.is_none() {
-                    let reader = uring::UringReader::new(self.uring_depth).map_err(|e| {
-                        Error::ReadPathUnavailable {
-                            path: "uring",
-                            why: e.to_string(),
-                        }
-                    })?;
-                    scratch.uring = Some(reader);
-                }
-                if let Some(reader) = scratch.uring.as_mut()
-                    && let Err(e) = reader.read(self, layer, plan, &out, failures)
-                {
+                let mut reader = self.take_ring()?;
+                let all = 0..plan.extents.len();
+                if let Err(e) = reader.read(self, layer, plan, all, &out, failures) {
                     // The ring failed as a whole: never reuse it (its queues may hold stale
-                    // entries); the next lookup on this scratch sets up a fresh one.
-                    scratch.uring = None;
+                    // entries); the next lookup on this thread sets up a fresh one.
                     return Err(Error::io(
                         self.layout.path(layer.weight.file),
                         "io_uring_enter",
                         e,
                     ));
                 }
+                self.give_ring(reader);
             }
             ReadPath::Preadv => {
                 preadv::read_pooled(self, self.pool()?, layer, plan, &out, failures)
@@ -835,6 +1026,8 @@ impl Inner {
             .fetch_add(plan.extents.len() as u64, Ordering::Relaxed);
         let bytes: u64 = plan.extents.iter().map(|e| u64::from(e.len)).sum();
         c.bytes.fetch_add(bytes, Ordering::Relaxed);
+        c.rows_read
+            .fetch_add(plan.uniques.len() as u64, Ordering::Relaxed);
         let rows = (!failures.is_empty())
             .then(|| plan.rows_of(failures.iter().map(|f| f.extent as usize)));
         if let (Some(first), Some(rows)) = (failures.first_mut(), rows) {
@@ -860,17 +1053,23 @@ impl Inner {
                 source,
             });
         }
+        if let Some(byte) = self.fault().and_then(FaultState::scribble) {
+            weights_out.fill(byte);
+            scales_out.fill(byte);
+        }
+        // From the store's own copies only: never read `weights_out` or `scales_out` back.
         if let Some(cache) = &self.cache {
-            for u in &plan.uniques {
-                if let Some(&(_, pos)) = plan.order.get(u.first as usize) {
-                    let pos = pos as usize;
-                    cache.insert(
-                        li,
-                        u.row,
-                        &weights_out[pos * dim..(pos + 1) * dim],
-                        &scales_out[pos * sdim..(pos + 1) * sdim],
-                    );
-                }
+            for (u, unique) in plan.uniques.iter().enumerate() {
+                let Some(row) = fill.get(u * row_bytes..(u + 1) * row_bytes) else {
+                    continue;
+                };
+                let (w, read_scales) = row.split_at(dim);
+                let at = (unique.row - self.rows.start) as usize * sdim;
+                let s = match resident {
+                    Some(scales) => scales.get(at..at + sdim).unwrap_or(read_scales),
+                    None => read_scales,
+                };
+                cache.insert(li, unique.row, w, s);
             }
         }
         if caller == Caller::Advise {

@@ -1,5 +1,6 @@
-//! The reads one lookup needs: unique rows in file order, grouped into page-aligned extents so
-//! that rows sharing a 4 KiB page share one read, and the copy of each read row to its outputs.
+//! The reads one lookup needs: unique rows in file order, grouped into block-aligned extents so
+//! that rows sharing a block (the file's O_DIRECT alignment, 512 bytes to a 4 KiB page) or lying
+//! in adjacent blocks share one read, and the copy of each read row to its outputs.
 use std::io;
 
 use super::layout::{LayerLayout, PAGE, TensorSpan};
@@ -29,9 +30,9 @@ pub(crate) struct Unique {
 pub(crate) struct Extent {
     pub kind: Kind,
     pub file: u32,
-    /// Page-aligned file offset.
+    /// Block-aligned file offset.
     pub offset: u64,
-    /// Whole pages.
+    /// Whole blocks.
     pub len: u32,
     /// Bytes from `offset` to the last covered row's end: a read may stop at end of file after it.
     pub need: u32,
@@ -74,18 +75,20 @@ impl Plan {
         }
     }
 
-    /// Adds the extents reading every unique row of `span`.
-    pub fn add_extents(&mut self, kind: Kind, span: &TensorSpan) {
+    /// Adds the extents reading every unique row of `span` in `block`-byte blocks (a power of
+    /// two up to a page).
+    pub fn add_extents(&mut self, kind: Kind, span: &TensorSpan, block: u64) {
         let rb = span.row_bytes;
         let mut current: Option<Extent> = None;
         for (u, unique) in self.uniques.iter().enumerate() {
             let start = span.row_offset(unique.row);
-            let lo = start - start % PAGE;
-            let hi = (start + rb).next_multiple_of(PAGE);
+            let lo = start - start % block;
+            let hi = (start + rb).next_multiple_of(block);
             if let Some(ext) = current.as_mut() {
                 let end = ext.offset + u64::from(ext.len);
-                // Rows in a page already being read join that read, up to MAX_EXTENT.
-                if lo < end && hi - ext.offset <= MAX_EXTENT {
+                // Rows in or right after the blocks already being read join that read, up to
+                // MAX_EXTENT.
+                if lo <= end && hi - ext.offset <= MAX_EXTENT {
                     ext.len = (hi - ext.offset) as u32;
                     ext.need = (start + rb - ext.offset) as u32;
                     ext.count += 1;
@@ -130,15 +133,16 @@ impl Plan {
         rows
     }
 
-    /// Copies each row `data` (the bytes read at `ext.offset`) holds to its output positions.
-    /// False when `data` is shorter than the plan says, which the readers rule out.
+    /// Copies each row `data` (the bytes read at `ext.offset`) holds to its output positions,
+    /// and to its place in the cache's fill rows when there are any. False when `data` is
+    /// shorter than the plan says, which the readers rule out.
     pub fn deliver(&self, layer: &LayerLayout, ext: &Extent, data: &[u8], out: &OutRows) -> bool {
         let span = match ext.kind {
             Kind::Weight => &layer.weight,
             Kind::Scale => &layer.scale,
         };
         let rb = span.row_bytes as usize;
-        for unique in self.extent_uniques(ext) {
+        for (i, unique) in self.extent_uniques(ext).iter().enumerate() {
             let start = (span.row_offset(unique.row) - ext.offset) as usize;
             let Some(src) = data.get(start..start + rb) else {
                 return false;
@@ -151,17 +155,25 @@ impl Plan {
             for &(_, pos) in wanting {
                 out.write(ext.kind, pos as usize, src);
             }
+            out.fill(ext.kind, ext.first as usize + i, src);
         }
         true
     }
 }
 
-/// The caller's output slices, written from several threads at disjoint positions.
+/// The caller's output slices, written from several threads at disjoint positions; and the rows
+/// the cache will take, copied from the read buffers too, so that filling the cache never reads
+/// the caller's output back (in the prefetcher that is write-combined memory, read uncached).
 pub(crate) struct OutRows {
     weights: *mut u8,
     weights_len: usize,
     scales: *mut u8,
     scales_len: usize,
+    /// One row per unique row of the plan: `dim` weight bytes then the scales; null when no
+    /// cache takes the rows.
+    fill: *mut u8,
+    fill_len: usize,
+    dim: usize,
 }
 
 // SAFETY: OutRows is a pair of borrowed slices; every position is written by exactly one reader
@@ -172,12 +184,38 @@ unsafe impl Send for OutRows {}
 unsafe impl Sync for OutRows {}
 
 impl OutRows {
-    pub fn new(weights: &mut [u8], scales: &mut [u8]) -> Self {
+    /// `fill`: `(rows, dim)`, the cache's fill rows of `dim + dim / 32` bytes each.
+    pub fn new(weights: &mut [u8], scales: &mut [u8], fill: Option<(&mut [u8], usize)>) -> Self {
+        let (fill, fill_len, dim) = match fill {
+            Some((f, dim)) => (f.as_mut_ptr(), f.len(), dim),
+            None => (std::ptr::null_mut(), 0, 0),
+        };
         OutRows {
             weights: weights.as_mut_ptr(),
             weights_len: weights.len(),
             scales: scales.as_mut_ptr(),
             scales_len: scales.len(),
+            fill,
+            fill_len,
+            dim,
+        }
+    }
+
+    /// Copies `src`, unique row `u`'s weights or scales, into its fill row.
+    fn fill(&self, kind: Kind, u: usize, src: &[u8]) {
+        if self.fill.is_null() {
+            return;
+        }
+        let stride = self.dim + self.dim / super::layout::MX_BLOCK;
+        let at = u * stride
+            + match kind {
+                Kind::Weight => 0,
+                Kind::Scale => self.dim,
+            };
+        if at + src.len() <= self.fill_len && src.len() <= stride {
+            // SAFETY: in bounds of the live fill slice (checked above); unique row `u` is
+            // delivered by exactly one extent per kind, so no other writer touches this range.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.fill.add(at), src.len()) }
         }
     }
 
@@ -216,12 +254,20 @@ pub(crate) fn step(ext: &Extent, direct: bool, done: u32, res: i64, attempts: &m
         }
         return Step::Failed(io::Error::from_raw_os_error(errno));
     }
-    *attempts = 0;
     let total = u64::from(done) + res as u64;
     if total >= u64::from(ext.need) {
         return Step::Done;
     }
     let next = if direct { total & !511 } else { total };
+    // A direct read that ended inside its first block made no aligned progress: read that
+    // block again, a bounded number of times.
+    if res > 0 && next <= u64::from(done) && *attempts < MAX_RETRIES {
+        *attempts += 1;
+        return Step::Again { done };
+    }
+    if next > u64::from(done) {
+        *attempts = 0;
+    }
     if res == 0 || next <= u64::from(done) {
         return Step::Failed(io::Error::new(
             io::ErrorKind::UnexpectedEof,

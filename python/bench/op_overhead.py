@@ -51,13 +51,19 @@ def per_call_us(fn, calls: int, repeats: int = 7) -> float:
     return statistics.median(samples)
 
 
-def graph_replay_us(fn, calls_in_graph: int = 100, replays: int = 200) -> float:
+def graph_replay_us(fn, current: list, calls_in_graph: int = 100, replays: int = 200) -> float:
+    """Device microseconds per call inside a replayed graph. `current[0]` is the raw stream the
+    Rust-path closures launch on: the capture stream while capturing."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    capture = torch.cuda.Stream()
+    eager_stream = current[0]
+    current[0] = capture.cuda_stream
+    with torch.cuda.graph(graph, stream=capture):
         for _ in range(calls_in_graph):
             fn()
+    current[0] = eager_stream
     for _ in range(10):
         graph.replay()
     torch.cuda.synchronize()
@@ -90,7 +96,8 @@ def main() -> int:
     t = importlib.import_module("fetchahead._torch")
     native = t.native_device(dev)
     gd, g = t.variant_index(dev, "gather_dequant", None), t.variant_index(dev, "gather", None)
-    stream = torch.cuda.current_stream().cuda_stream
+    # The raw stream the Rust-path closures launch on (the capture stream while capturing).
+    current = [torch.cuda.current_stream().cuda_stream]
     w_p, s_p, i_p, o_p = weights.data_ptr(), scales.data_ptr(), ids.data_ptr(), out.data_ptr()
     t_p, r_p = table.data_ptr(), rows.data_ptr()
 
@@ -103,24 +110,24 @@ def main() -> int:
         pre.gather_dequant(ids, out=out)
 
     def pair_rust():
-        native_pre.prefetch(i_p, N, stream)
-        native_pre.gather_dequant(o_p, stream)
+        native_pre.prefetch(i_p, N, current[0])
+        native_pre.gather_dequant(o_p, current[0])
 
     cases = {
         "gather_dequant_out": (
             lambda: fetchahead.gather_dequant_out(weights, scales, ids, out),
             lambda: torch.ops.fetchahead.gather_dequant_out.default(weights, scales, ids, out, None, None),
-            lambda: native.gather_dequant(gd, w_p, s_p, ROWS, DIM, i_p, N, o_p, 0, stream),
+            lambda: native.gather_dequant(gd, w_p, s_p, ROWS, DIM, i_p, N, o_p, 0, current[0]),
         ),
         "gather_dequant (allocates)": (
             lambda: fetchahead.gather_dequant(weights, scales, ids),
             lambda: torch.ops.fetchahead.gather_dequant.default(weights, scales, ids, None, None),
-            lambda: native.gather_dequant(gd, w_p, s_p, ROWS, DIM, i_p, N, o_p, 0, stream),
+            lambda: native.gather_dequant(gd, w_p, s_p, ROWS, DIM, i_p, N, o_p, 0, current[0]),
         ),
         "gather_out": (
             lambda: fetchahead.gather_out(table, ids, rows),
             lambda: torch.ops.fetchahead.gather_out.default(table, ids, rows, None, None),
-            lambda: native.gather(g, t_p, ROWS, DIM, i_p, N, r_p, 0, stream),
+            lambda: native.gather(g, t_p, ROWS, DIM, i_p, N, r_p, 0, current[0]),
         ),
         "prefetch + gather_dequant": (pair_op, None, pair_rust),
     }
@@ -130,7 +137,7 @@ def main() -> int:
         op_us = per_call_us(op, args.calls)
         ops_us = per_call_us(ops, args.calls) if ops else float("nan")
         rust_us = per_call_us(rust, args.calls)
-        graph_delta = graph_replay_us(op) - graph_replay_us(rust)
+        graph_delta = graph_replay_us(op, current) - graph_replay_us(rust, current)
         results[name] = {
             "op_us": op_us,
             "torch_ops_us": ops_us,
@@ -139,6 +146,8 @@ def main() -> int:
             "graph_op_minus_rust_us": graph_delta,
         }
         print(f"{name:<28} {op_us:8.2f} {ops_us:13.2f} {rust_us:8.2f} {op_us - rust_us:10.2f} {graph_delta:21.3f}")
+    alloc_us = per_call_us(lambda: torch.empty((N, DIM), dtype=torch.bfloat16, device=dev), args.calls)
+    print(f"(torch.empty of the output alone: {alloc_us:.2f} us a call, inside the allocating form's op - rust)")
     worst = max(r["op_minus_rust_us"] for r in results.values())
     print(f"goal: op path <= 10 us above the Rust call; worst {worst:.2f} us: {'met' if worst <= 10 else 'NOT met'}")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, fetchahead {fetchahead.__version__}")

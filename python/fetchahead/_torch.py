@@ -311,6 +311,53 @@ def _gather_dequant_out_fake(weights, scales, ids, out, status, variant):
     _check_status(status)
 
 
+# The same ops without a status record: a mutable argument that may be None trips Inductor
+# (torch 2.11: "getitem is not an OpOverload" when lowering the functionalized op), so a call
+# without `status` goes to these, which mutate nothing but their `out`.
+
+
+def _gather_unchecked(table: torch.Tensor, ids: torch.Tensor, variant: Optional[str]) -> torch.Tensor:
+    return _gather(table, ids, None, variant)
+
+
+def _gather_unchecked_fake(table, ids, variant):
+    return _gather_fake(table, ids, None, variant)
+
+
+def _gather_out_unchecked(
+    table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, variant: Optional[str]
+) -> None:
+    _gather_out(table, ids, out, None, variant)
+
+
+def _gather_out_unchecked_fake(table, ids, out, variant):
+    _gather_out_fake(table, ids, out, None, variant)
+
+
+def _gather_dequant_unchecked(
+    weights: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor, variant: Optional[str]
+) -> torch.Tensor:
+    return _gather_dequant(weights, scales, ids, None, variant)
+
+
+def _gather_dequant_unchecked_fake(weights, scales, ids, variant):
+    return _gather_dequant_fake(weights, scales, ids, None, variant)
+
+
+def _gather_dequant_out_unchecked(
+    weights: torch.Tensor,
+    scales: torch.Tensor,
+    ids: torch.Tensor,
+    out: torch.Tensor,
+    variant: Optional[str],
+) -> None:
+    _gather_dequant_out(weights, scales, ids, out, None, variant)
+
+
+def _gather_dequant_out_unchecked_fake(weights, scales, ids, out, variant):
+    _gather_dequant_out_fake(weights, scales, ids, out, None, variant)
+
+
 def _status_tensor(status: Any) -> Optional[torch.Tensor]:
     if status is None or isinstance(status, torch.Tensor):
         return status
@@ -344,6 +391,8 @@ def gather(
     status = _status_tensor(status)
     if _eager(table, ids, status):
         return _gather(table, ids, status, variant)
+    if status is None:
+        return ops.gather_unchecked(table, ids, variant)
     return ops.gather(table, ids, status, variant)
 
 
@@ -360,6 +409,8 @@ def gather_out(
     status = _status_tensor(status)
     if _eager(table, ids, out, status):
         _gather_out(table, ids, out, status, variant)
+    elif status is None:
+        ops.gather_out_unchecked(table, ids, out, variant)
     else:
         ops.gather_out(table, ids, out, status, variant)
     return out
@@ -382,6 +433,8 @@ def gather_dequant(
     status = _status_tensor(status)
     if _eager(weights, scales, ids, status):
         return _gather_dequant(weights, scales, ids, status, variant)
+    if status is None:
+        return ops.gather_dequant_unchecked(weights, scales, ids, variant)
     return ops.gather_dequant(weights, scales, ids, status, variant)
 
 
@@ -399,6 +452,8 @@ def gather_dequant_out(
     status = _status_tensor(status)
     if _eager(weights, scales, ids, out, status):
         _gather_dequant_out(weights, scales, ids, out, status, variant)
+    elif status is None:
+        ops.gather_dequant_out_unchecked(weights, scales, ids, out, variant)
     else:
         ops.gather_dequant_out(weights, scales, ids, out, status, variant)
     return out
@@ -534,6 +589,10 @@ torch.library.custom_op("fetchahead::gather", _gather, mutates_args=("status",))
 torch.library.custom_op("fetchahead::gather_out", _gather_out, mutates_args=("out", "status")).register_fake(_gather_out_fake)
 torch.library.custom_op("fetchahead::gather_dequant", _gather_dequant, mutates_args=("status",)).register_fake(_gather_dequant_fake)
 torch.library.custom_op("fetchahead::gather_dequant_out", _gather_dequant_out, mutates_args=("out", "status")).register_fake(_gather_dequant_out_fake)
+torch.library.custom_op("fetchahead::gather_unchecked", _gather_unchecked, mutates_args=()).register_fake(_gather_unchecked_fake)
+torch.library.custom_op("fetchahead::gather_out_unchecked", _gather_out_unchecked, mutates_args=("out",)).register_fake(_gather_out_unchecked_fake)
+torch.library.custom_op("fetchahead::gather_dequant_unchecked", _gather_dequant_unchecked, mutates_args=()).register_fake(_gather_dequant_unchecked_fake)
+torch.library.custom_op("fetchahead::gather_dequant_out_unchecked", _gather_dequant_out_unchecked, mutates_args=("out",)).register_fake(_gather_dequant_out_unchecked_fake)
 torch.library.custom_op("fetchahead::prefetch", _prefetch, mutates_args=("ticket",)).register_fake(_prefetch_fake)
 torch.library.custom_op("fetchahead::prefetched_gather_dequant", _prefetched_gather_dequant, mutates_args=()).register_fake(_prefetched_gather_dequant_fake)
 torch.library.custom_op("fetchahead::prefetched_gather_dequant_out", _prefetched_gather_dequant_out, mutates_args=("out",)).register_fake(_prefetched_gather_dequant_out_fake)

@@ -134,6 +134,10 @@ def test_opcheck_passes_for_every_kernel_op(torch, cuda, mx):
     torch.library.opcheck(ops.gather_dequant.default, (weights, scales, ids, status, gd))
     torch.library.opcheck(ops.gather_dequant.default, (weights, scales, ids, None, gd))
     torch.library.opcheck(ops.gather_dequant_out.default, (weights, scales, ids, out, status, gd))
+    torch.library.opcheck(ops.gather_unchecked.default, (weights, ids, g))
+    torch.library.opcheck(ops.gather_out_unchecked.default, (weights, ids, rows, g))
+    torch.library.opcheck(ops.gather_dequant_unchecked.default, (weights, scales, ids, gd))
+    torch.library.opcheck(ops.gather_dequant_out_unchecked.default, (weights, scales, ids, out, gd))
 
 
 def test_a_compiled_function_has_no_graph_break_and_the_same_bits(torch, cuda, mx):
@@ -156,6 +160,21 @@ def test_a_compiled_function_has_no_graph_break_and_the_same_bits(torch, cuda, m
     assert explained.graph_break_count == 0
     other = ids_for(torch, cuda, 100, weights.shape[0], seed=9)
     assert torch.equal(compiled(other)[1], f(other)[1])
+
+    # The same with a status record and the _out forms, whose ops mutate their arguments.
+    status = fetchahead.IdStatus(cuda)
+    out = torch.empty((100, DIM), dtype=torch.bfloat16, device=cuda)
+
+    def g(ids):
+        fetchahead.gather_dequant_out(weights, scales, ids, out, status=status)
+        return fetchahead.gather(table, ids, status=status), out * 2
+
+    want = g(ids)
+    want = (want[0].clone(), want[1].clone())
+    torch._dynamo.reset()
+    got = torch.compile(g, fullgraph=True)(ids)
+    assert torch.equal(got[0], want[0])
+    assert torch.equal(got[1].view(torch.int16), want[1].view(torch.int16))
 
 
 def test_the_ops_replay_in_a_cuda_graph(torch, cuda, mx):
