@@ -66,7 +66,7 @@ fn main() {
     fs::write(out_dir.join("ptx.rs"), table).unwrap();
 }
 
-/// `sm_121a` -> (121, true). Kept in step with `host/ptx.rs`.
+/// `sm_121a` -> (121, true). Kept in step with `host/kernels/ptx.rs`.
 fn parse_arch(arch: &str) -> Option<(u32, bool)> {
     let digits = arch.strip_prefix("sm_")?;
     let (digits, specific) = match digits.strip_suffix('a') {

@@ -1,5 +1,5 @@
 //! What fetchahead buys per decode step: the simulated DeepSeek-scale step of
-//! `fetchahead::decode_step` (a hasher; 61 layers with 89 all-reduce and 49 all-gather windows,
+//! `fetchahead::sim::decode_step` (a hasher; 61 layers with 89 all-reduce and 49 all-gather windows,
 //! 3.6 ms in all, each followed by bf16 GEMV readers of the next weights; spin compute between;
 //! Engram layers 2 and 15 gathering rows looked up in a row store on disk), timed with CUDA
 //! events, eager and replayed from a CUDA graph, in six configurations: neither feature, the
@@ -25,13 +25,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
-use fetchahead::decode_step::{
+use fetchahead::kernels::Kernels;
+use fetchahead::kernels::gpu::Gpu;
+use fetchahead::sim::decode_step::{
     DECODE_LEAD_IN_US, DecodeShape, DecodeStep, DecodeWeights, GB10, Run, Runs, SparkModel,
     StepConfig, StepOutputs, model_windows, reader_times, report, spark_lines,
 };
-use fetchahead::forward::LayerTable;
-use fetchahead::gpu::Gpu;
-use fetchahead::kernels::Kernels;
+use fetchahead::sim::forward::LayerTable;
 use fetchahead::store::make::{TableSpec, write_table};
 use fetchahead::store::{LayerRows, ReadPath, RowStore, StoreOptions};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
@@ -259,7 +259,7 @@ fn decode_step(c: &mut Criterion) {
     type Measured<'a> = (
         &'a Lookups,
         Runs,
-        Vec<fetchahead::decode_step::ModelWindow>,
+        Vec<fetchahead::sim::decode_step::ModelWindow>,
         f64,
     );
     let mut all_runs: Vec<Measured> = Vec::new();

@@ -16,17 +16,17 @@ use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
-use fetchahead::access_policy::{AccessWindow, PersistingL2};
 use fetchahead::device_abi::params::{GemvParams, PrefetchParams, Segment};
 use fetchahead::device_abi::{gemv, l2_prefetch};
-use fetchahead::gemv::{Gemv, GemvLaunch};
-use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
+use fetchahead::kernels::gpu::Gpu;
+use fetchahead::l2_plan::access_policy::{AccessWindow, PersistingL2};
+use fetchahead::l2_plan::segments::SegmentTable;
 use fetchahead::l2_plan::{
     L2Plan, PlanConfig, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature, default_budget,
     read_limit,
 };
-use fetchahead::segments::SegmentTable;
+use fetchahead::sim::gemv::{Gemv, GemvLaunch};
 use fetchahead::{Error, Result};
 use half::bf16;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};

@@ -43,13 +43,13 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use cudarc::driver::{CudaGraph, CudaStream, DevicePtr, sys};
-use fetchahead::forward::{
+use fetchahead::kernels::Kernels;
+use fetchahead::kernels::gpu::Gpu;
+use fetchahead::prefetch::lookup::{MemoryRows, RowLookup};
+use fetchahead::prefetch::prefetcher::{Completion, Prefetcher, PrefetcherConfig};
+use fetchahead::sim::forward::{
     FlagLanes, ForwardShape, GatherPath, LEAD_IN_US, LayerTable, SimulatedForward, StepTime,
 };
-use fetchahead::gpu::Gpu;
-use fetchahead::kernels::Kernels;
-use fetchahead::lookup::{MemoryRows, RowLookup};
-use fetchahead::prefetcher::{Completion, Prefetcher, PrefetcherConfig};
 use fetchahead::store::make::{TableSpec, write_table};
 use fetchahead::store::{LayerRows, ReadPath, RowStore, Stats, StoreOptions};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};

@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use cudarc::driver::sys;
 
-use crate::flag_worker::FlagLane;
-use crate::gpu::Gpu;
 use crate::kernels::Kernels;
-use crate::lookup::{MemoryRows, RowLookup, lookup_or_zero};
-use crate::prefetcher::{Completion, Prefetcher, PrefetcherConfig};
+use crate::kernels::gpu::Gpu;
+use crate::prefetch::flag_worker::FlagLane;
+use crate::prefetch::lookup::{MemoryRows, RowLookup, lookup_or_zero};
+use crate::prefetch::prefetcher::{Completion, Prefetcher, PrefetcherConfig};
 use crate::{Error, Result};
 
 pub const FETCHAHEAD_OK: c_int = 0;

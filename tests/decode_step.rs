@@ -4,15 +4,15 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
 
-use fetchahead::decode_step::{
+use fetchahead::kernels::Kernels;
+use fetchahead::kernels::gpu::Gpu;
+use fetchahead::l2_plan::default_budget;
+use fetchahead::prefetch::lookup::MemoryRows;
+use fetchahead::sim::decode_step::{
     DecodeShape, DecodeStep, DecodeWeights, GB10, Matrix, MeasuredStep, ModelWindow, ReaderTime,
     SparkModel, StepConfig, StepOutputs, WindowRole,
 };
-use fetchahead::forward::LayerTable;
-use fetchahead::gpu::Gpu;
-use fetchahead::kernels::Kernels;
-use fetchahead::l2_plan::default_budget;
-use fetchahead::lookup::MemoryRows;
+use fetchahead::sim::forward::LayerTable;
 use fetchahead::{Error, Result};
 
 /// Counts the allocations of each thread, for the warm step's check.
@@ -305,8 +305,8 @@ fn a_small_steps_outputs_are_bit_identical_across_configurations() -> Result<()>
 /// plan's saving lines, without a device.
 #[test]
 fn the_report_reads_every_configuration() {
-    use fetchahead::decode_step::{Run, Runs, report, spark_lines};
-    use fetchahead::forward::StepTime;
+    use fetchahead::sim::decode_step::{Run, Runs, report, spark_lines};
+    use fetchahead::sim::forward::StepTime;
     let mut runs = Runs::new();
     let base = |c: StepConfig| match c {
         StepConfig::Floor => 47.0,
@@ -325,7 +325,7 @@ fn the_report_reads_every_configuration() {
                     enqueue_ms: 2.0,
                     lead_in_overrun: false,
                 };
-                let lookup = if c.gather() == fetchahead::forward::GatherPath::Resident {
+                let lookup = if c.gather() == fetchahead::sim::forward::GatherPath::Resident {
                     0.0
                 } else {
                     1.8

@@ -5,9 +5,9 @@ use std::ptr;
 
 use cudarc::driver::DevicePtr;
 use fetchahead::ffi::*;
-use fetchahead::gpu::Gpu;
-use fetchahead::lookup::{MemoryRows, RowLookup};
-use fetchahead::reference;
+use fetchahead::kernels::gpu::Gpu;
+use fetchahead::prefetch::lookup::{MemoryRows, RowLookup};
+use fetchahead::sim::reference;
 
 const DIM: usize = 256;
 

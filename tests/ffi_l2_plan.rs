@@ -4,7 +4,7 @@ use std::ptr;
 
 use cudarc::driver::DevicePtr;
 use fetchahead::ffi::*;
-use fetchahead::gpu::Gpu;
+use fetchahead::kernels::gpu::Gpu;
 
 fn last_error() -> String {
     let mut buf = [0 as c_char; 512];

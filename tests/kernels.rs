@@ -5,13 +5,14 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use fetchahead::Error;
 use fetchahead::device_abi::{dequant, gather};
-use fetchahead::gpu::Gpu;
-use fetchahead::id_check::IdCheck;
 use fetchahead::kernels::Kernels;
-use fetchahead::selfcheck::{fresh_seed, poison};
-use fetchahead::table::{Mxfp8Table, Placement, RowTable};
-use fetchahead::{Error, reference};
+use fetchahead::kernels::gpu::Gpu;
+use fetchahead::kernels::id_check::IdCheck;
+use fetchahead::sim::reference;
+use fetchahead::sim::selfcheck::{fresh_seed, poison};
+use fetchahead::tables::table::{Mxfp8Table, Placement, RowTable};
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 
 const DIM: usize = 256;

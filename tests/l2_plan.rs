@@ -7,15 +7,16 @@ use cudarc::driver::{CudaStream, sys};
 use fetchahead::device_abi::gemv::Reduce;
 use fetchahead::device_abi::params::Segment;
 use fetchahead::device_abi::{gemv, l2_prefetch};
-use fetchahead::gemv::{Gemv, GemvLaunch};
-use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
+use fetchahead::kernels::gpu::Gpu;
+use fetchahead::l2_plan::segments::{SegmentTable, aligned_segment, check_segment};
 use fetchahead::l2_plan::{
     L2Plan, Learned, PlanConfig, Planner, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature,
     auto_variant, default_budget, read_limit,
 };
-use fetchahead::segments::{SegmentTable, aligned_segment, check_segment};
-use fetchahead::{Error, Result, reference};
+use fetchahead::sim::gemv::{Gemv, GemvLaunch};
+use fetchahead::sim::reference;
+use fetchahead::{Error, Result};
 use half::bf16;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 

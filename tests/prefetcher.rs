@@ -5,13 +5,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, sys};
-use fetchahead::flag_worker::FlagLane;
-use fetchahead::gpu::Gpu;
 use fetchahead::kernels::Kernels;
-use fetchahead::lookup::{MemoryRows, RowLookup, lookup_or_zero};
-use fetchahead::prefetcher::{Completion, Prefetcher, PrefetcherConfig};
-use fetchahead::staging::StagingLayout;
-use fetchahead::{Error, Result, reference, selfcheck};
+use fetchahead::kernels::gpu::Gpu;
+use fetchahead::prefetch::flag_worker::FlagLane;
+use fetchahead::prefetch::lookup::{MemoryRows, RowLookup, lookup_or_zero};
+use fetchahead::prefetch::prefetcher::{Completion, Prefetcher, PrefetcherConfig};
+use fetchahead::prefetch::staging::StagingLayout;
+use fetchahead::sim::{reference, selfcheck};
+use fetchahead::{Error, Result};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
 const DIM: usize = 256;

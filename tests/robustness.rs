@@ -926,7 +926,7 @@ fn the_cli_rejects_what_a_user_gets_wrong() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
     assert!(!Path::new(d).exists(), "a refused command wrote {d}");
-    if fetchahead::gpu::Gpu::open(0).is_err() {
+    if fetchahead::kernels::gpu::Gpu::open(0).is_err() {
         let (code, err) = run_cli(&bin, &["check"], &[("FETCHAHEAD_REQUIRE_GPU", "1")], long);
         assert_ne!(
             code, 0,

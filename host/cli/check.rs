@@ -2,9 +2,10 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use fetchahead::gpu::{Gpu, REQUIRE_GPU_ENV, gpu_required};
+use fetchahead::Error;
 use fetchahead::kernels::Kernels;
-use fetchahead::{Error, selfcheck};
+use fetchahead::kernels::gpu::{Gpu, REQUIRE_GPU_ENV, gpu_required};
+use fetchahead::sim::selfcheck;
 
 #[derive(Args, Default)]
 pub struct CheckArgs {

@@ -17,13 +17,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser};
-use fetchahead::forward::{
+use fetchahead::kernels::Kernels;
+use fetchahead::kernels::gpu::Gpu;
+use fetchahead::prefetch::lookup::MemoryRows;
+use fetchahead::prefetch::prefetcher::{Completion, PrefetcherConfig};
+use fetchahead::sim::forward::{
     FlagLanes, ForwardShape, GatherPath, LEAD_IN_US, LayerTable, SimulatedForward,
 };
-use fetchahead::gpu::Gpu;
-use fetchahead::kernels::Kernels;
-use fetchahead::lookup::MemoryRows;
-use fetchahead::prefetcher::{Completion, PrefetcherConfig};
 use fetchahead::store::make::{DirState, TableSpec, WriteOptions, dir_state, write_table_with};
 use fetchahead::store::{LayerRows, ReadPath, RowStore, Stats, StoreOptions};
 use fetchahead::{Error, Result};

@@ -3,7 +3,7 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 
 use fetchahead::device_abi::all_kernels;
-use fetchahead::ptx;
+use fetchahead::kernels::ptx;
 
 pub fn list() -> fetchahead::Result<ExitCode> {
     let about = |name: &str| {

@@ -5,7 +5,7 @@
 //! - [`ReadPath`]: io_uring O_DIRECT batches, a preadv thread pool, mmap + WILLNEED, buffered.
 //! - [`tune`]: `Auto`'s measured choice of path by batch size.
 //! - [`make`]: writing generated tables; [`measure`]: timing lookups and raw reads.
-//! - [`LayerRows`]: one layer of a store as a [`RowLookup`](crate::lookup::RowLookup).
+//! - [`LayerRows`]: one layer of a store as a [`RowLookup`](crate::prefetch::lookup::RowLookup).
 use std::fmt;
 use std::fs::File;
 use std::io;

@@ -8,12 +8,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cudarc::driver::{CudaSlice, DevicePtr, sys};
 use fetchahead::device_abi::params::{DequantParams, GatherParams, IdStatus};
 use fetchahead::device_abi::{dequant, gather};
-use fetchahead::flag_worker::FlagLane as RustFlagLane;
 use fetchahead::kernels::Kernels;
+use fetchahead::l2_plan::segments::SegmentTable;
 use fetchahead::l2_plan::{L2Plan as RustL2Plan, PlanConfig, Signature};
-use fetchahead::lookup::{MemoryRows, RowLookup};
-use fetchahead::prefetcher::{Completion, Prefetcher as RustPrefetcher, PrefetcherConfig};
-use fetchahead::segments::SegmentTable;
+use fetchahead::prefetch::flag_worker::FlagLane as RustFlagLane;
+use fetchahead::prefetch::lookup::{MemoryRows, RowLookup};
+use fetchahead::prefetch::prefetcher::{
+    Completion, Prefetcher as RustPrefetcher, PrefetcherConfig,
+};
 use fetchahead::store::{LayerRows, ReadPath, RowStore as RustRowStore, StoreOptions};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};

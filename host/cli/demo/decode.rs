@@ -1,18 +1,18 @@
 //! The demo's decode-step section: the DeepSeek-scale decode step of
-//! [`fetchahead::decode_step`] on the demo's own row-store table, in every configuration (neither
+//! [`fetchahead::sim::decode_step`] on the demo's own row-store table, in every configuration (neither
 //! feature, the Engram prefetcher only, the L2 plan only, both, and the floors), eager and
 //! replayed from a CUDA graph; the outputs compared across them; the DGX Spark projection.
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use fetchahead::decode_step::{
+use fetchahead::kernels::Kernels;
+use fetchahead::kernels::gpu::Gpu;
+use fetchahead::sim::decode_step::{
     DECODE_LEAD_IN_US, DecodeShape, DecodeStep, DecodeWeights, GB10, Run, Runs, SparkModel,
     StepConfig, StepOutputs, model_windows, reader_times, report, spark_lines,
 };
-use fetchahead::forward::LayerTable;
-use fetchahead::gpu::Gpu;
-use fetchahead::kernels::Kernels;
+use fetchahead::sim::forward::LayerTable;
 use fetchahead::{Error, Result};
 use rand::rngs::SmallRng;
 

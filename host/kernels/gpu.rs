@@ -22,8 +22,8 @@ pub struct Gpu {
 impl Gpu {
     /// Opens device `ordinal`, or says why there is none (no driver library, no device).
     pub fn open(ordinal: usize) -> Result<Gpu> {
-        // SAFETY: only probes whether libcuda can be loaded; cudarc panics on first use otherwise.
-        if !unsafe { sys::is_culib_present() } {
+        // cudarc panics on first use without libcuda.
+        if !crate::driver::culib_present() {
             return Err(Error::NoDevice(
                 "the CUDA driver library (libcuda.so) is not installed".into(),
             ));

@@ -1,6 +1,6 @@
 //! Flag-mode completion: a lookup thread (a [`FlagLane`]) runs staging sets' lookups, and each
 //! side stream waits for its own with `cuStreamWaitValue32` on a pinned flag pair (a
-//! [`FlagSlot`]) instead of running a host function. Host functions of every stream run on the
+//! `FlagSlot`) instead of running a host function. Host functions of every stream run on the
 //! driver's one callback thread; a lane is a thread of the crate's own, woken by a flag.
 //!
 //! A lane runs one lookup at a time. Prefetchers whose lookups read one disk share a lane, so
@@ -18,11 +18,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaStream, PinnedHostSlice, sys};
 
+use crate::driver::{self, stream};
 use crate::error::CudaCall;
-use crate::lookup_job::LookupJobs;
-use crate::table::TableMemory;
+use crate::prefetch::lookup_job::LookupJobs;
 use crate::{Error, Result};
 
 /// How long a lane spins after its last lookup before it polls with short sleeps.
@@ -192,11 +192,11 @@ fn serve(state: &LaneState) {
 }
 
 /// One staging set's place in a lane: its pinned flag words and its registration.
-pub struct FlagSlot {
+pub(crate) struct FlagSlot {
     lane: Arc<FlagLane>,
     id: u64,
     device: u64,
-    _flags: TableMemory,
+    _flags: PinnedHostSlice<u8>,
 }
 
 impl FlagSlot {
@@ -208,15 +208,8 @@ impl FlagSlot {
         rank: u32,
         jobs: Arc<LookupJobs>,
     ) -> Result<FlagSlot> {
-        let mut memory = TableMemory::pinned_host(ctx, 8)?;
-        let TableMemory::PinnedHost {
-            host,
-            device_address,
-        } = &mut memory
-        else {
-            return Err(Error::invalid("flags", "not pinned host memory"));
-        };
-        let device = *device_address;
+        let (mut memory, device) = driver::memory::mapped_pinned(ctx, 8)?;
+        let host = &mut memory;
         let flags = Flags {
             host: host.as_mut_ptr().call("cuEventSynchronize")?.cast(),
         };
@@ -246,19 +239,11 @@ impl FlagSlot {
         let request = u32::try_from(count + 1)
             .map_err(|_| Error::invalid("count", format!("{count} rows in one request")))?;
         let (request_at, done_at) = (self.device, self.device + 4);
-        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-        let equal = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
         // SAFETY: both addresses are device addresses of the live pinned flag words.
         unsafe {
-            sys::cuStreamWriteValue32_v2(s, request_at, request, write)
-                .result()
-                .call("cuStreamWriteValue32")?;
-            sys::cuStreamWaitValue32_v2(s, done_at, 1, equal)
-                .result()
-                .call("cuStreamWaitValue32")?;
-            sys::cuStreamWriteValue32_v2(s, done_at, 0, write)
-                .result()
-                .call("cuStreamWriteValue32")
+            stream::write_value32(s, request_at, request)?;
+            stream::wait_value32_eq(s, done_at, 1)?;
+            stream::write_value32(s, done_at, 0)
         }
     }
 }

@@ -1,19 +1,31 @@
-//! The raw, stream-ordered driver calls the prefetcher makes on streams it may not own (an
-//! engine's `CUstream`): event fork/join, async copies between pinned host memory and device
-//! memory, and the capture status. Each is capturable into a CUDA graph.
+//! The raw, stream-ordered driver calls made on streams the crate may not own (an engine's
+//! `CUstream`): event fork/join, async copies between pinned host memory and device memory,
+//! 32-bit flag writes and waits, and the capture status. Each is capturable into a CUDA graph.
 use cudarc::driver::{CudaContext, CudaEvent, result, sys};
 
 use crate::Result;
 use crate::error::CudaCall;
 
-/// Whether `stream` is being captured into a graph.
+/// The capture status of `stream`: none, active, or invalidated.
 ///
 /// # Safety
 /// `stream` is a valid stream of `ctx` (or the null stream).
-pub unsafe fn is_capturing(ctx: &CudaContext, stream: sys::CUstream) -> Result<bool> {
+pub unsafe fn capture_status(
+    ctx: &CudaContext,
+    stream: sys::CUstream,
+) -> Result<sys::CUstreamCaptureStatus> {
     ctx.bind_to_thread().call("cuCtxSetCurrent")?;
     // SAFETY: a status query; the caller's stream is a valid stream of `ctx`.
-    let status = unsafe { result::stream::is_capturing(stream) }.call("cuStreamIsCapturing")?;
+    unsafe { result::stream::is_capturing(stream) }.call("cuStreamIsCapturing")
+}
+
+/// Whether `stream` is being captured into a graph (an invalidated capture counts).
+///
+/// # Safety
+/// As [`capture_status`].
+pub unsafe fn is_capturing(ctx: &CudaContext, stream: sys::CUstream) -> Result<bool> {
+    // SAFETY: the caller's guarantees, passed on.
+    let status = unsafe { capture_status(ctx, stream) }?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
@@ -97,4 +109,29 @@ pub unsafe fn copy_to_device(
     unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream) }
         .result()
         .call("cuMemcpyHtoDAsync")
+}
+
+/// Enqueues a write of `value` to the 32-bit word at device address `at`.
+///
+/// # Safety
+/// `at` is the device address of a live, 4-byte aligned word (device memory or pinned host
+/// memory mapped for the device) until the stream has run the write; `stream` is valid.
+pub unsafe fn write_value32(stream: sys::CUstream, at: u64, value: u32) -> Result<()> {
+    let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+    // SAFETY: the caller guarantees the word and the stream.
+    unsafe { sys::cuStreamWriteValue32_v2(stream, at, value, write) }
+        .result()
+        .call("cuStreamWriteValue32")
+}
+
+/// Makes `stream` wait until the 32-bit word at device address `at` equals `value`.
+///
+/// # Safety
+/// As [`write_value32`].
+pub unsafe fn wait_value32_eq(stream: sys::CUstream, at: u64, value: u32) -> Result<()> {
+    let equal = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
+    // SAFETY: the caller guarantees the word and the stream.
+    unsafe { sys::cuStreamWaitValue32_v2(stream, at, value, equal) }
+        .result()
+        .call("cuStreamWaitValue32")
 }

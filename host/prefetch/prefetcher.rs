@@ -17,14 +17,16 @@ use std::time::Duration;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead_gpu::params::{CheckCounter, CheckParams};
 
-use crate::check_log::CheckLog;
+use crate::driver::{host_fn, stream};
 use crate::error::CudaCall;
-use crate::flag_worker::{FlagLane, FlagSlot};
-use crate::kernels::{Kernels, check_aligned_to};
-use crate::lookup::RowLookup;
-use crate::lookup_job::{FailureLog, LookupFailure, LookupJobs};
-use crate::staging::{StagingBuffers, StagingLayout};
-use crate::{Error, Result, host_fn, stream};
+use crate::kernels::Kernels;
+use crate::kernels::launch::check_aligned_to;
+use crate::prefetch::check_log::CheckLog;
+use crate::prefetch::flag_worker::{FlagLane, FlagSlot};
+use crate::prefetch::lookup::RowLookup;
+use crate::prefetch::lookup_job::{FailureLog, LookupFailure, LookupJobs};
+use crate::prefetch::staging::{StagingBuffers, StagingLayout};
+use crate::{Error, Result};
 
 /// How a prefetcher is built.
 #[derive(Clone, Copy, Debug)]

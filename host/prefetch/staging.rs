@@ -1,17 +1,18 @@
 //! Staging for one lookup path: pinned host buffers the lookup fills (ids, weights, scales) and
 //! their device mirrors the gather reads, sized once to a power-of-two number of rows.
 //!
-//! Everything a prefetch or gather will touch is allocated and used once by [`StagingBuffers::warm`],
+//! Everything a prefetch or gather will touch is allocated and used once by `StagingBuffers::warm`,
 //! before any graph capture: a capture must not be the first use of a buffer or a kernel.
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PinnedHostSlice, sys};
 use fetchahead_gpu::params::{DequantParams, MX_BLOCK};
 
+use crate::driver::stream;
 use crate::error::CudaCall;
-use crate::id_check::IdCheck;
 use crate::kernels::Kernels;
-use crate::{Error, Result, stream};
+use crate::kernels::id_check::IdCheck;
+use crate::{Error, Result};
 
 /// The rows staged per lookup, rounded up to a power of two, and the row width.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,7 +80,7 @@ impl StagingLayout {
 
 /// The pinned host buffers, as raw pointers a host function can write through.
 #[derive(Clone, Copy, Debug)]
-pub struct HostSpans {
+pub(crate) struct HostSpans {
     /// `capacity` ids, copied from the device: cached memory, read by the CPU.
     pub ids: *mut i64,
     /// `capacity * dim` bytes, written by the lookup, read by the copy engine.
@@ -90,7 +91,7 @@ pub struct HostSpans {
 
 /// The device mirrors and what the gather of staged rows reads.
 #[derive(Clone, Copy, Debug)]
-pub struct DeviceSpans {
+pub(crate) struct DeviceSpans {
     pub weights: u64,
     pub scales: u64,
     /// `capacity` int64 ids `0, 1, 2, ...`: staged row `i` is row `i` of the mirrors.
@@ -100,7 +101,7 @@ pub struct DeviceSpans {
 
 /// Pinned host buffers and their device mirrors for one lookup path.
 #[derive(Debug)]
-pub struct StagingBuffers {
+pub(crate) struct StagingBuffers {
     layout: StagingLayout,
     host: HostSpans,
     device: DeviceSpans,

@@ -4,14 +4,14 @@
 //! A host node captured into a graph keeps the one pointer it was given, so the row count must be
 //! in what it points at: each staging set has a table of jobs, one per count `0..=capacity`,
 //! built once, and a prefetch of `n` rows enqueues job `n`.
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use crate::Error;
-use crate::host_fn::HostCall;
-use crate::lookup::{RowLookup, lookup_or_zero};
-use crate::staging::{HostSpans, StagingLayout};
+use crate::driver::host_fn::HostCall;
+use crate::prefetch::lookup::{RowLookup, lookup_or_zero};
+use crate::prefetch::staging::{HostSpans, StagingLayout};
 
 /// One failed lookup: why, and the ids it was asked for (its rows were zero-filled).
 #[derive(Clone, Debug)]
@@ -25,7 +25,6 @@ pub struct LookupFailure {
 pub struct FailureLog {
     count: AtomicU64,
     kept: Mutex<Vec<LookupFailure>>,
-    since_taken: AtomicBool,
 }
 
 impl FailureLog {
@@ -34,7 +33,6 @@ impl FailureLog {
 
     fn record(&self, error: &Error, ids: &[i64]) {
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.since_taken.store(true, Ordering::Release);
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         if kept.len() < Self::KEPT {
             log::warn!(
@@ -53,14 +51,8 @@ impl FailureLog {
         self.count.load(Ordering::Relaxed)
     }
 
-    /// Whether a lookup failed since the last [`FailureLog::take`].
-    pub fn any_new(&self) -> bool {
-        self.since_taken.load(Ordering::Acquire)
-    }
-
     /// The kept failures, oldest first, clearing them.
     pub fn take(&self) -> Vec<LookupFailure> {
-        self.since_taken.store(false, Ordering::Release);
         std::mem::take(&mut *self.kept.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }

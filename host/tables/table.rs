@@ -3,13 +3,14 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PinnedHostSlice, sys,
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PinnedHostSlice,
 };
 use fetchahead_gpu::params::{DequantParams, GatherParams, MX_BLOCK};
 
+use crate::driver;
 use crate::error::CudaCall;
-use crate::id_check::IdCheck;
 use crate::kernels::Kernels;
+use crate::kernels::id_check::IdCheck;
 use crate::{Error, Result};
 
 /// Where a table's bytes live.
@@ -56,17 +57,7 @@ impl TableMemory {
     /// `len` bytes of pinned host memory, mapped for the device, cached for CPU reads and writes
     /// (not write-combined), contents unspecified until written.
     pub fn pinned_host(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
-        // SAFETY: the memory is uninitialized bytes; every reader here writes it first.
-        let mut host = unsafe {
-            ctx.alloc_pinned_with_flags::<u8>(len.max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP)
-        }
-        .call("cuMemHostAlloc")?;
-        let host_ptr = host.as_mut_ptr().call("cuEventSynchronize")?;
-        let mut device_address: sys::CUdeviceptr = 0;
-        // SAFETY: host_ptr is a live allocation made with CU_MEMHOSTALLOC_DEVICEMAP.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_address, host_ptr.cast(), 0) }
-            .result()
-            .call("cuMemHostGetDevicePointer")?;
+        let (host, device_address) = driver::memory::mapped_pinned(ctx, len)?;
         Ok(TableMemory::PinnedHost {
             host,
             device_address,

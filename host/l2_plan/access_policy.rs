@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
 
+use crate::driver;
 use crate::error::CudaCall;
-use crate::gpu::Gpu;
+use crate::kernels::gpu::Gpu;
 use crate::{Error, Result};
 
 /// One access-policy window: `hit_ratio` of the lines in `base..base + bytes` persist, the rest
@@ -24,17 +25,7 @@ pub struct AccessWindow {
 
 impl AccessWindow {
     fn value(&self) -> sys::CUlaunchAttributeValue {
-        // SAFETY: an all-zero union is a valid value of every member (plain integers and enums
-        // whose zero is a listed variant); the member used is written below.
-        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-        value.accessPolicyWindow = sys::CUaccessPolicyWindow {
-            base_ptr: self.base as *mut std::ffi::c_void,
-            num_bytes: self.bytes as usize,
-            hitRatio: self.hit_ratio,
-            hitProp: sys::CUaccessProperty::CU_ACCESS_PROPERTY_PERSISTING,
-            missProp: sys::CUaccessProperty::CU_ACCESS_PROPERTY_STREAMING,
-        };
-        value
+        driver::launch::access_policy_value(self.base, self.bytes, self.hit_ratio)
     }
 
     /// The window as a launch attribute for `cuLaunchKernelEx`.
@@ -114,26 +105,12 @@ impl PersistingL2 {
                 hit_ratio: 0.0,
             })
             .value();
-        self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-        // SAFETY: a live stream of this context and a fully initialised attribute value.
-        unsafe {
-            sys::cuStreamSetAttribute(
-                stream.cu_stream(),
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW,
-                &value,
-            )
-        }
-        .result()
-        .call("cuStreamSetAttribute")
+        driver::l2::set_stream_access_policy(&self.ctx, stream, &value)
     }
 
     /// Turns every persisting line back into a normal one (the set-aside stays).
     pub fn reset_lines(&self) -> Result<()> {
-        self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-        // SAFETY: no arguments; acts on the current context, bound above.
-        unsafe { sys::cuCtxResetPersistingL2Cache() }
-            .result()
-            .call("cuCtxResetPersistingL2Cache")
+        driver::l2::reset_persisting_lines(&self.ctx)
     }
 }
 

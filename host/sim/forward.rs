@@ -16,7 +16,7 @@
 //! gather order ([`FlagLanes::Shared`]), or each on a lane of its own ([`FlagLanes::PerLayer`]).
 //!
 //! The Engram side of a step (token buffer, hash, prefetches, gathers, resident tables) is
-//! [`EngramLayers`], which the decode step of [`crate::decode_step`] enqueues too.
+//! [`EngramLayers`], which the decode step of [`crate::sim::decode_step`] enqueues too.
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,13 +25,13 @@ use fetchahead_gpu::hash;
 use fetchahead_gpu::params::{DequantParams, HashParams, MAX_NGRAM};
 
 use crate::error::CudaCall;
-use crate::flag_worker::FlagLane;
-use crate::id_check::IdCheck;
 use crate::kernels::Kernels;
-use crate::lookup::{MemoryRows, RowLookup};
-use crate::prefetcher::{Completion, Prefetcher, PrefetcherConfig, Stats};
+use crate::kernels::id_check::IdCheck;
+use crate::prefetch::flag_worker::FlagLane;
+use crate::prefetch::lookup::{MemoryRows, RowLookup};
+use crate::prefetch::prefetcher::{Completion, Prefetcher, PrefetcherConfig, Stats};
 use crate::store::LayerRows;
-use crate::table::{Mxfp8Table, Placement};
+use crate::tables::table::{Mxfp8Table, Placement};
 use crate::{Error, Result};
 
 /// The model being simulated.
@@ -193,7 +193,7 @@ struct EngramLayer {
 
 /// The Engram side of a simulated forward: the step's token buffer, and per Engram layer its
 /// ids, outputs, resident table and warm prefetcher. [`SimulatedForward`] and
-/// [`crate::decode_step::DecodeStep`] both enqueue through it: the hash (and prefetches) at the
+/// [`crate::sim::decode_step::DecodeStep`] both enqueue through it: the hash (and prefetches) at the
 /// head of the step, each layer's gather where the model reaches it.
 pub struct EngramLayers {
     kernels: Arc<Kernels>,
@@ -452,8 +452,8 @@ impl EngramLayers {
     /// output shows.
     pub fn poison(&mut self, main: &Arc<CudaStream>) -> Result<()> {
         for layer in &mut self.layers {
-            crate::selfcheck::poison(main, &mut layer.out)?;
-            crate::selfcheck::poison(main, &mut layer.resident_out)?;
+            crate::sim::selfcheck::poison(main, &mut layer.out)?;
+            crate::sim::selfcheck::poison(main, &mut layer.resident_out)?;
         }
         Ok(())
     }

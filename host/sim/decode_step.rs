@@ -26,14 +26,14 @@ use half::bf16;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
 use crate::error::CudaCall;
-use crate::forward::{
+use crate::kernels::Kernels;
+use crate::l2_plan::window_fit::{MEASURES, TAIL, WindowFit};
+use crate::l2_plan::{L2Plan, PlanConfig, Signature, default_budget};
+use crate::prefetch::prefetcher::{Completion, PrefetcherConfig, Stats};
+use crate::sim::forward::{
     EngramLayers, FlagLanes, ForwardShape, GatherPath, LayerTable, StepClock, StepTime,
 };
-use crate::gemv::GemvLaunch;
-use crate::kernels::Kernels;
-use crate::l2_plan::{L2Plan, PlanConfig, Signature, default_budget};
-use crate::prefetcher::{Completion, PrefetcherConfig, Stats};
-use crate::window_fit::{MEASURES, TAIL, WindowFit};
+use crate::sim::gemv::GemvLaunch;
 use crate::{Error, Result};
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -729,7 +729,7 @@ impl DecodeStep {
     }
 
     /// Enqueues one step on the stream: capturable. With the plan, the plan learns in its first
-    /// eager steps and fits its windows over the next three ([`crate::window_fit`]); call
+    /// eager steps and fits its windows over the next three (`l2_plan/window_fit.rs`); call
     /// [`DecodeStep::warm_plan`] before timing or capturing.
     pub fn enqueue(&mut self, config: StepConfig) -> Result<()> {
         let s = self.main.cu_stream();
@@ -838,9 +838,8 @@ impl DecodeStep {
                 // SAFETY: `y` is the GEMV's own allocation of m x n f32, alive with the
                 // weights this step holds; written by nothing else on this stream meanwhile.
                 unsafe {
-                    cudarc::driver::result::memset_d8_async(p.y, 0xFF, bytes, self.main.cu_stream())
-                }
-                .call("cuMemsetD8Async")?;
+                    crate::driver::memory::memset_d8_async(p.y, 0xFF, bytes, self.main.cu_stream())
+                }?;
             }
         }
         Ok(())
@@ -1121,16 +1120,14 @@ pub fn reader_times(
                     // SAFETY: the flush buffer is this function's own allocation of
                     // `flush_bytes` bytes.
                     unsafe {
-                        cudarc::driver::result::memset_d8_async(flush_at, 0x5A, flush_bytes, s)
-                    }
-                    .call("cuMemsetD8Async")?;
+                        crate::driver::memory::memset_d8_async(flush_at, 0x5A, flush_bytes, s)
+                    }?;
                     // The activations back into L2, as in the step (read by every reader).
                     let p = gemv.params();
                     let x_bytes = p.m as usize * p.k as usize * 2;
                     // SAFETY: x is the reader's live activations of m x k bf16; the flush
                     // buffer, at least 64 MiB, holds them and does not overlap them.
-                    unsafe { cudarc::driver::result::memcpy_dtod_async(flush_at, p.x, x_bytes, s) }
-                        .call("cuMemcpyDtoDAsync")?;
+                    unsafe { crate::driver::memory::memcpy_dtod_async(flush_at, p.x, x_bytes, s) }?;
                 }
                 // SAFETY: no flag is polled.
                 unsafe { kernels.launch_collective(s, 1, 20_000, 0)? };

@@ -2,50 +2,47 @@
 //!
 //! Launches go straight to `cuLaunchKernel` with the caller's raw stream and one parameter struct
 //! by value: nothing is allocated per launch, and every launch can be captured into a CUDA graph.
-use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, result, sys};
-use fetchahead_gpu::gemv::Reduce;
+use cudarc::driver::{CudaFunction, CudaModule, sys};
 use fetchahead_gpu::params::{
-    CHUNK_BYTES, CheckParams, CollectiveParams, DequantParams, GEMV_K_STEP, GEMV_ROWS_PER_WARP,
-    GatherParams, GemvParams, HashParams, MAX_NGRAM, MX_BLOCK, PrefetchParams, SpinParams,
+    CHUNK_BYTES, CheckParams, DequantParams, GatherParams, MX_BLOCK, PrefetchParams,
 };
 use fetchahead_gpu::{check, collective, defaults, dequant, gather, gemv, hash, l2_prefetch, spin};
 
-use crate::access_policy::AccessWindow;
+use crate::driver;
 use crate::error::CudaCall;
-use crate::gpu::Gpu;
-use crate::ptx::{self, BuiltPtx};
+use crate::kernels::gpu::Gpu;
+use crate::kernels::ptx::{self, BuiltPtx};
 use crate::{Error, Result};
-
-/// GEMV warps a multiprocessor that [`Kernels::gemv_splits`] stays within.
-pub const GEMV_WARPS_PER_SM: u32 = 16;
-/// The most K splits [`Kernels::gemv_splits`] picks.
-pub const GEMV_MAX_SPLITS: u32 = 16;
 
 /// A loaded kernel and how many of its blocks fit on one multiprocessor.
 #[derive(Debug)]
-struct Loaded {
-    function: CudaFunction,
+pub(crate) struct Loaded {
+    pub(crate) function: CudaFunction,
     blocks_per_sm: u32,
 }
 
-/// Every kernel of the variant tables in `gpu/`, loaded for one device.
+/// Every kernel of the variant tables in `gpu/`, loaded for one device (the simulation's hash,
+/// spin, collective and GEMV kernels too; their launches are in `crate::sim`).
 #[derive(Debug)]
 pub struct Kernels {
-    gpu: Gpu,
+    pub(crate) gpu: Gpu,
     ptx: &'static BuiltPtx,
     _module: Arc<CudaModule>,
     gather: Vec<Loaded>,
     empty: Loaded,
     dequant: Vec<Loaded>,
     prefetch: Vec<Loaded>,
-    gemv: Vec<Loaded>,
-    collective: Loaded,
+    #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
+    pub(crate) gemv: Vec<Loaded>,
+    #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
+    pub(crate) collective: Loaded,
     check: Loaded,
-    hash: Loaded,
-    spin: Loaded,
+    #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
+    pub(crate) hash: Loaded,
+    #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
+    pub(crate) spin: Loaded,
 }
 
 impl Kernels {
@@ -310,238 +307,10 @@ impl Kernels {
         unsafe { self.launch(&self.check, p.chunks, stream, p, gather::BLOCK_THREADS) }
     }
 
-    /// Hashes `p.n_tokens` tokens into `p.n_tokens * p.heads` ids.
-    ///
-    /// # Safety
-    /// `tokens` holds `n_tokens` u32 and `ids` holds `n_tokens * heads` i64, written by nothing
-    /// else during the launch.
-    pub unsafe fn launch_hash(&self, stream: sys::CUstream, p: HashParams) -> Result<()> {
-        if p.heads == 0 || p.rows == 0 || p.ngram == 0 || p.ngram > MAX_NGRAM {
-            return Err(Error::invalid(
-                "hash",
-                format!(
-                    "{} heads, {} rows, n-gram {} (heads and rows positive, n-gram 1..={MAX_NGRAM})",
-                    p.heads, p.rows, p.ngram
-                ),
-            ));
-        }
-        check_aligned_to("tokens", p.tokens, 4)?;
-        check_aligned_to("hash ids", p.ids, 8)?;
-        let threads = p.n_tokens * p.heads as u64;
-        // SAFETY: the caller guarantees the addresses; one thread per (token, head).
-        unsafe { self.launch(&self.hash, threads, stream, p, gather::BLOCK_THREADS) }
-    }
-
-    /// Keeps every multiprocessor busy for `nanos` nanoseconds: a stand-in for a layer's compute.
-    ///
-    /// # Safety
-    /// `stream` is a valid stream of this device's context.
-    pub unsafe fn launch_spin(&self, stream: sys::CUstream, nanos: u64) -> Result<()> {
-        let threads = self.gpu.multiprocessors as u64 * gather::BLOCK_THREADS as u64;
-        let p = SpinParams { nanos, _pad: 0 };
-        // SAFETY: the spin kernel touches no memory.
-        unsafe { self.launch(&self.spin, threads, stream, p, gather::BLOCK_THREADS) }
-    }
-
-    /// K splits for GEMV `variant` over `n x k` weights on this device.
-    ///
-    /// [`Reduce::Global`]: the most (up to [`GEMV_MAX_SPLITS`]) that keep the warps within
-    /// [`GEMV_WARPS_PER_SM`] a multiprocessor; the H200 sweep (2026-11-29, K = 4096) was
-    /// fastest at 512, 1024, 2048 and 2048 warps for 4, 8, 16 and 32 MiB, which this gives.
-    ///
-    /// [`Reduce::Cluster`]: the largest cluster (up to [`gemv::MAX_CLUSTER_BLOCKS`] blocks)
-    /// whose row groups all fit on the device at once (`cuOccupancyMaxActiveClusters`) within
-    /// [`GEMV_WARPS_PER_SM`] warps a multiprocessor, and whose warps each get at least one
-    /// 32-element step. In the H200 sweep (2026-11-29) a second wave of clusters cost more than
-    /// the extra splits gained.
-    pub fn gemv_splits(&self, variant: usize, n: u32, k: u32) -> Result<u32> {
-        let v = Kernels::gemv_variant_at(variant)?;
-        let groups = (n / GEMV_ROWS_PER_WARP).max(1);
-        let warps = GEMV_WARPS_PER_SM * self.gpu.multiprocessors;
-        let steps = k / GEMV_K_STEP;
-        Ok(match v.reduce {
-            Reduce::Global => {
-                let want = (warps / groups).clamp(1, GEMV_MAX_SPLITS);
-                (1..=want)
-                    .rev()
-                    .find(|s| steps.is_multiple_of(*s))
-                    .unwrap_or(1)
-            }
-            Reduce::Cluster => {
-                let mut blocks = 1;
-                for b in (1..=gemv::MAX_CLUSTER_BLOCKS.ilog2()).map(|b| 1 << b) {
-                    let splits = b * gemv::CLUSTER_BLOCK_WARPS;
-                    if groups * splits > warps || splits > steps {
-                        break;
-                    }
-                    if groups > self.gemv_max_clusters(variant, b)? {
-                        break;
-                    }
-                    blocks = b;
-                }
-                blocks * gemv::CLUSTER_BLOCK_WARPS
-            }
-        })
-    }
-
-    /// How many clusters of `blocks` blocks of cluster GEMV `variant` the device runs at once.
-    pub fn gemv_max_clusters(&self, variant: usize, blocks: u32) -> Result<u32> {
-        let mut attrs = [cluster_attribute(blocks)];
-        let config = sys::CUlaunchConfig {
-            gridDimX: blocks,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: Reduce::Cluster.block_threads(),
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: 0,
-            hStream: std::ptr::null_mut(),
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: attrs.len() as u32,
-        };
-        let mut clusters = 0;
-        self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-        // SAFETY: a query: `config` and its attribute live across the call, the function is
-        // this module's, and `clusters` is a writable int.
-        unsafe {
-            sys::cuOccupancyMaxActiveClusters(
-                &mut clusters,
-                self.gemv[variant].function.cu_function(),
-                &config,
-            )
-        }
-        .result()
-        .call("cuOccupancyMaxActiveClusters")?;
-        Ok(clusters.max(0) as u32)
-    }
-
-    /// GEMV `variant` (an index into `gemv::VARIANTS`), or an error naming it.
-    pub fn gemv_variant_at(variant: usize) -> Result<&'static gemv::Variant> {
-        gemv::VARIANTS
-            .get(variant)
-            .ok_or_else(|| Error::invalid("gemv", format!("no GEMV variant {variant}")))
-    }
-
-    /// The GEMV variant the host launches for `m` activation rows: the first with
-    /// `gemv::DEFAULT_LOADS` and `gemv::DEFAULT_REDUCE` that covers `m` (an index into
-    /// `gemv::VARIANTS`).
-    pub fn gemv_variant(m: u32) -> Result<usize> {
-        gemv::VARIANTS
-            .iter()
-            .position(|v| {
-                m <= v.max_m && v.loads == gemv::DEFAULT_LOADS && v.reduce == gemv::DEFAULT_REDUCE
-            })
-            .ok_or_else(|| Error::invalid("gemv", format!("m = {m}, want 1..=16")))
-    }
-
-    /// Launches bf16 GEMV `variant` (an index into `gemv::VARIANTS`), `y = x w^T`, on `stream`;
-    /// with `p.splits > 1` the same launch sums the K splits. With `policy`, the GEMV launch
-    /// carries an access-policy window (a launch attribute, so a captured graph keeps it on the
-    /// node).
-    ///
-    /// # Safety
-    /// `x` holds `m x k` bf16, `w` holds `n x k` bf16, `y` holds `m x n` f32 and, for a
-    /// [`Reduce::Global`] variant with splits, `partial` holds `splits x m x n` f32 and
-    /// `counters` `n / 16` u32 left zero by the last launch (zero when new); `y`, `partial` and
-    /// `counters` are used by nothing else meanwhile.
-    pub unsafe fn launch_gemv(
-        &self,
-        stream: sys::CUstream,
-        variant: usize,
-        p: GemvParams,
-        policy: Option<AccessWindow>,
-    ) -> Result<()> {
-        let v = Kernels::gemv_variant_at(variant)?;
-        check_gemv(&p, v.reduce)?;
-        if p.m > v.max_m {
-            return Err(Error::invalid(
-                "gemv",
-                format!("m = {} above {}'s {}", p.m, v.name, v.max_m),
-            ));
-        }
-        let groups = (p.n / GEMV_ROWS_PER_WARP) as u64;
-        let block_threads = v.reduce.block_threads();
-        // At most two attributes, in a fixed array: a launch allocates nothing.
-        let mut attrs = [cluster_attribute(1); 2];
-        let mut count = 0;
-        if let Some(window) = policy {
-            attrs[count] = window.launch_attribute();
-            count += 1;
-        }
-        let blocks = match v.reduce {
-            Reduce::Global => (groups * p.splits as u64 * 32).div_ceil(block_threads as u64),
-            Reduce::Cluster => {
-                let cluster = p.splits / gemv::CLUSTER_BLOCK_WARPS;
-                attrs[count] = cluster_attribute(cluster);
-                count += 1;
-                groups * cluster as u64
-            }
-        };
-        let blocks = u32::try_from(blocks)
-            .map_err(|_| Error::invalid("gemv", format!("{blocks} blocks")))?;
-        let mut params = p;
-        let mut args = [&mut params as *mut GemvParams as *mut c_void];
-        let config = sys::CUlaunchConfig {
-            gridDimX: blocks,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: block_threads,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: 0,
-            hStream: stream,
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: count as u32,
-        };
-        self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-        // SAFETY: one argument of the struct type the kernel takes (build.rs checked its size);
-        // `config` and its attributes live across the call; the caller guarantees the buffers.
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                self.gemv[variant].function.cu_function(),
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .call("cuLaunchKernelEx")
-    }
-
-    /// Launches the simulated collective: `blocks` (1..=8) CTAs polling `flag` (0: none) for
-    /// `ns` nanoseconds.
-    ///
-    /// # Safety
-    /// `flag` is 0 or the address of a live, 4-byte aligned u32 in device memory.
-    pub unsafe fn launch_collective(
-        &self,
-        stream: sys::CUstream,
-        blocks: u32,
-        ns: u64,
-        flag: u64,
-    ) -> Result<()> {
-        if blocks == 0 || blocks > collective::MAX_BLOCKS {
-            return Err(Error::invalid(
-                "collective",
-                format!("{blocks} blocks, want 1..=8"),
-            ));
-        }
-        if !flag.is_multiple_of(4) {
-            return Err(Error::invalid(
-                "collective flag",
-                format!("{flag:#x} is not 4-byte aligned"),
-            ));
-        }
-        let p = CollectiveParams { ns, flag };
-        let (function, threads) = (&self.collective.function, collective::BLOCK_THREADS);
-        // SAFETY: the caller guarantees `flag`; the checks above bound the launch.
-        unsafe { self.launch_exact(function, blocks, threads, stream, p) }
-    }
-
     /// One launch of `threads` threads in blocks of `block_threads`, the grid capped at what fits
     /// on the device at once (the kernels are grid-stride loops); `kernel.blocks_per_sm` was
     /// measured for that block size. No threads: no launch.
-    unsafe fn launch<P: Copy>(
+    pub(crate) unsafe fn launch<P: Copy>(
         &self,
         kernel: &Loaded,
         threads: u64,
@@ -563,7 +332,7 @@ impl Kernels {
     /// # Safety
     /// `P` is the parameter struct `function` takes, and the addresses inside `p` are valid for
     /// the launch.
-    unsafe fn launch_exact<P: Copy>(
+    pub(crate) unsafe fn launch_exact<P: Copy>(
         &self,
         function: &CudaFunction,
         blocks: u32,
@@ -571,37 +340,10 @@ impl Kernels {
         stream: sys::CUstream,
         p: P,
     ) -> Result<()> {
-        let mut params = p;
-        let mut args = [&mut params as *mut P as *mut c_void];
         self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-        // SAFETY: one argument of the struct type the kernel takes (build.rs checked its size);
-        // the caller guarantees the addresses inside it.
-        unsafe {
-            result::launch_kernel(
-                function.cu_function(),
-                (blocks, 1, 1),
-                (threads, 1, 1),
-                0,
-                stream,
-                &mut args,
-            )
-        }
-        .call("cuLaunchKernel")
-    }
-}
-
-/// A launch attribute asking for clusters of `blocks` blocks along x.
-fn cluster_attribute(blocks: u32) -> sys::CUlaunchAttribute {
-    // SAFETY: an all-zero union is a valid value of every member (plain integers and enums
-    // whose zero is a listed variant); the member used is written below.
-    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-    value.clusterDim.x = blocks;
-    value.clusterDim.y = 1;
-    value.clusterDim.z = 1;
-    sys::CUlaunchAttribute {
-        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-        pad: [0; 4],
-        value,
+        // SAFETY: the caller guarantees `P` and the addresses inside `p`; the context is bound
+        // above.
+        unsafe { driver::launch::launch_kernel(function, blocks, threads, stream, p) }
     }
 }
 
@@ -626,37 +368,6 @@ pub fn dequant_variant_named(name: &str) -> Result<usize> {
             format!("no gather + dequant variant named `{name}` (`fetchahead kernels` lists them)"),
         )
     })
-}
-
-/// Checks a GEMV's shape and alignment before any launch of a variant that reduces as `reduce`.
-fn check_gemv(p: &GemvParams, reduce: Reduce) -> Result<()> {
-    if p.m == 0 || p.m > 16 {
-        return Err(Error::invalid("gemv", format!("m = {}, want 1..=16", p.m)));
-    }
-    if p.n == 0 || !p.n.is_multiple_of(GEMV_ROWS_PER_WARP) {
-        return Err(Error::invalid(
-            "gemv",
-            format!("n = {} is not a positive multiple of 16", p.n),
-        ));
-    }
-    if !reduce.accepts(p.splits, p.k) {
-        let want = match reduce {
-            Reduce::Global => "k a positive multiple of 32 x splits",
-            Reduce::Cluster => "k a positive multiple of 32, splits 8 x 1, 2, 4 or 8 blocks",
-        };
-        return Err(Error::invalid(
-            "gemv",
-            format!("k = {} with {} splits; want {want}", p.k, p.splits),
-        ));
-    }
-    check_aligned("gemv x", p.x)?;
-    check_aligned("gemv w", p.w)?;
-    check_aligned_to("gemv y", p.y, 4)?;
-    if reduce == Reduce::Global && p.splits > 1 {
-        check_aligned_to("gemv partial", p.partial, 4)?;
-        check_aligned_to("gemv counters", p.counters, 4)?;
-    }
-    Ok(())
 }
 
 /// Checks a gather's shape and returns the threads gather `variant` needs for it and its block
@@ -715,7 +426,7 @@ fn check_chunk_count(chunks: u64) -> Result<()> {
     Ok(())
 }
 
-fn check_aligned(what: &'static str, address: u64) -> Result<()> {
+pub(crate) fn check_aligned(what: &'static str, address: u64) -> Result<()> {
     check_aligned_to(what, address, 16)
 }
 

@@ -52,13 +52,12 @@ impl IdCheck {
             // SAFETY: the caller passes the ids the launch read, which hold n >= first_index + 1
             // values; the read is one 8-byte copy from that array.
             unsafe {
-                cudarc::driver::result::memcpy_dtoh_async(
+                crate::driver::memory::memcpy_dtoh_async(
                     &mut first_id,
                     ids + 8 * first_index,
                     stream.cu_stream(),
                 )
-            }
-            .call("cuMemcpyDtoHAsync")?;
+            }?;
         }
         stream.synchronize().call("cuStreamSynchronize")?;
         Err(Error::IdsOutOfRange {

@@ -6,11 +6,12 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
 use fetchahead_gpu::{dequant, gather};
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 
+use crate::Result;
 use crate::error::CudaCall;
-use crate::id_check::IdCheck;
 use crate::kernels::Kernels;
-use crate::table::{Mxfp8Table, Placement, RowTable};
-use crate::{Result, reference};
+use crate::kernels::id_check::IdCheck;
+use crate::sim::reference;
+use crate::tables::table::{Mxfp8Table, Placement, RowTable};
 
 /// Bytes per Engram row: 256 FP8 weights (the scales travel separately).
 pub const ROW_BYTES: u32 = 256;
@@ -116,8 +117,7 @@ pub fn poison<T: cudarc::driver::DeviceRepr>(
     let bytes = out.len() * size_of::<T>();
     let (address, _use) = out.device_ptr_mut(stream);
     // SAFETY: the slice owns `bytes` bytes at `address`.
-    unsafe { cudarc::driver::result::memset_d8_async(address, 0xFF, bytes, stream.cu_stream()) }
-        .call("cuMemsetD8Async")
+    unsafe { crate::driver::memory::memset_d8_async(address, 0xFF, bytes, stream.cu_stream()) }
 }
 
 /// Runs `launch` once to warm up, poisons `out`, and runs it again between events: the seconds

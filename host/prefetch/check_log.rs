@@ -8,8 +8,8 @@ use cudarc::driver::{CudaContext, CudaEvent, PinnedHostSlice, sys};
 use fetchahead_gpu::params::CheckCounter;
 
 use crate::Result;
+use crate::driver::stream;
 use crate::error::CudaCall;
-use crate::stream;
 
 /// The counter's snapshots and when the next is due.
 pub struct CheckLog {

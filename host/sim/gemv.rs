@@ -7,9 +7,9 @@ use fetchahead_gpu::gemv::Reduce;
 use fetchahead_gpu::params::GemvParams;
 use half::bf16;
 
-use crate::access_policy::AccessWindow;
 use crate::error::CudaCall;
 use crate::kernels::Kernels;
+use crate::l2_plan::access_policy::AccessWindow;
 use crate::{Error, Result};
 
 /// Which GEMV kernel runs and how K is split.
@@ -156,7 +156,7 @@ impl Gemv {
 
     /// Fills `y` with NaN bits (0xFF bytes) so that an unwritten element shows.
     pub fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        crate::selfcheck::poison(stream, &mut self.y)
+        crate::sim::selfcheck::poison(stream, &mut self.y)
     }
 
     /// Copies `y` back (waits for `stream`).

@@ -1,0 +1,27 @@
+//! The raw-driver layer: the only code that calls cudarc's `sys::cu*` and `result::*`.
+//!
+//! Each function here is one small checked call with a `// SAFETY:` comment saying which
+//! invariant holds; everything above it (kernels, tables, the L2 plan, the prefetch pipeline, the
+//! simulation) uses these functions or cudarc's safe types. `.ci/run` fails on a raw call
+//! outside this folder.
+//!
+//! May depend on: cudarc, [`crate::error`]. Nothing else in the crate.
+//!
+//! - [`stream`]: stream-ordered calls on raw streams: capture status, event fork and join, async
+//!   copies, 32-bit flag writes and waits.
+//! - [`host_fn`]: the one `cuLaunchHostFunc` wrapper.
+//! - [`launch`]: `cuLaunchKernel`, `cuLaunchKernelEx`, cluster occupancy, launch attributes.
+//! - [`memory`]: pinned host memory mapped for the device, device memsets and copies.
+//! - [`l2`]: the persisting-L2 calls (stream access-policy window, reset).
+
+pub(crate) mod host_fn;
+pub(crate) mod l2;
+pub(crate) mod launch;
+pub(crate) mod memory;
+pub(crate) mod stream;
+
+/// Whether libcuda can be loaded (cudarc panics on the first call otherwise).
+pub(crate) fn culib_present() -> bool {
+    // SAFETY: only probes whether libcuda can be loaded; loads nothing else.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}

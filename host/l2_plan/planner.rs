@@ -1,0 +1,450 @@
+//! [`Planner`]: the plan logic alone, on the CPU (no device), and the plan's configuration.
+//! The module doc of [`crate::l2_plan`] says what a plan learns and the rules that keep it
+//! harmless.
+use std::collections::HashMap;
+
+use fetchahead_gpu::l2_prefetch;
+use fetchahead_gpu::params::Segment;
+
+use crate::l2_plan::segments::{SEGMENT_ALIGN, aligned_segment};
+use crate::{Error, Result};
+
+/// What the caller says identifies a forward's shape (for example tokens in the batch and the
+/// forward mode); forwards of one signature are expected to consume the same weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Signature(pub u64);
+
+impl Signature {
+    /// A signature from a token count and a caller-defined mode number.
+    pub fn new(tokens: u32, mode: u32) -> Signature {
+        Signature((mode as u64) << 32 | tokens as u64)
+    }
+}
+
+/// The largest segment a window holds: a tensor is cut into pieces of this size so that one
+/// large weight still spreads its prefetch over several blocks (blocks stride over segments).
+pub const SEGMENT_PIECE: u64 = 512 << 10;
+
+/// The default budget per window: a tenth of L2 (6 MiB of the H200's 60 MiB, 2.4 MiB of the
+/// DGX Spark's 24 MiB), leaving the rest to the collective's and the reader's own traffic.
+pub fn default_budget(l2_bytes: u64) -> u64 {
+    let budget = l2_bytes / 10;
+    (budget - budget % SEGMENT_ALIGN).max(SEGMENT_ALIGN)
+}
+
+/// The most bytes a window may have for [`Replay::Auto`] to read it in with loads: a third of
+/// L2 (16-byte multiple). On the H200 (60 MiB L2, 2026-11-29) a GEMV after a load-read window
+/// of 8 or 16 MiB ran faster than after a bulk-prefetched one, after 32 MiB slower (BENCHMARKS.md).
+pub fn read_limit(l2_bytes: u64) -> u64 {
+    let limit = l2_bytes / 3;
+    limit - limit % SEGMENT_ALIGN
+}
+
+/// The prefetch variant [`Replay::Auto`] warms a window of `bytes` with on a device with
+/// `l2_bytes` of L2: loads up to [`read_limit`], the bulk prefetch above.
+pub fn auto_variant(bytes: u64, l2_bytes: u64) -> usize {
+    if bytes <= read_limit(l2_bytes) {
+        l2_prefetch::LOADS_VARIANT
+    } else {
+        l2_prefetch::BULK_VARIANT
+    }
+}
+
+/// How a learned window is warmed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replay {
+    /// The default: a window of at most [`read_limit`] bytes is read in by the SMs
+    /// (`l2_prefetch_loads`), a larger one bulk-prefetched (`l2_prefetch`), on a side stream.
+    Auto,
+    /// `l2_prefetch::VARIANTS[variant]` on a side stream (0: plain bulk, 1: evict_last, 2: a
+    /// prefetch per 128-byte line, 3: loads).
+    Prefetch { variant: usize },
+    /// The main stream's access-policy window set over the window's first weight (persisting
+    /// lines in the L2 set-aside). Eager forwards only: a captured forward gets no window.
+    AccessPolicy,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PlanConfig {
+    /// Bytes kept per window (rounded down to 16).
+    pub budget_per_window: u64,
+    /// Bytes per prefetch instruction (a multiple of 16).
+    pub chunk: u32,
+    /// Prefetch blocks of the bulk and per-line variants: `min(segments, max_blocks)`. The loads
+    /// variant runs `l2_prefetch::LOADS_BLOCKS_PER_SEGMENT` blocks a segment, up to one an SM.
+    pub max_blocks: u32,
+    /// Threads per block of the bulk and per-line variants (the loads variant's:
+    /// `l2_prefetch::LOADS_THREADS`).
+    pub threads: u32,
+    pub replay: Replay,
+    /// When the host launches a window's prefetch (it runs alongside the collective either way).
+    pub launch: PrefetchLaunch,
+}
+
+/// When the host launches a window's prefetch on the side stream. The side stream always waits
+/// for the main stream's point before the collective, so the prefetch runs alongside it either
+/// way; what differs is which launch comes first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefetchLaunch {
+    /// At `collective()`, before the caller launches the collective.
+    BeforeCollective,
+    /// At the first `consume()` after the collective (the caller has launched it by then), or
+    /// at the next `collective()` / `end_forward()` when nothing was consumed. In a captured
+    /// graph the collective's node is then created first; on the H200 a prefetch node created
+    /// first delayed the collective's start by about 1.8 us in replay.
+    AfterCollective,
+}
+
+impl PlanConfig {
+    /// The defaults for a device with `l2_bytes` of L2: [`default_budget`], [`Replay::Auto`],
+    /// and for bulk prefetches 16 KiB chunks and `min(n, 8)` blocks of 64 threads.
+    pub fn for_l2(l2_bytes: u64) -> PlanConfig {
+        PlanConfig {
+            budget_per_window: default_budget(l2_bytes),
+            chunk: l2_prefetch::DEFAULT_CHUNK,
+            max_blocks: l2_prefetch::DEFAULT_MAX_BLOCKS,
+            threads: l2_prefetch::DEFAULT_THREADS,
+            replay: Replay::Auto,
+            launch: PrefetchLaunch::AfterCollective,
+        }
+    }
+}
+
+/// What the plan did so far, readable at any time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Windows whose prefetch (or access-policy window) was issued from the host; a captured
+    /// forward counts once, at capture, however often its graph is replayed.
+    pub windows_prefetched: u64,
+    /// Bytes those windows cover.
+    pub bytes_prefetched: u64,
+    /// Forwards that began with no learned segment for their signature.
+    pub forwards_without_plan: u64,
+    /// Captured forwards whose collectives or weights differed from the frozen plan.
+    pub mismatches_at_capture: u64,
+    pub forwards: u64,
+    /// Signatures with a stored plan.
+    pub signatures: u64,
+}
+
+/// One collective's learned weights, as a range of [`Windows::segments`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Span {
+    pub(super) start: usize,
+    pub(super) len: usize,
+    bytes: u64,
+}
+
+/// A forward's windows: one per collective, each the weights consumed after it, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Windows {
+    segments: Vec<Segment>,
+    pub(super) spans: Vec<Span>,
+}
+
+impl Windows {
+    /// Collectives seen (windows, empty ones included).
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// The segments of window `k`, in consumption order (empty past the last window).
+    pub fn window(&self, k: usize) -> &[Segment] {
+        self.spans
+            .get(k)
+            .and_then(|s| self.segments.get(s.start..s.start + s.len))
+            .unwrap_or(&[])
+    }
+
+    /// Bytes window `k` covers.
+    pub fn window_bytes(&self, k: usize) -> u64 {
+        self.spans.get(k).map_or(0, |s| s.bytes)
+    }
+
+    /// Every segment, window after window (the layout of the device table).
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    fn clear(&mut self) {
+        self.segments.clear();
+        self.spans.clear();
+    }
+
+    fn open_window(&mut self) {
+        self.spans.push(Span {
+            start: self.segments.len(),
+            len: 0,
+            bytes: 0,
+        });
+    }
+
+    /// Appends `s` to the last window, trimmed to what is left of `budget` and cut into pieces
+    /// of at most [`SEGMENT_PIECE`] bytes; a weight whose start the window already covers (the
+    /// same tensor consumed twice) is skipped.
+    fn push_within(&mut self, s: Segment, budget: u64) {
+        let Some(span) = self.spans.last_mut() else {
+            return;
+        };
+        let window = self.segments.get(span.start..).unwrap_or(&[]);
+        if window
+            .iter()
+            .any(|w| w.address <= s.address && s.address - w.address < w.bytes)
+        {
+            return;
+        }
+        let mut left = s.bytes.min(budget.saturating_sub(span.bytes));
+        let mut address = s.address;
+        while left > 0 {
+            let bytes = left.min(SEGMENT_PIECE);
+            self.segments.push(Segment { address, bytes });
+            span.len += 1;
+            span.bytes += bytes;
+            address += bytes;
+            left -= bytes;
+        }
+    }
+}
+
+/// How a forward's end changed its signature's plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Learned {
+    /// The first plan of this signature.
+    New,
+    /// A different plan replaced the learned one.
+    Replaced,
+    /// The forward matched the learned plan.
+    Unchanged,
+    /// The forward saw no collectives; the learned plan (if any) stays.
+    NoCollectives,
+    /// The signature is frozen (captured before); an eager forward leaves it as it is.
+    Frozen,
+    /// A captured forward froze the signature; `mismatch` when it differed from the plan.
+    Captured { mismatch: bool },
+}
+
+/// What one forward did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForwardSummary {
+    pub signature: Signature,
+    pub collectives: usize,
+    pub captured: bool,
+    pub learned: Learned,
+    /// This forward stored the signature's first plan (logged once).
+    pub new_signature: bool,
+}
+
+#[derive(Clone, Debug)]
+struct LearnedPlan {
+    windows: Windows,
+    frozen: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct OpenForward {
+    signature: Signature,
+    captured: bool,
+    collectives: usize,
+}
+
+/// The plan logic, without a device: learning, budget trimming, relearning, freezing, mismatch
+/// counting. Nothing here allocates per forward once its buffers have grown to the largest
+/// forward, except when a plan is stored or replaced.
+#[derive(Debug)]
+pub struct Planner {
+    budget: u64,
+    plans: HashMap<Signature, LearnedPlan>,
+    open: Option<OpenForward>,
+    observed: Windows,
+    counters: Counters,
+}
+
+impl Planner {
+    /// A planner keeping up to `budget_per_window` bytes per window (rounded down to 16; at
+    /// least 16).
+    pub fn new(budget_per_window: u64) -> Result<Planner> {
+        let budget = budget_per_window - budget_per_window % SEGMENT_ALIGN;
+        if budget == 0 {
+            return Err(Error::invalid(
+                "L2 plan budget",
+                format!("{budget_per_window} bytes per window is below 16"),
+            ));
+        }
+        Ok(Planner {
+            budget,
+            plans: HashMap::new(),
+            open: None,
+            observed: Windows::default(),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// Changes the budget; plans learned from now on use it.
+    pub fn set_budget(&mut self, budget_per_window: u64) -> Result<()> {
+        let fresh = Planner::new(budget_per_window)?;
+        self.budget = fresh.budget;
+        Ok(())
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// The learned windows of `signature`.
+    pub fn plan(&self, signature: Signature) -> Option<&Windows> {
+        self.plans.get(&signature).map(|p| &p.windows)
+    }
+
+    pub fn is_frozen(&self, signature: Signature) -> bool {
+        self.plans.get(&signature).is_some_and(|p| p.frozen)
+    }
+
+    /// The signature of the forward in progress.
+    pub fn current(&self) -> Option<Signature> {
+        self.open.map(|f| f.signature)
+    }
+
+    /// Starts a forward; `captured` when its launches go into a CUDA graph.
+    pub fn begin(&mut self, signature: Signature, captured: bool) -> Result<()> {
+        if let Some(open) = self.open {
+            return Err(Error::invalid(
+                "L2 plan forward",
+                format!(
+                    "{:?} began while {:?} is still open",
+                    signature, open.signature
+                ),
+            ));
+        }
+        self.observed.clear();
+        self.open = Some(OpenForward {
+            signature,
+            captured,
+            collectives: 0,
+        });
+        self.counters.forwards += 1;
+        let planned = self
+            .plans
+            .get(&signature)
+            .is_some_and(|p| !p.windows.segments.is_empty());
+        if !planned {
+            self.counters.forwards_without_plan += 1;
+        }
+        Ok(())
+    }
+
+    /// A collective is about to start: returns its index `k` and the learned window `k` to warm
+    /// (empty past the plan, or without one).
+    pub fn collective(&mut self) -> Result<(usize, &[Segment])> {
+        let open = self.open.as_mut().ok_or_else(no_forward)?;
+        let k = open.collectives;
+        open.collectives += 1;
+        self.observed.open_window();
+        let window = self
+            .plans
+            .get(&open.signature)
+            .map_or(&[][..], |p| p.windows.window(k));
+        Ok((k, window))
+    }
+
+    /// A kernel after the latest collective consumes `bytes` of weights at `address`: kept,
+    /// trimmed to its 16-byte aligned part and to the window's budget. Weights consumed before
+    /// the first collective have no window and are ignored. A null address is an error.
+    pub fn consume(&mut self, address: u64, bytes: u64) -> Result<()> {
+        if self.open.is_none() {
+            return Err(no_forward());
+        }
+        if let Some(segment) = aligned_segment(address, bytes)? {
+            self.observed.push_within(segment, self.budget);
+        }
+        Ok(())
+    }
+
+    /// Records that the replay issued a window of `bytes`.
+    pub fn count_prefetch(&mut self, bytes: u64) {
+        self.counters.windows_prefetched += 1;
+        self.counters.bytes_prefetched += bytes;
+    }
+
+    /// Ends the forward and learns from it.
+    pub fn end(&mut self) -> Result<ForwardSummary> {
+        let open = self.open.take().ok_or_else(no_forward)?;
+        let existing = self.plans.get_mut(&open.signature);
+        let had_plan = existing.is_some();
+        let learned = match existing {
+            Some(plan) if open.captured => {
+                let mismatch = plan.windows != self.observed;
+                plan.frozen = true;
+                Learned::Captured { mismatch }
+            }
+            None if open.captured => {
+                // Nothing was prefetched into this graph; freeze an empty plan all the same.
+                let mismatch = !self.observed.segments.is_empty();
+                self.plans.insert(
+                    open.signature,
+                    LearnedPlan {
+                        windows: Windows::default(),
+                        frozen: true,
+                    },
+                );
+                Learned::Captured { mismatch }
+            }
+            Some(plan) if plan.frozen => Learned::Frozen,
+            _ if open.collectives == 0 => Learned::NoCollectives,
+            Some(plan) if plan.windows == self.observed => Learned::Unchanged,
+            Some(plan) => {
+                plan.windows.clone_from(&self.observed);
+                Learned::Replaced
+            }
+            None => {
+                self.plans.insert(
+                    open.signature,
+                    LearnedPlan {
+                        windows: self.observed.clone(),
+                        frozen: false,
+                    },
+                );
+                Learned::New
+            }
+        };
+        if let Learned::Captured { mismatch: true } = learned {
+            self.counters.mismatches_at_capture += 1;
+        }
+        let new_signature = !had_plan && self.plans.contains_key(&open.signature);
+        if new_signature {
+            self.counters.signatures += 1;
+        }
+        Ok(ForwardSummary {
+            signature: open.signature,
+            collectives: open.collectives,
+            captured: open.captured,
+            learned,
+            new_signature,
+        })
+    }
+
+    /// Drops the forward in progress without learning from it (its launches failed).
+    pub fn abort(&mut self) {
+        self.open = None;
+    }
+
+    /// Forgets every plan that is not frozen (for example after weights moved).
+    pub fn forget_unfrozen(&mut self) {
+        self.plans.retain(|_, p| p.frozen);
+        self.counters.signatures = self.plans.len() as u64;
+    }
+}
+
+pub(super) fn no_forward() -> Error {
+    Error::invalid(
+        "L2 plan forward",
+        "no forward is open (call begin_forward first)",
+    )
+}

@@ -1,0 +1,261 @@
+//! The simulation's launches: the hash, spin, collective and bf16 GEMV kernels, as a second
+//! `impl Kernels` block (the kernels stay loaded by [`Kernels::load`] either way).
+use fetchahead_gpu::gemv::Reduce;
+use fetchahead_gpu::params::{
+    CollectiveParams, GEMV_K_STEP, GEMV_ROWS_PER_WARP, GemvParams, HashParams, MAX_NGRAM,
+    SpinParams,
+};
+use fetchahead_gpu::{collective, gather, gemv};
+
+use crate::driver;
+use crate::error::CudaCall;
+use crate::kernels::Kernels;
+use crate::kernels::launch::{check_aligned, check_aligned_to};
+use crate::l2_plan::AccessWindow;
+use crate::{Error, Result};
+use cudarc::driver::sys;
+
+/// GEMV warps a multiprocessor that [`Kernels::gemv_splits`] stays within.
+pub const GEMV_WARPS_PER_SM: u32 = 16;
+/// The most K splits [`Kernels::gemv_splits`] picks.
+pub const GEMV_MAX_SPLITS: u32 = 16;
+
+impl Kernels {
+    /// Hashes `p.n_tokens` tokens into `p.n_tokens * p.heads` ids.
+    ///
+    /// # Safety
+    /// `tokens` holds `n_tokens` u32 and `ids` holds `n_tokens * heads` i64, written by nothing
+    /// else during the launch.
+    pub unsafe fn launch_hash(&self, stream: sys::CUstream, p: HashParams) -> Result<()> {
+        if p.heads == 0 || p.rows == 0 || p.ngram == 0 || p.ngram > MAX_NGRAM {
+            return Err(Error::invalid(
+                "hash",
+                format!(
+                    "{} heads, {} rows, n-gram {} (heads and rows positive, n-gram 1..={MAX_NGRAM})",
+                    p.heads, p.rows, p.ngram
+                ),
+            ));
+        }
+        check_aligned_to("tokens", p.tokens, 4)?;
+        check_aligned_to("hash ids", p.ids, 8)?;
+        let threads = p.n_tokens * p.heads as u64;
+        // SAFETY: the caller guarantees the addresses; one thread per (token, head).
+        unsafe { self.launch(&self.hash, threads, stream, p, gather::BLOCK_THREADS) }
+    }
+
+    /// Keeps every multiprocessor busy for `nanos` nanoseconds: a stand-in for a layer's compute.
+    ///
+    /// # Safety
+    /// `stream` is a valid stream of this device's context.
+    pub unsafe fn launch_spin(&self, stream: sys::CUstream, nanos: u64) -> Result<()> {
+        let threads = self.gpu.multiprocessors as u64 * gather::BLOCK_THREADS as u64;
+        let p = SpinParams { nanos, _pad: 0 };
+        // SAFETY: the spin kernel touches no memory.
+        unsafe { self.launch(&self.spin, threads, stream, p, gather::BLOCK_THREADS) }
+    }
+
+    /// K splits for GEMV `variant` over `n x k` weights on this device.
+    ///
+    /// [`Reduce::Global`]: the most (up to [`GEMV_MAX_SPLITS`]) that keep the warps within
+    /// [`GEMV_WARPS_PER_SM`] a multiprocessor; the H200 sweep (2026-11-29, K = 4096) was
+    /// fastest at 512, 1024, 2048 and 2048 warps for 4, 8, 16 and 32 MiB, which this gives.
+    ///
+    /// [`Reduce::Cluster`]: the largest cluster (up to [`gemv::MAX_CLUSTER_BLOCKS`] blocks)
+    /// whose row groups all fit on the device at once (`cuOccupancyMaxActiveClusters`) within
+    /// [`GEMV_WARPS_PER_SM`] warps a multiprocessor, and whose warps each get at least one
+    /// 32-element step. In the H200 sweep (2026-11-29) a second wave of clusters cost more than
+    /// the extra splits gained.
+    pub fn gemv_splits(&self, variant: usize, n: u32, k: u32) -> Result<u32> {
+        let v = Kernels::gemv_variant_at(variant)?;
+        let groups = (n / GEMV_ROWS_PER_WARP).max(1);
+        let warps = GEMV_WARPS_PER_SM * self.gpu.multiprocessors;
+        let steps = k / GEMV_K_STEP;
+        Ok(match v.reduce {
+            Reduce::Global => {
+                let want = (warps / groups).clamp(1, GEMV_MAX_SPLITS);
+                (1..=want)
+                    .rev()
+                    .find(|s| steps.is_multiple_of(*s))
+                    .unwrap_or(1)
+            }
+            Reduce::Cluster => {
+                let mut blocks = 1;
+                for b in (1..=gemv::MAX_CLUSTER_BLOCKS.ilog2()).map(|b| 1 << b) {
+                    let splits = b * gemv::CLUSTER_BLOCK_WARPS;
+                    if groups * splits > warps || splits > steps {
+                        break;
+                    }
+                    if groups > self.gemv_max_clusters(variant, b)? {
+                        break;
+                    }
+                    blocks = b;
+                }
+                blocks * gemv::CLUSTER_BLOCK_WARPS
+            }
+        })
+    }
+
+    /// How many clusters of `blocks` blocks of cluster GEMV `variant` the device runs at once.
+    pub fn gemv_max_clusters(&self, variant: usize, blocks: u32) -> Result<u32> {
+        let mut attrs = [driver::launch::cluster_attribute(blocks)];
+        let config = sys::CUlaunchConfig {
+            gridDimX: blocks,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: Reduce::Cluster.block_threads(),
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: std::ptr::null_mut(),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
+        };
+        self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: `config` and its attribute live across the query; the function is this
+        // module's, its context bound above.
+        unsafe { driver::launch::max_active_clusters(&self.gemv[variant].function, &config) }
+    }
+
+    /// GEMV `variant` (an index into `gemv::VARIANTS`), or an error naming it.
+    pub fn gemv_variant_at(variant: usize) -> Result<&'static gemv::Variant> {
+        gemv::VARIANTS
+            .get(variant)
+            .ok_or_else(|| Error::invalid("gemv", format!("no GEMV variant {variant}")))
+    }
+
+    /// The GEMV variant the host launches for `m` activation rows: the first with
+    /// `gemv::DEFAULT_LOADS` and `gemv::DEFAULT_REDUCE` that covers `m` (an index into
+    /// `gemv::VARIANTS`).
+    pub fn gemv_variant(m: u32) -> Result<usize> {
+        gemv::VARIANTS
+            .iter()
+            .position(|v| {
+                m <= v.max_m && v.loads == gemv::DEFAULT_LOADS && v.reduce == gemv::DEFAULT_REDUCE
+            })
+            .ok_or_else(|| Error::invalid("gemv", format!("m = {m}, want 1..=16")))
+    }
+
+    /// Launches bf16 GEMV `variant` (an index into `gemv::VARIANTS`), `y = x w^T`, on `stream`;
+    /// with `p.splits > 1` the same launch sums the K splits. With `policy`, the GEMV launch
+    /// carries an access-policy window (a launch attribute, so a captured graph keeps it on the
+    /// node).
+    ///
+    /// # Safety
+    /// `x` holds `m x k` bf16, `w` holds `n x k` bf16, `y` holds `m x n` f32 and, for a
+    /// [`Reduce::Global`] variant with splits, `partial` holds `splits x m x n` f32 and
+    /// `counters` `n / 16` u32 left zero by the last launch (zero when new); `y`, `partial` and
+    /// `counters` are used by nothing else meanwhile.
+    pub unsafe fn launch_gemv(
+        &self,
+        stream: sys::CUstream,
+        variant: usize,
+        p: GemvParams,
+        policy: Option<AccessWindow>,
+    ) -> Result<()> {
+        let v = Kernels::gemv_variant_at(variant)?;
+        check_gemv(&p, v.reduce)?;
+        if p.m > v.max_m {
+            return Err(Error::invalid(
+                "gemv",
+                format!("m = {} above {}'s {}", p.m, v.name, v.max_m),
+            ));
+        }
+        let groups = (p.n / GEMV_ROWS_PER_WARP) as u64;
+        let block_threads = v.reduce.block_threads();
+        // At most two attributes, in a fixed array: a launch allocates nothing.
+        let mut attrs = [driver::launch::cluster_attribute(1); 2];
+        let mut count = 0;
+        if let Some(window) = policy {
+            attrs[count] = window.launch_attribute();
+            count += 1;
+        }
+        let blocks = match v.reduce {
+            Reduce::Global => (groups * p.splits as u64 * 32).div_ceil(block_threads as u64),
+            Reduce::Cluster => {
+                let cluster = p.splits / gemv::CLUSTER_BLOCK_WARPS;
+                attrs[count] = driver::launch::cluster_attribute(cluster);
+                count += 1;
+                groups * cluster as u64
+            }
+        };
+        let blocks = u32::try_from(blocks)
+            .map_err(|_| Error::invalid("gemv", format!("{blocks} blocks")))?;
+        let config = sys::CUlaunchConfig {
+            gridDimX: blocks,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block_threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: stream,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: count as u32,
+        };
+        self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: `p` is the struct the kernel takes; `config` and its attributes live across
+        // the call; the caller guarantees the buffers and the stream.
+        unsafe { driver::launch::launch_kernel_ex(&self.gemv[variant].function, &config, p) }
+    }
+
+    /// Launches the simulated collective: `blocks` (1..=8) CTAs polling `flag` (0: none) for
+    /// `ns` nanoseconds.
+    ///
+    /// # Safety
+    /// `flag` is 0 or the address of a live, 4-byte aligned u32 in device memory.
+    pub unsafe fn launch_collective(
+        &self,
+        stream: sys::CUstream,
+        blocks: u32,
+        ns: u64,
+        flag: u64,
+    ) -> Result<()> {
+        if blocks == 0 || blocks > collective::MAX_BLOCKS {
+            return Err(Error::invalid(
+                "collective",
+                format!("{blocks} blocks, want 1..=8"),
+            ));
+        }
+        if !flag.is_multiple_of(4) {
+            return Err(Error::invalid(
+                "collective flag",
+                format!("{flag:#x} is not 4-byte aligned"),
+            ));
+        }
+        let p = CollectiveParams { ns, flag };
+        let (function, threads) = (&self.collective.function, collective::BLOCK_THREADS);
+        // SAFETY: the caller guarantees `flag`; the checks above bound the launch.
+        unsafe { self.launch_exact(function, blocks, threads, stream, p) }
+    }
+}
+
+/// Checks a GEMV's shape and alignment before any launch of a variant that reduces as `reduce`.
+fn check_gemv(p: &GemvParams, reduce: Reduce) -> Result<()> {
+    if p.m == 0 || p.m > 16 {
+        return Err(Error::invalid("gemv", format!("m = {}, want 1..=16", p.m)));
+    }
+    if p.n == 0 || !p.n.is_multiple_of(GEMV_ROWS_PER_WARP) {
+        return Err(Error::invalid(
+            "gemv",
+            format!("n = {} is not a positive multiple of 16", p.n),
+        ));
+    }
+    if !reduce.accepts(p.splits, p.k) {
+        let want = match reduce {
+            Reduce::Global => "k a positive multiple of 32 x splits",
+            Reduce::Cluster => "k a positive multiple of 32, splits 8 x 1, 2, 4 or 8 blocks",
+        };
+        return Err(Error::invalid(
+            "gemv",
+            format!("k = {} with {} splits; want {want}", p.k, p.splits),
+        ));
+    }
+    check_aligned("gemv x", p.x)?;
+    check_aligned("gemv w", p.w)?;
+    check_aligned_to("gemv y", p.y, 4)?;
+    if reduce == Reduce::Global && p.splits > 1 {
+        check_aligned_to("gemv partial", p.partial, 4)?;
+        check_aligned_to("gemv counters", p.counters, 4)?;
+    }
+    Ok(())
+}
