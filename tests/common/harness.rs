@@ -6,7 +6,8 @@
 //!
 //! A file lists its tests once, in its `main`: `common::harness::tests! { cpu: [a, b], gpu: [c] }`.
 //! The CLI is libtest's: name filters, `--exact`, `--skip`, `--include-ignored`, `--ignored`,
-//! `--test-threads`, `--list`, `--nocapture` (a no-op: libtest-mimic never captures output).
+//! `--test-threads` (or `RUST_TEST_THREADS`), `--list`, `--nocapture` (a no-op: libtest-mimic
+//! never captures output, so a test's prints and an expected panic's message show).
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
 use std::sync::OnceLock;
@@ -63,7 +64,13 @@ pub fn test<R: Outcome + 'static>(name: &'static str, body: fn() -> R) -> Test {
 
 /// Runs the binary's tests under libtest's command line; the process's exit code.
 pub fn run(cpu: Vec<Test>, gpu: Vec<Test>) -> ExitCode {
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    if args.test_threads.is_none() {
+        // libtest reads this too; libtest-mimic does not.
+        args.test_threads = std::env::var("RUST_TEST_THREADS")
+            .ok()
+            .and_then(|n| n.parse().ok());
+    }
     let required = gpu_required();
     let missing = no_gpu();
     let mut trials: Vec<Trial> = cpu
