@@ -1,5 +1,6 @@
 //! The simulated decode step: its schedule and Spark projection on the CPU, and on the GPU a
 //! small step whose outputs are bit-identical across every configuration, eager and replayed.
+mod common;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -53,7 +54,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-#[test]
 fn the_deepseek_schedule_holds_the_origin_storys_windows() {
     let shape = DecodeShape::deepseek();
     let windows = shape.schedule().unwrap();
@@ -91,7 +91,6 @@ fn the_deepseek_schedule_holds_the_origin_storys_windows() {
     assert_eq!(shape.describe(&windows).len(), 2);
 }
 
-#[test]
 fn bad_shapes_are_errors_not_panics() {
     let good = DecodeShape::deepseek();
     let bad = [
@@ -137,7 +136,6 @@ fn bad_shapes_are_errors_not_panics() {
     }
 }
 
-#[test]
 fn the_spark_projection_follows_its_model() {
     let m = Matrix {
         name: "w",
@@ -202,7 +200,6 @@ fn the_spark_projection_follows_its_model() {
     assert!(SparkModel::assumptions(&GB10).len() >= 4);
 }
 
-#[test]
 fn outputs_name_their_first_difference() {
     let a = StepOutputs {
         readers: vec![vec![1, 2], vec![3]],
@@ -241,7 +238,6 @@ fn small_shape() -> DecodeShape {
 
 /// Every configuration, eager and replayed from a graph, gives the same outputs bit for bit,
 /// and every output was written (poisoned before).
-#[test]
 fn a_small_steps_outputs_are_bit_identical_across_configurations() -> Result<()> {
     let Some(gpu) = Gpu::for_test("a_small_steps_outputs_are_bit_identical_across_configurations")?
     else {
@@ -303,7 +299,6 @@ fn a_small_steps_outputs_are_bit_identical_across_configurations() -> Result<()>
 
 /// The step table from synthetic runs: every configuration's line, the goal line and the
 /// plan's saving lines, without a device.
-#[test]
 fn the_report_reads_every_configuration() {
     use fetchahead::sim::decode_step::{Run, Runs, report, spark_lines};
     use fetchahead::sim::forward::StepTime;
@@ -377,7 +372,6 @@ fn the_report_reads_every_configuration() {
 /// The decode step's own hot path allocates nothing once warm: an eager step's enqueue of the
 /// readers, collectives, spin compute, resident gathers and the plan's replay (the floors; the
 /// lookup paths are the prefetcher's).
-#[test]
 fn a_warm_steps_enqueue_allocates_nothing() -> Result<()> {
     let Some(gpu) = Gpu::for_test("a_warm_steps_enqueue_allocates_nothing")? else {
         return Ok(());
@@ -405,4 +399,18 @@ fn a_warm_steps_enqueue_allocates_nothing() -> Result<()> {
         );
     }
     Ok(())
+}
+
+common::harness::tests! {
+    cpu: [
+        the_deepseek_schedule_holds_the_origin_storys_windows,
+        bad_shapes_are_errors_not_panics,
+        the_spark_projection_follows_its_model,
+        outputs_name_their_first_difference,
+        the_report_reads_every_configuration,
+    ],
+    gpu: [
+        a_small_steps_outputs_are_bit_identical_across_configurations,
+        a_warm_steps_enqueue_allocates_nothing,
+    ],
 }

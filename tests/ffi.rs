@@ -1,5 +1,6 @@
 //! The C ABI called as C would: status codes, the last-error message, the host-function entry
 //! `fetchahead_lookup`, and (on a GPU) a prefetch and gather through raw pointers and streams.
+mod common;
 use std::ffi::{CStr, c_char};
 use std::ptr;
 
@@ -31,7 +32,6 @@ fn open(rows: u64, seed: u64) -> *mut TableHandle {
     table
 }
 
-#[test]
 fn struct_layouts_match_the_header() {
     // The sizes include/fetchahead.h asserts.
     assert_eq!(size_of::<Work>(), 48);
@@ -40,7 +40,6 @@ fn struct_layouts_match_the_header() {
     assert_eq!(size_of::<FfiLookupError>(), 24 + FETCHAHEAD_MESSAGE_BYTES);
 }
 
-#[test]
 fn bad_arguments_return_codes_and_a_message() {
     // SAFETY: null `out` is what is being refused.
     let rc = unsafe { fetchahead_open_memory_table(10, DIM as u32, 1, ptr::null_mut()) };
@@ -78,7 +77,6 @@ fn bad_arguments_return_codes_and_a_message() {
     }
 }
 
-#[test]
 fn the_host_function_entry_looks_up_and_zero_fills_on_failure() {
     let table = open(1000, 42);
     let same = MemoryRows::generate(1000, DIM, 42).unwrap();
@@ -138,7 +136,6 @@ fn the_host_function_entry_looks_up_and_zero_fills_on_failure() {
     }
 }
 
-#[test]
 fn prefetch_and_gather_through_the_abi() {
     let table = open(1 << 12, 7);
     let config = FfiPrefetcherConfig {
@@ -264,7 +261,6 @@ fn prefetch_and_gather_through_the_abi() {
     }
 }
 
-#[test]
 fn two_prefetchers_share_a_flag_lane_through_the_abi() {
     let table = open(1 << 12, 11);
     let mut lane = ptr::null_mut();
@@ -383,4 +379,16 @@ fn two_prefetchers_share_a_flag_lane_through_the_abi() {
     }
     // SAFETY: as above.
     unsafe { fetchahead_table_close(table) };
+}
+
+common::harness::tests! {
+    cpu: [
+        struct_layouts_match_the_header,
+        bad_arguments_return_codes_and_a_message,
+        the_host_function_entry_looks_up_and_zero_fills_on_failure,
+    ],
+    gpu: [
+        prefetch_and_gather_through_the_abi,
+        two_prefetchers_share_a_flag_lane_through_the_abi,
+    ],
 }

@@ -1,4 +1,5 @@
 //! The L2 plan's C ABI and the recommended prefetcher configuration, called as C would.
+mod common;
 use std::ffi::{CStr, c_char};
 use std::ptr;
 
@@ -16,13 +17,11 @@ fn last_error() -> String {
         .into_owned()
 }
 
-#[test]
 fn struct_layouts_match_the_header() {
     assert_eq!(size_of::<FfiForwardSummary>(), 32);
     assert_eq!(size_of::<FfiL2Counters>(), 48);
 }
 
-#[test]
 fn the_default_config_is_the_measured_best() {
     let mut config = FfiPrefetcherConfig {
         capacity: 0,
@@ -47,7 +46,6 @@ fn the_default_config_is_the_measured_best() {
     assert_eq!(rc, FETCHAHEAD_ERR_INVALID);
 }
 
-#[test]
 fn null_plans_and_outputs_are_refused_with_a_message() {
     // SAFETY: every pointer is null, which is what is being refused.
     unsafe {
@@ -81,7 +79,6 @@ fn null_plans_and_outputs_are_refused_with_a_message() {
     }
 }
 
-#[test]
 fn a_plan_learns_and_replays_through_the_abi() {
     let gpu = match Gpu::for_test("a_plan_learns_and_replays_through_the_abi") {
         Ok(Some(gpu)) => gpu,
@@ -152,7 +149,6 @@ fn a_plan_learns_and_replays_through_the_abi() {
     unsafe { fetchahead_l2_plan_close(plan) };
 }
 
-#[test]
 fn the_c_library_installs_a_stderr_logger_at_fetchahead_log_or_warn() {
     let mut counters = FfiL2Counters::default();
     // SAFETY: a null plan is refused; the call installs the logger on the way.
@@ -163,4 +159,16 @@ fn the_c_library_installs_a_stderr_logger_at_fetchahead_log_or_warn() {
         Err(_) => log::LevelFilter::Warn,
     };
     assert_eq!(log::max_level(), want);
+}
+
+common::harness::tests! {
+    cpu: [
+        struct_layouts_match_the_header,
+        the_default_config_is_the_measured_best,
+        null_plans_and_outputs_are_refused_with_a_message,
+        the_c_library_installs_a_stderr_logger_at_fetchahead_log_or_warn,
+    ],
+    gpu: [
+        a_plan_learns_and_replays_through_the_abi,
+    ],
 }

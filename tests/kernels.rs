@@ -1,7 +1,8 @@
 //! Every gather and gather + dequant variant against the CPU reference on the GPU, for tables in
 //! device memory and in mapped pinned host memory. Fresh random inputs every run (the seed is
-//! printed), the output poisoned before each launch. Without a GPU these print why and pass,
-//! unless FETCHAHEAD_REQUIRE_GPU=1.
+//! printed), the output poisoned before each launch. Without a GPU the runner reports them as
+//! ignored, with the reason; with FETCHAHEAD_REQUIRE_GPU=1 they fail.
+mod common;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -60,7 +61,6 @@ fn address<T>(stream: &Arc<CudaStream>, slice: &CudaSlice<T>) -> u64 {
     slice.device_ptr(stream).0
 }
 
-#[test]
 fn every_gather_variant_matches_the_reference() {
     let Some(mut s) = setup("gather variants") else {
         return;
@@ -70,7 +70,6 @@ fn every_gather_variant_matches_the_reference() {
 
 /// Rows of 1, 3 and 17 16-byte chunks: a warp's chunks then cover many rows, or rows start at
 /// uneven lanes.
-#[test]
 fn every_gather_variant_matches_the_reference_at_other_row_widths() {
     let Some(mut s) = setup("gather variants, other row widths") else {
         return;
@@ -200,7 +199,6 @@ fn check_dequant_dim(
     }
 }
 
-#[test]
 fn gather_dequant_is_exact_for_every_e4m3_byte_at_the_edge_scales() {
     let Some(mut s) = setup("gather_dequant edges") else {
         return;
@@ -209,7 +207,6 @@ fn gather_dequant_is_exact_for_every_e4m3_byte_at_the_edge_scales() {
     check_dequant(&mut s, &weights, &scales, &[1, 31, 1000], "edge scales");
 }
 
-#[test]
 fn gather_dequant_matches_the_reference_on_random_rows() {
     let Some(mut s) = setup("gather_dequant random") else {
         return;
@@ -220,7 +217,6 @@ fn gather_dequant_matches_the_reference_on_random_rows() {
     check_dequant(&mut s, &weights, &scales, &SIZES, "random");
 }
 
-#[test]
 fn gather_dequant_matches_the_reference_at_other_dims() {
     let Some(mut s) = setup("gather_dequant dims") else {
         return;
@@ -236,7 +232,6 @@ fn gather_dequant_matches_the_reference_at_other_dims() {
     }
 }
 
-#[test]
 fn ids_outside_the_table_write_zero_rows_and_are_reported() {
     let Some(mut s) = setup("bad ids") else {
         return;
@@ -324,7 +319,6 @@ fn ids_outside_the_table_write_zero_rows_and_are_reported() {
     }
 }
 
-#[test]
 fn launches_refuse_bad_shapes_with_an_error() {
     let Some(s) = setup("launch validation") else {
         return;
@@ -378,4 +372,18 @@ fn launches_refuse_bad_shapes_with_an_error() {
         matches!(result, Err(Error::Invalid { .. })),
         "missing variant: {result:?}"
     );
+}
+
+common::harness::tests! {
+    cpu: [
+    ],
+    gpu: [
+        every_gather_variant_matches_the_reference,
+        every_gather_variant_matches_the_reference_at_other_row_widths,
+        gather_dequant_is_exact_for_every_e4m3_byte_at_the_edge_scales,
+        gather_dequant_matches_the_reference_on_random_rows,
+        gather_dequant_matches_the_reference_at_other_dims,
+        ids_outside_the_table_write_zero_rows_and_are_reported,
+        launches_refuse_bad_shapes_with_an_error,
+    ],
 }

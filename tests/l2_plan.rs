@@ -1,6 +1,7 @@
 //! The L2 plan: its logic on the CPU, and on a GPU (skipped without one) the GEMV against the
 //! CPU reference, forwards bit-identical with and without prefetch (eager and in a CUDA graph),
 //! and the prefetch kernel over awkward segments (run this under compute-sanitizer too).
+mod common;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaStream, sys};
@@ -39,7 +40,6 @@ fn forward(p: &mut Planner, sig: Signature, captured: bool, windows: &[&[(u64, u
     p.end().unwrap().learned
 }
 
-#[test]
 fn learns_windows_in_consumption_order() {
     let mut p = Planner::new(MIB).unwrap();
     p.begin(SIG, false).unwrap();
@@ -77,7 +77,6 @@ fn learns_windows_in_consumption_order() {
     p.abort();
 }
 
-#[test]
 fn trims_each_window_to_the_budget() {
     let mut p = Planner::new(1000).unwrap();
     assert_eq!(p.budget(), 992, "rounded down to 16");
@@ -95,7 +94,6 @@ fn trims_each_window_to_the_budget() {
     assert_eq!(plan.window(1), &[seg(0xA000, 992)]);
 }
 
-#[test]
 fn cuts_large_weights_into_pieces() {
     let mut p = Planner::new(4 * MIB).unwrap();
     let piece = SEGMENT_PIECE;
@@ -126,7 +124,6 @@ fn cuts_large_weights_into_pieces() {
     assert_eq!(plan.window_bytes(0), 4 * MIB);
 }
 
-#[test]
 fn keeps_only_the_aligned_part_and_refuses_null() {
     let mut p = Planner::new(MIB).unwrap();
     p.begin(SIG, false).unwrap();
@@ -160,7 +157,6 @@ fn keeps_only_the_aligned_part_and_refuses_null() {
     }
 }
 
-#[test]
 fn relearns_until_captured_then_freezes() {
     let mut p = Planner::new(MIB).unwrap();
     let a: &[(u64, u64)] = &[(0x1000, 256)];
@@ -193,7 +189,6 @@ fn relearns_until_captured_then_freezes() {
     assert!(p.plan(SIG).is_some());
 }
 
-#[test]
 fn a_forward_without_collectives_never_replaces_a_plan() {
     let mut p = Planner::new(MIB).unwrap();
     assert_eq!(forward(&mut p, SIG, false, &[]), Learned::NoCollectives);
@@ -205,7 +200,6 @@ fn a_forward_without_collectives_never_replaces_a_plan() {
     assert_eq!(p.plan(SIG).unwrap().window(0), &[seg(0x1000, 256)]);
 }
 
-#[test]
 fn counts_mismatches_at_capture_and_forwards_without_a_plan() {
     let mut p = Planner::new(MIB).unwrap();
     let a: &[(u64, u64)] = &[(0x1000, 256)];
@@ -240,7 +234,6 @@ fn counts_mismatches_at_capture_and_forwards_without_a_plan() {
     assert_eq!(c.signatures, 2);
 }
 
-#[test]
 fn refuses_misuse() {
     let mut p = Planner::new(MIB).unwrap();
     assert!(Planner::new(15).is_err());
@@ -253,7 +246,6 @@ fn refuses_misuse() {
     assert!(p.begin(SIG, false).is_ok());
 }
 
-#[test]
 fn default_budget_follows_the_l2_size() {
     assert_eq!(default_budget(60 * MIB), 6 * MIB);
     // The DGX Spark's 24 MiB L2: 2.4 MiB, rounded down to 16 bytes.
@@ -262,7 +254,6 @@ fn default_budget_follows_the_l2_size() {
     assert_eq!(PlanConfig::for_l2(60 * MIB).budget_per_window, 6 * MIB);
 }
 
-#[test]
 fn reads_windows_in_up_to_a_third_of_l2_by_default() {
     assert_eq!(PlanConfig::for_l2(60 * MIB).replay, Replay::Auto);
     assert_eq!(read_limit(60 * MIB), 20 * MIB);
@@ -286,7 +277,6 @@ fn reads_windows_in_up_to_a_third_of_l2_by_default() {
     assert_eq!(auto_variant(9 * MIB, 24 * MIB), bulk);
 }
 
-#[test]
 fn loads_launch_four_blocks_a_segment_up_to_one_an_sm() {
     let (loads, bulk) = (l2_prefetch::LOADS_VARIANT, l2_prefetch::BULK_VARIANT);
     let threads = l2_prefetch::LOADS_THREADS;
@@ -414,7 +404,6 @@ fn open(what: &str) -> Result<Option<Device>> {
     Ok(Some((kernels, stream, lock)))
 }
 
-#[test]
 fn gemv_matches_the_cpu_reference() -> Result<()> {
     let Some((kernels, stream, _lock)) = open("gemv_matches_the_cpu_reference")? else {
         return Ok(());
@@ -502,7 +491,6 @@ fn check_gemv(
     Ok(())
 }
 
-#[test]
 fn gemv_refuses_bad_shapes() -> Result<()> {
     let Some((kernels, stream, _lock)) = open("gemv_refuses_bad_shapes")? else {
         return Ok(());
@@ -547,7 +535,6 @@ fn gemv_refuses_bad_shapes() -> Result<()> {
 
 /// Eager forwards: without a plan, learning, then replaying each prefetch variant and the
 /// access-policy mode, all bit-identical, with the counters the replays imply.
-#[test]
 fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
     let Some((kernels, stream, _lock)) = open("forward_is_bit_identical_with_prefetch_eager")?
     else {
@@ -621,7 +608,6 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
 
 /// A window's prefetch is cut to what it issues within the window, learned over eager
 /// forwards, and a long window keeps it whole; the outputs stay exact either way.
-#[test]
 fn caps_each_window_to_what_its_prefetch_issues_within_it() -> Result<()> {
     let Some((kernels, stream, _lock)) =
         open("caps_each_window_to_what_its_prefetch_issues_within_it")?
@@ -673,7 +659,6 @@ fn caps_each_window_to_what_its_prefetch_issues_within_it() -> Result<()> {
 
 /// A stale plan (learned on other weights) only wastes bandwidth: the outputs stay exact, and
 /// the next eager forward relearns.
-#[test]
 fn a_stale_plan_keeps_outputs_exact() -> Result<()> {
     let Some((kernels, stream, _lock)) = open("a_stale_plan_keeps_outputs_exact")? else {
         return Ok(());
@@ -699,7 +684,6 @@ fn a_stale_plan_keeps_outputs_exact() -> Result<()> {
 
 /// Graphs: a forward captured without a plan and one captured with a learned plan (the prefetch
 /// becomes a graph branch) both replay bit-identical to the eager forward.
-#[test]
 fn forward_is_bit_identical_with_prefetch_in_a_graph() -> Result<()> {
     let Some((kernels, stream, _lock)) = open("forward_is_bit_identical_with_prefetch_in_a_graph")?
     else {
@@ -781,7 +765,6 @@ fn forward_is_bit_identical_with_prefetch_in_a_graph() -> Result<()> {
 /// The prefetch kernel over segments of every awkward shape: sizes not a multiple of the chunk,
 /// more segments than blocks, one block and many threads. Run under
 /// `compute-sanitizer --tool memcheck` as well (see README).
-#[test]
 fn prefetch_kernel_runs_clean() -> Result<()> {
     let Some((kernels, stream, _lock)) = open("prefetch_kernel_runs_clean")? else {
         return Ok(());
@@ -832,4 +815,29 @@ fn prefetch_kernel_runs_clean() -> Result<()> {
     assert!(SegmentTable::upload(&stream, &[seg(base, 40)]).is_err());
     assert!(SegmentTable::upload(&stream, &[seg(0, 32)]).is_err());
     Ok(())
+}
+
+common::harness::tests! {
+    cpu: [
+        learns_windows_in_consumption_order,
+        trims_each_window_to_the_budget,
+        cuts_large_weights_into_pieces,
+        keeps_only_the_aligned_part_and_refuses_null,
+        relearns_until_captured_then_freezes,
+        a_forward_without_collectives_never_replaces_a_plan,
+        counts_mismatches_at_capture_and_forwards_without_a_plan,
+        refuses_misuse,
+        default_budget_follows_the_l2_size,
+        reads_windows_in_up_to_a_third_of_l2_by_default,
+        loads_launch_four_blocks_a_segment_up_to_one_an_sm,
+    ],
+    gpu: [
+        gemv_matches_the_cpu_reference,
+        gemv_refuses_bad_shapes,
+        forward_is_bit_identical_with_prefetch_eager,
+        caps_each_window_to_what_its_prefetch_issues_within_it,
+        a_stale_plan_keeps_outputs_exact,
+        forward_is_bit_identical_with_prefetch_in_a_graph,
+        prefetch_kernel_runs_clean,
+    ],
 }

@@ -1,6 +1,7 @@
 //! The prefetcher: staging capacity rules and lookup error paths on the CPU; on a GPU, prefetched
 //! output against the synchronous path and the CPU reference, eagerly and replayed from a CUDA
 //! graph with new ids each replay, check mode, and injected lookup failures.
+mod common;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -19,7 +20,6 @@ const DIM: usize = 256;
 
 // ---------------------------------------------------------------- CPU: staging capacity rules
 
-#[test]
 fn staging_capacity_rounds_up_to_a_power_of_two() {
     for (rows, want) in [(1, 1), (3, 4), (4096, 4096), (4097, 8192), (1000, 1024)] {
         let layout = StagingLayout::new(rows, DIM).unwrap();
@@ -31,7 +31,6 @@ fn staging_capacity_rounds_up_to_a_power_of_two() {
     assert_eq!(StagingLayout::new(max, DIM).unwrap().capacity(), max);
 }
 
-#[test]
 fn staging_refuses_no_rows_too_many_rows_and_bad_dims() {
     let max = StagingLayout::MAX_CAPACITY;
     for (rows, dim) in [
@@ -50,7 +49,6 @@ fn staging_refuses_no_rows_too_many_rows_and_bad_dims() {
     }
 }
 
-#[test]
 fn staging_count_beyond_capacity_is_an_error_naming_both() {
     let layout = StagingLayout::new(100, DIM).unwrap();
     assert!(layout.check_count(0).is_ok());
@@ -83,7 +81,6 @@ fn lookup(store: &dyn RowLookup, ids: &[i64]) -> (Result<()>, Vec<u8>, Vec<u8>) 
     (r, w, s)
 }
 
-#[test]
 fn memory_rows_are_deterministic_numbers_and_looked_up_in_order() {
     let a = MemoryRows::generate(1000, DIM, 7).unwrap();
     let b = MemoryRows::generate(1000, DIM, 7).unwrap();
@@ -116,7 +113,6 @@ fn memory_rows_are_deterministic_numbers_and_looked_up_in_order() {
     assert_eq!(a.lookups(), 1);
 }
 
-#[test]
 fn memory_rows_refuse_bad_dims_and_buffers() {
     assert!(MemoryRows::generate(10, 33, 1).is_err());
     assert!(MemoryRows::generate(10, 0, 1).is_err());
@@ -127,7 +123,6 @@ fn memory_rows_refuse_bad_dims_and_buffers() {
     assert!(matches!(err, Error::Invalid { .. }), "{err}");
 }
 
-#[test]
 fn a_failed_lookup_zero_fills_every_row_and_names_the_row() {
     let t = MemoryRows::generate(100, DIM, 3).unwrap();
     let (r, w, s) = lookup(&t, &[1, 2, 100, 4]);
@@ -157,7 +152,6 @@ fn a_failed_lookup_zero_fills_every_row_and_names_the_row() {
     assert!(lookup(&t, &[1]).0.is_ok());
 }
 
-#[test]
 fn a_corrupted_lookup_differs_in_one_byte_without_an_error() {
     let t = MemoryRows::generate(100, DIM, 4).unwrap();
     let (_, good, _) = lookup(&t, &[3, 4]);
@@ -183,7 +177,6 @@ impl RowLookup for PanickingRows {
     }
 }
 
-#[test]
 fn a_panicking_lookup_becomes_an_error_with_zero_rows() {
     let t = PanickingRows(MemoryRows::generate(100, DIM, 5).unwrap());
     let (r, w, s) = lookup(&t, &[1, 13]);
@@ -300,12 +293,10 @@ fn capture(
     })
 }
 
-#[test]
 fn prefetched_output_equals_the_synchronous_path_eagerly() -> Result<()> {
     eager_equals_synchronous(Completion::HostFunction)
 }
 
-#[test]
 fn prefetched_output_equals_the_synchronous_path_eagerly_in_flag_mode() -> Result<()> {
     eager_equals_synchronous(Completion::Flag)
 }
@@ -379,12 +370,10 @@ fn eager_equals_synchronous(completion: Completion) -> Result<()> {
     Ok(())
 }
 
-#[test]
 fn prefetched_output_is_right_in_a_graph_replayed_with_new_ids() -> Result<()> {
     graph_replays_are_right(Completion::HostFunction)
 }
 
-#[test]
 fn prefetched_output_is_right_in_a_graph_replayed_with_new_ids_in_flag_mode() -> Result<()> {
     graph_replays_are_right(Completion::Flag)
 }
@@ -452,7 +441,6 @@ fn graph_replays_are_right(completion: Completion) -> Result<()> {
     Ok(())
 }
 
-#[test]
 fn a_capture_before_warm_up_is_an_error_naming_the_fix() -> Result<()> {
     let Some(s) = setup("a_capture_before_warm_up_is_an_error_naming_the_fix")? else {
         return Ok(());
@@ -489,7 +477,6 @@ fn a_capture_before_warm_up_is_an_error_naming_the_fix() -> Result<()> {
     Ok(())
 }
 
-#[test]
 fn check_mode_counts_no_difference_over_1000_replays() -> Result<()> {
     let Some(s) = setup("check_mode_counts_no_difference_over_1000_replays")? else {
         return Ok(());
@@ -546,7 +533,6 @@ fn check_mode_counts_no_difference_over_1000_replays() -> Result<()> {
     Ok(())
 }
 
-#[test]
 fn check_mode_counts_a_gather_that_differs() -> Result<()> {
     let Some(s) = setup("check_mode_counts_a_gather_that_differs")? else {
         return Ok(());
@@ -592,7 +578,6 @@ fn check_mode_counts_a_gather_that_differs() -> Result<()> {
     Ok(())
 }
 
-#[test]
 fn an_injected_lookup_failure_is_reported_zeroed_and_falls_back() -> Result<()> {
     let Some(s) = setup("an_injected_lookup_failure_is_reported_zeroed_and_falls_back")? else {
         return Ok(());
@@ -662,7 +647,6 @@ fn an_injected_lookup_failure_is_reported_zeroed_and_falls_back() -> Result<()> 
     Ok(())
 }
 
-#[test]
 fn a_failure_or_panic_during_a_replay_is_reported_and_the_next_replay_is_right() -> Result<()> {
     let Some(s) = setup("a_failure_or_panic_during_a_replay_is_reported")? else {
         return Ok(());
@@ -727,17 +711,14 @@ fn a_failure_or_panic_during_a_replay_is_reported_and_the_next_replay_is_right()
     Ok(())
 }
 
-#[test]
 fn two_layers_prefetch_in_one_graph() -> Result<()> {
     two_layers_in_one_graph(Completion::HostFunction, false)
 }
 
-#[test]
 fn two_layers_prefetch_in_one_graph_in_flag_mode() -> Result<()> {
     two_layers_in_one_graph(Completion::Flag, false)
 }
 
-#[test]
 fn two_layers_prefetch_in_one_graph_sharing_a_flag_lane() -> Result<()> {
     two_layers_in_one_graph(Completion::Flag, true)
 }
@@ -840,7 +821,6 @@ fn two_layers_in_one_graph(completion: Completion, shared_lane: bool) -> Result<
     Ok(())
 }
 
-#[test]
 fn zero_rows_and_misuse_are_errors_not_crashes() -> Result<()> {
     let Some(s) = setup("zero_rows_and_misuse_are_errors_not_crashes")? else {
         return Ok(());
@@ -897,4 +877,32 @@ fn zero_rows_and_misuse_are_errors_not_crashes() -> Result<()> {
     let stats = p.stats();
     assert_eq!((stats.prefetches, stats.gathers, stats.lookups), (2, 2, 1));
     Ok(())
+}
+
+common::harness::tests! {
+    cpu: [
+        staging_capacity_rounds_up_to_a_power_of_two,
+        staging_refuses_no_rows_too_many_rows_and_bad_dims,
+        staging_count_beyond_capacity_is_an_error_naming_both,
+        memory_rows_are_deterministic_numbers_and_looked_up_in_order,
+        memory_rows_refuse_bad_dims_and_buffers,
+        a_failed_lookup_zero_fills_every_row_and_names_the_row,
+        a_corrupted_lookup_differs_in_one_byte_without_an_error,
+        a_panicking_lookup_becomes_an_error_with_zero_rows,
+    ],
+    gpu: [
+        prefetched_output_equals_the_synchronous_path_eagerly,
+        prefetched_output_equals_the_synchronous_path_eagerly_in_flag_mode,
+        prefetched_output_is_right_in_a_graph_replayed_with_new_ids,
+        prefetched_output_is_right_in_a_graph_replayed_with_new_ids_in_flag_mode,
+        a_capture_before_warm_up_is_an_error_naming_the_fix,
+        check_mode_counts_no_difference_over_1000_replays,
+        check_mode_counts_a_gather_that_differs,
+        an_injected_lookup_failure_is_reported_zeroed_and_falls_back,
+        a_failure_or_panic_during_a_replay_is_reported_and_the_next_replay_is_right,
+        two_layers_prefetch_in_one_graph,
+        two_layers_prefetch_in_one_graph_in_flag_mode,
+        two_layers_prefetch_in_one_graph_sharing_a_flag_lane,
+        zero_rows_and_misuse_are_errors_not_crashes,
+    ],
 }

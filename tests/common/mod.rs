@@ -8,6 +8,8 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use safetensors::SafeTensors;
 
+pub mod harness;
+
 pub const DIM: usize = 256;
 
 pub fn make(dir: &Path, rows: u64, layers: &[u32], shards: usize, seed: u64) -> Vec<PathBuf> {
