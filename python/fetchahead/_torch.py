@@ -144,20 +144,37 @@ def _check_dequant_shapes(weights: torch.Tensor, scales: torch.Tensor, ids: torc
     return dim
 
 
-def _device_address(t: torch.Tensor, name: str, device: torch.device, align: int) -> int:
-    """A tensor's address for the kernels: CUDA on ``device``, or pinned host memory mapped
-    for it (tables only)."""
-    if t.device.type == "cuda":
-        if t.device.index != device.index:
-            raise _bad(name, f"on {t.device}; want {device}")
+def _native_at(index: int) -> Any:
+    """The loaded kernels of CUDA device ``index`` (the hot path's lookup by index)."""
+    found = _devices.get(index)
+    if found is None:
+        found = native_device(torch.device("cuda", index))
+    return found
+
+
+def _variant_at(index: int, family: str, name: Optional[str]) -> int:
+    """:func:`variant_index` for CUDA device ``index``, from the cache when resolved before."""
+    found = _resolved.get((index, family, name))
+    if found is None:
+        found = variant_index(torch.device("cuda", index), family, name)
+    return found
+
+
+def _device_address(t: torch.Tensor, name: str, index: int, align: int) -> int:
+    """A tensor's address for the kernels: CUDA on device ``index``, or pinned host memory
+    mapped for it (tables only). `is_cuda` and `get_device()` rather than `t.device`, which
+    builds a `torch.device` on every read: this runs four times a launch."""
+    if t.is_cuda:
+        if t.get_device() != index:
+            raise _bad(name, f"on {t.device}; want cuda:{index}")
         address = t.data_ptr()
-    elif t.device.type == "cpu" and name in ("table", "weights", "scales"):
+    elif name in ("table", "weights", "scales") and t.device.type == "cpu":
         if not t.is_pinned():
             raise _bad(name, "a CPU tensor that is not pinned (use tensor.pin_memory())")
-        address = native_device(device).host_device_address(t.data_ptr()) if t.numel() else 0
+        address = _native_at(index).host_device_address(t.data_ptr()) if t.numel() else 0
     else:
-        raise _bad(name, f"on {t.device}; want {device}")
-    if t.numel() and address % align:
+        raise _bad(name, f"on {t.device}; want cuda:{index}")
+    if address % align and t.numel():
         raise _bad(name, f"address {address:#x} is not {align}-byte aligned")
     return address
 
@@ -172,23 +189,22 @@ def _launch_gather(
     # The callers checked the shapes (`_check_gather_shapes`); this is the hot path.
     row_bytes = table.shape[1] * table.element_size()
     _check_status(status)
-    n = ids.shape[0]
-    if ids.device.type != "cuda":
+    if not ids.is_cuda:
         raise _bad("ids", f"on {ids.device}; want a CUDA device")
-    device = ids.device
+    n = ids.shape[0]
     if n == 0:
         return
-    dev = native_device(device)
-    dev.gather(
-        variant_index(device, "gather", variant),
-        _device_address(table, "table", device, 16),
+    index = ids.get_device()
+    _native_at(index).gather(
+        _variant_at(index, "gather", variant),
+        _device_address(table, "table", index, 16),
         table.shape[0],
         row_bytes,
-        _device_address(ids, "ids", device, 8),
+        _device_address(ids, "ids", index, 8),
         n,
-        _device_address(out, "out", device, 16),
-        0 if status is None else _device_address(status, "status", device, 8),
-        _raw_stream(device.index),
+        _device_address(out, "out", index, 16),
+        0 if status is None else _device_address(status, "status", index, 8),
+        _raw_stream(index),
     )
 
 
@@ -203,24 +219,23 @@ def _launch_gather_dequant(
     # The callers checked the shapes (`_check_dequant_shapes`); this is the hot path.
     dim = weights.shape[1]
     _check_status(status)
-    n = ids.shape[0]
-    if ids.device.type != "cuda":
+    if not ids.is_cuda:
         raise _bad("ids", f"on {ids.device}; want a CUDA device")
-    device = ids.device
+    n = ids.shape[0]
     if n == 0:
         return
-    dev = native_device(device)
-    dev.gather_dequant(
-        variant_index(device, "gather_dequant", variant),
-        _device_address(weights, "weights", device, 16),
-        _device_address(scales, "scales", device, 1),
+    index = ids.get_device()
+    _native_at(index).gather_dequant(
+        _variant_at(index, "gather_dequant", variant),
+        _device_address(weights, "weights", index, 16),
+        _device_address(scales, "scales", index, 1),
         weights.shape[0],
         dim,
-        _device_address(ids, "ids", device, 8),
+        _device_address(ids, "ids", index, 8),
         n,
-        _device_address(out, "out", device, 16),
-        0 if status is None else _device_address(status, "status", device, 8),
-        _raw_stream(device.index),
+        _device_address(out, "out", index, 16),
+        0 if status is None else _device_address(status, "status", index, 8),
+        _raw_stream(index),
     )
 
 
