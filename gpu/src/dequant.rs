@@ -62,119 +62,101 @@ pub struct Variant {
 /// Elements each thread of a [`Shape::Chunk16`] variant converts.
 pub const ELEMS_PER_THREAD: u32 = 16;
 
-pub const VARIANTS: &[Variant] = &[
-    Variant {
-        name: "gather_dequant_cvt",
-        conversion: Conversion::Hardware,
-        shape: Shape::Chunk16,
-        about: "hardware e4m3x2 -> f16x2 conversion, f32 scale multiply",
-    },
-    Variant {
-        name: "gather_dequant_packed",
-        conversion: Conversion::Packed,
-        shape: Shape::Chunk16,
-        about: "E4M3 bits placed in bf16, two packed bf16x2 multiplies",
-    },
-    Variant {
-        name: "gather_dequant_packed_nohint",
-        conversion: Conversion::Packed,
-        shape: Shape::Chunk16,
-        about: "packed, weight loads without cache hints",
-    },
-    Variant {
-        name: "gather_dequant_cvt_nohint",
-        conversion: Conversion::Hardware,
-        shape: Shape::Chunk16,
-        about: "hardware conversion, weight loads without cache hints",
-    },
-    Variant {
-        name: "gather_dequant_packed_ahead",
-        conversion: Conversion::Packed,
-        shape: Shape::Chunk16,
-        about: "packed, the next id loaded and the next row prefetched into L2 one step ahead",
-    },
-    Variant {
-        name: "gather_dequant_u8_packed",
-        conversion: Conversion::Packed,
-        shape: Shape::Units8 {
-            unroll: 1,
-            one_pass: false,
-        },
-        about: "packed, a thread per 8 elements, each warp store 512 contiguous bytes",
-    },
-    Variant {
-        name: "gather_dequant_u8_packed_x2",
-        conversion: Conversion::Packed,
-        shape: Shape::Units8 {
-            unroll: 2,
-            one_pass: false,
-        },
-        about: "packed, 2 units of 8 elements a thread loaded before any is stored",
-    },
-    Variant {
-        name: "gather_dequant_u8_packed_x2_pass",
-        conversion: Conversion::Packed,
-        shape: Shape::Units8 {
-            unroll: 2,
-            one_pass: true,
-        },
-        about: "packed, 2 units a thread, a warp per tile (no grid-stride loop)",
-    },
-    Variant {
-        name: "gather_dequant_u8_packed_pass",
-        conversion: Conversion::Packed,
-        shape: Shape::Units8 {
-            unroll: 1,
-            one_pass: true,
-        },
-        about: "packed, 1 unit a thread, a warp per tile (no grid-stride loop)",
-    },
-    Variant {
-        name: "gather_dequant_u8_packed_x4",
-        conversion: Conversion::Packed,
-        shape: Shape::Units8 {
-            unroll: 4,
-            one_pass: false,
-        },
-        about: "packed, 4 units of 8 elements a thread loaded before any is stored",
-    },
-    Variant {
-        name: "gather_dequant_u8_packed_x4_cs",
-        conversion: Conversion::Packed,
-        shape: Shape::Units8 {
-            unroll: 4,
-            one_pass: false,
-        },
-        about: "packed, 4 units a thread, streaming (evict-first) stores",
-    },
-    Variant {
-        name: "gather_dequant_u8_packed_x4_stream",
-        conversion: Conversion::Packed,
-        shape: Shape::Units8 {
-            unroll: 4,
-            one_pass: false,
-        },
-        about: "packed, 4 units a thread, weight loads skip L1 with 256-byte L2 fetches",
-    },
-    Variant {
-        name: "gather_dequant_u8_cvt_x4",
-        conversion: Conversion::Hardware,
-        shape: Shape::Units8 {
-            unroll: 4,
-            one_pass: false,
-        },
-        about: "hardware conversion, 4 units of 8 elements a thread",
-    },
-    Variant {
-        name: "gather_dequant_u8_packed_x8",
-        conversion: Conversion::Packed,
-        shape: Shape::Units8 {
-            unroll: 8,
-            one_pass: false,
-        },
-        about: "packed, 8 units of 8 elements a thread loaded before any is stored",
-    },
-];
+/// The row of a variant. `chunk16`: [`Shape::Chunk16`]; `units8`: [`Shape::Units8`] with the
+/// declaration's `unroll` and `one_pass`.
+macro_rules! dequant_row {
+    ($name:expr, $about:expr, chunk16 { conversion: $c:ident, $($rest:tt)* }) => {
+        Variant {
+            name: $name,
+            conversion: Conversion::$c,
+            shape: Shape::Chunk16,
+            about: $about,
+        }
+    };
+    (
+        $name:expr, $about:expr,
+        units8 { unroll: $u:literal, one_pass: $one:literal, conversion: $c:ident, $($rest:tt)* }
+    ) => {
+        Variant {
+            name: $name,
+            conversion: Conversion::$c,
+            shape: Shape::Units8 {
+                unroll: $u,
+                one_pass: $one,
+            },
+            about: $about,
+        }
+    };
+}
+
+/// The body of a variant, from the same tokens as its row: the conversion, the unroll, the
+/// weight loads' cache hint, the next row fetched ahead (`chunk16`) and streaming stores
+/// (`units8`). `one_pass` only sizes the grid.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! dequant_body {
+    ($p:ident, chunk16 { conversion: $c:ident, ahead: $ahead:literal, hint: $h:ident }) => {
+        super::kernels::gather_dequant::<
+            { super::Conversion::$c as u8 },
+            $ahead,
+            { crate::device::hint::$h },
+        >(&$p)
+    };
+    (
+        $p:ident,
+        units8 {
+            unroll: $u:literal, one_pass: $one:literal, conversion: $c:ident, hint: $h:ident,
+            streaming: $cs:literal
+        }
+    ) => {
+        super::kernels::gather_dequant_units::<
+            $u,
+            { super::Conversion::$c as u8 },
+            { crate::device::hint::$h },
+            $cs,
+        >(&$p)
+    };
+}
+
+variants! {
+    params: DequantParams, row: dequant_row, body: dequant_body;
+    gather_dequant_cvt: chunk16 { conversion: Hardware, ahead: false, hint: STREAM }
+        => "hardware e4m3x2 -> f16x2 conversion, f32 scale multiply";
+    gather_dequant_packed: chunk16 { conversion: Packed, ahead: false, hint: STREAM }
+        => "E4M3 bits placed in bf16, two packed bf16x2 multiplies";
+    gather_dequant_packed_nohint: chunk16 { conversion: Packed, ahead: false, hint: PLAIN }
+        => "packed, weight loads without cache hints";
+    gather_dequant_cvt_nohint: chunk16 { conversion: Hardware, ahead: false, hint: PLAIN }
+        => "hardware conversion, weight loads without cache hints";
+    gather_dequant_packed_ahead: chunk16 { conversion: Packed, ahead: true, hint: STREAM }
+        => "packed, the next id loaded and the next row prefetched into L2 one step ahead";
+    gather_dequant_u8_packed: units8 {
+        unroll: 1, one_pass: false, conversion: Packed, hint: PLAIN, streaming: false
+    } => "packed, a thread per 8 elements, each warp store 512 contiguous bytes";
+    gather_dequant_u8_packed_x2: units8 {
+        unroll: 2, one_pass: false, conversion: Packed, hint: PLAIN, streaming: false
+    } => "packed, 2 units of 8 elements a thread loaded before any is stored";
+    gather_dequant_u8_packed_x2_pass: units8 {
+        unroll: 2, one_pass: true, conversion: Packed, hint: PLAIN, streaming: false
+    } => "packed, 2 units a thread, a warp per tile (no grid-stride loop)";
+    gather_dequant_u8_packed_pass: units8 {
+        unroll: 1, one_pass: true, conversion: Packed, hint: PLAIN, streaming: false
+    } => "packed, 1 unit a thread, a warp per tile (no grid-stride loop)";
+    gather_dequant_u8_packed_x4: units8 {
+        unroll: 4, one_pass: false, conversion: Packed, hint: PLAIN, streaming: false
+    } => "packed, 4 units of 8 elements a thread loaded before any is stored";
+    gather_dequant_u8_packed_x4_cs: units8 {
+        unroll: 4, one_pass: false, conversion: Packed, hint: PLAIN, streaming: true
+    } => "packed, 4 units a thread, streaming (evict-first) stores";
+    gather_dequant_u8_packed_x4_stream: units8 {
+        unroll: 4, one_pass: false, conversion: Packed, hint: STREAM, streaming: false
+    } => "packed, 4 units a thread, weight loads skip L1 with 256-byte L2 fetches";
+    gather_dequant_u8_cvt_x4: units8 {
+        unroll: 4, one_pass: false, conversion: Hardware, hint: PLAIN, streaming: false
+    } => "hardware conversion, 4 units of 8 elements a thread";
+    gather_dequant_u8_packed_x8: units8 {
+        unroll: 8, one_pass: false, conversion: Packed, hint: PLAIN, streaming: false
+    } => "packed, 8 units of 8 elements a thread loaded before any is stored";
+}
 
 /// The index in [`VARIANTS`] of the variant named `name`.
 pub fn find(name: &str) -> Option<usize> {
@@ -186,16 +168,14 @@ mod kernels {
     use super::Conversion;
     use super::ELEMS_PER_THREAD;
     use crate::device::{
-        e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads, hint,
-        load_hinted_8, load_hinted_16, load_i64, load_i64_early, load_u8, mul_bf16x2,
-        permute_bytes, prefetch_l2, prefetch_line_l2, record_bad_id, store_16, store_16_streaming,
-        thread_in_block,
+        e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads, load_hinted_8,
+        load_hinted_16, load_i64, load_i64_early, load_u8, mul_bf16x2, permute_bytes, prefetch_l2,
+        prefetch_line_l2, record_bad_id, store_16, store_16_streaming, thread_in_block,
     };
     use crate::mxfp8::{BF16_NAN, E8M0_NAN};
     use crate::params::{DequantParams, MX_BLOCK};
 
     // `Conversion` as const-generic values.
-    const HARDWARE: u8 = Conversion::Hardware as u8;
     const PACKED: u8 = Conversion::Packed as u8;
 
     /// E8M0 for 2^0.
@@ -310,7 +290,7 @@ mod kernels {
     /// so that `UNROLL` rows' bytes are in flight a lane; each store instruction of the warp
     /// writes 512 contiguous bytes of output.
     #[inline(always)]
-    unsafe fn gather_dequant_units<
+    pub(super) unsafe fn gather_dequant_units<
         const UNROLL: usize,
         const CONVERSION: u8,
         const HINT: u8,
@@ -388,7 +368,7 @@ mod kernels {
     }
 
     #[inline(always)]
-    unsafe fn gather_dequant<const CONVERSION: u8, const AHEAD: bool, const HINT: u8>(
+    pub(super) unsafe fn gather_dequant<const CONVERSION: u8, const AHEAD: bool, const HINT: u8>(
         p: &DequantParams,
     ) {
         // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
@@ -460,75 +440,5 @@ mod kernels {
             }
             t += stride;
         }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_cvt(p: DequantParams) {
-        unsafe { gather_dequant::<HARDWARE, false, { hint::STREAM }>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_packed(p: DequantParams) {
-        unsafe { gather_dequant::<PACKED, false, { hint::STREAM }>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_packed_nohint(p: DequantParams) {
-        unsafe { gather_dequant::<PACKED, false, { hint::PLAIN }>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_cvt_nohint(p: DequantParams) {
-        unsafe { gather_dequant::<HARDWARE, false, { hint::PLAIN }>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_packed_ahead(p: DequantParams) {
-        unsafe { gather_dequant::<PACKED, true, { hint::STREAM }>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed(p: DequantParams) {
-        unsafe { gather_dequant_units::<1, PACKED, { hint::PLAIN }, false>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x2(p: DequantParams) {
-        unsafe { gather_dequant_units::<2, PACKED, { hint::PLAIN }, false>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x2_pass(p: DequantParams) {
-        unsafe { gather_dequant_units::<2, PACKED, { hint::PLAIN }, false>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_pass(p: DequantParams) {
-        unsafe { gather_dequant_units::<1, PACKED, { hint::PLAIN }, false>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x4(p: DequantParams) {
-        unsafe { gather_dequant_units::<4, PACKED, { hint::PLAIN }, false>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x4_cs(p: DequantParams) {
-        unsafe { gather_dequant_units::<4, PACKED, { hint::PLAIN }, true>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x4_stream(p: DequantParams) {
-        unsafe { gather_dequant_units::<4, PACKED, { hint::STREAM }, false>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_cvt_x4(p: DequantParams) {
-        unsafe { gather_dequant_units::<4, HARDWARE, { hint::PLAIN }, false>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_dequant_u8_packed_x8(p: DequantParams) {
-        unsafe { gather_dequant_units::<8, PACKED, { hint::PLAIN }, false>(&p) }
     }
 }

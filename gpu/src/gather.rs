@@ -50,154 +50,184 @@ pub struct Variant {
     pub about: &'static str,
 }
 
-pub const VARIANTS: &[Variant] = &[
-    Variant {
-        name: "gather_chunk16",
-        shape: Shape::ChunkPerThread { unroll: 1 },
-        about: "a thread per 16-byte chunk, grid-stride",
-    },
-    Variant {
-        name: "gather_chunk16_x4",
-        shape: Shape::ChunkPerThread { unroll: 4 },
-        about: "a thread per 16-byte chunk, 4 loads in flight per thread",
-    },
-    Variant {
-        name: "gather_chunk16_pipe",
-        shape: Shape::ChunkPerThread { unroll: 1 },
-        about: "a thread per 16-byte chunk, the next chunk's id loaded before this chunk's row",
-    },
-    Variant {
-        name: "gather_chunk16_ahead",
-        shape: Shape::ChunkPerThread { unroll: 1 },
-        about: "as _pipe, and the next row bulk-prefetched into L2 one step ahead",
-    },
-    Variant {
-        name: "gather_chunk16_nohint",
-        shape: Shape::ChunkPerThread { unroll: 1 },
-        about: "a thread per 16-byte chunk, loads without the L1 and L2 cache hints",
-    },
-    Variant {
-        name: "gather_chunk16_nohint_x2",
-        shape: Shape::ChunkPerThread { unroll: 2 },
-        about: "a thread per 16-byte chunk, 2 unhinted loads in flight per thread",
-    },
-    Variant {
-        name: "gather_span8_b1",
-        shape: Shape::WarpSpan {
-            unroll: 8,
-            blocks_per_sm: 1,
-        },
-        about: "a warp per 4 KiB of output, 8 unhinted loads in flight a lane, 1 block an SM",
-    },
-    Variant {
-        name: "gather_span8_b2",
-        shape: Shape::WarpSpan {
-            unroll: 8,
-            blocks_per_sm: 2,
-        },
-        about: "a warp per 4 KiB of output, 8 unhinted loads in flight a lane, 2 blocks an SM",
-    },
-    Variant {
-        name: "gather_span4_b2",
-        shape: Shape::WarpSpan {
-            unroll: 4,
-            blocks_per_sm: 2,
-        },
-        about: "a warp per 2 KiB of output, 4 unhinted loads in flight a lane, 2 blocks an SM",
-    },
-    Variant {
-        name: "gather_span4_b4",
-        shape: Shape::WarpSpan {
-            unroll: 4,
-            blocks_per_sm: 4,
-        },
-        about: "a warp per 2 KiB of output, 4 unhinted loads in flight a lane, 4 blocks an SM",
-    },
-    Variant {
-        name: "gather_span4_b4_ahead",
-        shape: Shape::WarpSpan {
-            unroll: 4,
-            blocks_per_sm: 4,
-        },
-        about: "as gather_span4_b4, the next span's ids loaded while this span's rows load",
-    },
-    Variant {
-        name: "gather_span8_b2_ahead_shfl",
-        shape: Shape::WarpSpan {
-            unroll: 8,
-            blocks_per_sm: 2,
-        },
-        about: "as gather_span8_b2, next ids loaded ahead, one id load a row shared by shuffles",
-    },
-    Variant {
-        name: "gather_chunk16_coherent",
-        shape: Shape::ChunkPerThread { unroll: 1 },
-        about: "a thread per 16-byte chunk, loads through the coherent path (ld.global)",
-    },
-    Variant {
-        name: "gather_chunk16_l2_128",
-        shape: Shape::ChunkPerThread { unroll: 1 },
-        about: "a thread per 16-byte chunk, loads asking L2 for whole 128-byte lines",
-    },
-    Variant {
-        name: "gather_chunk16_l1bypass",
-        shape: Shape::ChunkPerThread { unroll: 1 },
-        about: "a thread per 16-byte chunk, loads bypassing L1 only (no 256-byte L2 fetch)",
-    },
-    Variant {
-        name: "gather_chunk16_nohint_cs",
-        shape: Shape::ChunkPerThread { unroll: 1 },
-        about: "a thread per 16-byte chunk, unhinted loads, streaming stores",
-    },
-    Variant {
-        name: "gather_chunk16_nohint_pipe",
-        shape: Shape::ChunkPerThread { unroll: 1 },
-        about: "a thread per 16-byte chunk, unhinted loads, the next chunk's id loaded early",
-    },
-    Variant {
-        name: "gather_chunk16_cs",
-        shape: Shape::ChunkPerThread { unroll: 1 },
-        about: "a thread per 16-byte chunk, streaming (evict-first) stores",
-    },
-    Variant {
-        name: "gather_chunk16_nohint_x4",
-        shape: Shape::ChunkPerThread { unroll: 4 },
-        about: "a thread per 16-byte chunk, 4 unhinted loads in flight per thread",
-    },
-    Variant {
-        name: "gather_cp_async",
-        shape: Shape::ChunkPerThread { unroll: 1 },
-        about: "a thread per 16-byte chunk, 4 cp.async copies in flight through shared memory",
-    },
-    Variant {
-        name: "gather_cp_async_x8",
-        shape: Shape::ChunkPerThread { unroll: 1 },
-        about: "a thread per 16-byte chunk, 8 cp.async copies in flight through shared memory",
-    },
-    Variant {
-        name: "gather_bulk",
-        shape: Shape::TilePerBlock {
-            block_threads: 32,
-            tile_bytes: BULK_TILE_BYTES,
-        },
-        about: "a warp per 8 KiB output tile: bulk row copies into shared memory, one bulk store",
-    },
-    Variant {
-        name: "gather_warp_batch_x4",
-        shape: Shape::WarpPerRows,
-        about: "a warp per 32 rows: ids in one load, 4 chunks in flight per lane",
-    },
-    Variant {
-        name: "gather_warp_batch_x8",
-        shape: Shape::WarpPerRows,
-        about: "a warp per 32 rows: ids in one load, 8 chunks in flight per lane",
-    },
-    Variant {
-        name: "gather_warp_row",
-        shape: Shape::WarpPerRow,
-        about: "a warp per row, lanes over 16-byte chunks",
-    },
-];
+/// The row of a variant, from its kind: `chunk` (a thread a chunk, `unroll` loads in flight),
+/// `pipelined` (a thread a chunk, the next id loaded early), `ring` (a thread a chunk through
+/// `cp.async`), `span` (a warp a span of chunks), `rows` (a warp per 32 rows) or `custom` (a
+/// hand-written body with the shape it is launched with) or `hand_written` (the row only: its
+/// entry is written by hand in `kernels`).
+macro_rules! gather_row {
+    ($name:expr, $about:expr, chunk { unroll: $u:literal, $($rest:tt)* }) => {
+        Variant {
+            name: $name,
+            shape: Shape::ChunkPerThread { unroll: $u },
+            about: $about,
+        }
+    };
+    ($name:expr, $about:expr, pipelined { $($rest:tt)* }) => {
+        Variant {
+            name: $name,
+            shape: Shape::ChunkPerThread { unroll: 1 },
+            about: $about,
+        }
+    };
+    ($name:expr, $about:expr, ring { $($rest:tt)* }) => {
+        Variant {
+            name: $name,
+            shape: Shape::ChunkPerThread { unroll: 1 },
+            about: $about,
+        }
+    };
+    (
+        $name:expr, $about:expr,
+        span { unroll: $u:literal, blocks_per_sm: $b:literal, body: $f:ident }
+    ) => {
+        Variant {
+            name: $name,
+            shape: Shape::WarpSpan {
+                unroll: $u,
+                blocks_per_sm: $b,
+            },
+            about: $about,
+        }
+    };
+    ($name:expr, $about:expr, rows { $($rest:tt)* }) => {
+        Variant {
+            name: $name,
+            shape: Shape::WarpPerRows,
+            about: $about,
+        }
+    };
+    ($name:expr, $about:expr, custom { shape: $shape:expr, body: $f:ident }) => {
+        Variant {
+            name: $name,
+            shape: $shape,
+            about: $about,
+        }
+    };
+    ($name:expr, $about:expr, hand_written { shape: $shape:expr }) => {
+        Variant {
+            name: $name,
+            shape: $shape,
+            about: $about,
+        }
+    };
+}
+
+/// The body of a variant, from the same tokens as its row.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! gather_body {
+    ($p:ident, chunk { unroll: $u:literal, streaming: $cs:literal, hint: $h:ident }) => {
+        super::kernels::chunk_per_thread::<$u, $cs, { crate::device::hint::$h }>(&$p)
+    };
+    ($p:ident, pipelined { ahead: $ahead:literal, hint: $h:ident }) => {
+        super::kernels::chunk_pipelined::<$ahead, { crate::device::hint::$h }>(&$p)
+    };
+    ($p:ident, ring { depth: $d:literal }) => {{
+        let ring = crate::smem::shared_buffer::<
+            { $d * super::BLOCK_THREADS * crate::params::CHUNK_BYTES },
+        >();
+        // SAFETY: the host launches BLOCK_THREADS threads a block, for which the ring is sized.
+        super::kernels::chunk_ring::<$d>(&$p, ring)
+    }};
+    ($p:ident, span { unroll: $u:literal, blocks_per_sm: $b:literal, body: $f:ident }) => {
+        super::kernels::$f::<$u>(&$p)
+    };
+    ($p:ident, rows { in_flight: $n:literal }) => {
+        super::kernels::warp_batch::<$n>(&$p)
+    };
+    ($p:ident, custom { shape: $shape:expr, body: $f:ident }) => {
+        super::kernels::$f(&$p)
+    };
+}
+
+variants! {
+    params: GatherParams, row: gather_row, body: gather_body;
+    /// Per thread: one 16-byte chunk at a time; a warp covers two 256-byte rows.
+    gather_chunk16: chunk { unroll: 1, streaming: false, hint: STREAM }
+        => "a thread per 16-byte chunk, grid-stride";
+    /// Per thread: four chunks loaded before any store, for more bytes in flight per thread.
+    gather_chunk16_x4: chunk { unroll: 4, streaming: false, hint: STREAM }
+        => "a thread per 16-byte chunk, 4 loads in flight per thread";
+    /// Per thread: one chunk at a time, the id of the next chunk requested before this chunk's
+    /// row, so the id's latency overlaps the row's instead of adding to it.
+    gather_chunk16_pipe: pipelined { ahead: false, hint: STREAM }
+        => "a thread per 16-byte chunk, the next chunk's id loaded before this chunk's row";
+    /// As `gather_chunk16_pipe`, and the thread that will copy the next row's first chunk asks
+    /// L2 for that whole row now (a bulk prefetch costs no registers), doubling the bytes in
+    /// flight.
+    gather_chunk16_ahead: pipelined { ahead: true, hint: STREAM }
+        => "as _pipe, and the next row bulk-prefetched into L2 one step ahead";
+    /// Per thread: one chunk, loaded with no cache hints (no L1 bypass, no 256-byte L2 fetch).
+    gather_chunk16_nohint: chunk { unroll: 1, streaming: false, hint: PLAIN }
+        => "a thread per 16-byte chunk, loads without the L1 and L2 cache hints";
+    /// Per thread: two unhinted chunks in flight.
+    gather_chunk16_nohint_x2: chunk { unroll: 2, streaming: false, hint: PLAIN }
+        => "a thread per 16-byte chunk, 2 unhinted loads in flight per thread";
+    /// A warp per 4 KiB of output, 8 loads in flight a lane (launched 1 block an SM).
+    gather_span8_b1: span { unroll: 8, blocks_per_sm: 1, body: warp_span }
+        => "a warp per 4 KiB of output, 8 unhinted loads in flight a lane, 1 block an SM";
+    /// A warp per 4 KiB of output, 8 loads in flight a lane (launched 2 blocks an SM).
+    gather_span8_b2: span { unroll: 8, blocks_per_sm: 2, body: warp_span }
+        => "a warp per 4 KiB of output, 8 unhinted loads in flight a lane, 2 blocks an SM";
+    /// A warp per 2 KiB of output, 4 loads in flight a lane (launched 2 blocks an SM).
+    gather_span4_b2: span { unroll: 4, blocks_per_sm: 2, body: warp_span }
+        => "a warp per 2 KiB of output, 4 unhinted loads in flight a lane, 2 blocks an SM";
+    /// A warp per 2 KiB of output, 4 loads in flight a lane (launched 4 blocks an SM).
+    gather_span4_b4: span { unroll: 4, blocks_per_sm: 4, body: warp_span }
+        => "a warp per 2 KiB of output, 4 unhinted loads in flight a lane, 4 blocks an SM";
+    /// As `gather_span4_b4`, the next span's ids loaded during this span's rows.
+    gather_span4_b4_ahead: span { unroll: 4, blocks_per_sm: 4, body: warp_span_ahead }
+        => "as gather_span4_b4, the next span's ids loaded while this span's rows load";
+    /// As `gather_span8_b2` with the next span's ids loaded ahead, one id load a row, shared over
+    /// the warp by shuffles.
+    gather_span8_b2_ahead_shfl: span { unroll: 8, blocks_per_sm: 2, body: warp_span_shared_ids }
+        => "as gather_span8_b2, next ids loaded ahead, one id load a row shared by shuffles";
+    /// Per thread: one chunk through the coherent (L1) path.
+    gather_chunk16_coherent: chunk { unroll: 1, streaming: false, hint: COHERENT }
+        => "a thread per 16-byte chunk, loads through the coherent path (ld.global)";
+    /// Per thread: one chunk, L2 fetching whole 128-byte lines.
+    gather_chunk16_l2_128: chunk { unroll: 1, streaming: false, hint: L2_128 }
+        => "a thread per 16-byte chunk, loads asking L2 for whole 128-byte lines";
+    /// Per thread: one chunk, loaded bypassing L1 only (no 256-byte L2 fetch).
+    gather_chunk16_l1bypass: chunk { unroll: 1, streaming: false, hint: L1_BYPASS }
+        => "a thread per 16-byte chunk, loads bypassing L1 only (no 256-byte L2 fetch)";
+    /// Per thread: one chunk, no cache hints, streaming stores.
+    gather_chunk16_nohint_cs: chunk { unroll: 1, streaming: true, hint: PLAIN }
+        => "a thread per 16-byte chunk, unhinted loads, streaming stores";
+    /// Per thread: one chunk, no cache hints, the next chunk's id loaded early.
+    gather_chunk16_nohint_pipe: pipelined { ahead: false, hint: PLAIN }
+        => "a thread per 16-byte chunk, unhinted loads, the next chunk's id loaded early";
+    /// Per thread: one chunk, stored with evict-first priority (output read once, later).
+    gather_chunk16_cs: chunk { unroll: 1, streaming: true, hint: STREAM }
+        => "a thread per 16-byte chunk, streaming (evict-first) stores";
+    /// Per thread: four unhinted chunks in flight.
+    gather_chunk16_nohint_x4: chunk { unroll: 4, streaming: false, hint: PLAIN }
+        => "a thread per 16-byte chunk, 4 unhinted loads in flight per thread";
+    /// Per thread: a ring of 4 16-byte shared slots, each filled by `cp.async` a grid-stride
+    /// step ahead of its store, so 4 chunks are in flight per thread without holding registers.
+    gather_cp_async: ring { depth: 4 }
+        => "a thread per 16-byte chunk, 4 cp.async copies in flight through shared memory";
+    /// As `gather_cp_async`, 8 chunks in flight per thread.
+    gather_cp_async_x8: ring { depth: 8 }
+        => "a thread per 16-byte chunk, 8 cp.async copies in flight through shared memory";
+    /// Per warp (one a block): output tiles of 8 KiB, each filled by one bulk copy per row into
+    /// a shared stage and written out by one bulk store, 4 stages deep; the bulk copy engine
+    /// holds the bytes in flight, not registers.
+    gather_bulk: custom {
+        shape: Shape::TilePerBlock { block_threads: 32, tile_bytes: BULK_TILE_BYTES },
+        body: bulk
+    } => "a warp per 8 KiB output tile: bulk row copies into shared memory, one bulk store";
+    /// Per warp: 32 rows, 4 chunks in flight per lane.
+    gather_warp_batch_x4: rows { in_flight: 4 }
+        => "a warp per 32 rows: ids in one load, 4 chunks in flight per lane";
+    /// Per warp: 32 rows, 8 chunks in flight per lane.
+    gather_warp_batch_x8: rows { in_flight: 8 }
+        => "a warp per 32 rows: ids in one load, 8 chunks in flight per lane";
+    // Its entry is in `kernels`: called through a body function, its PTX's registers and blocks
+    // came out in another order.
+    gather_warp_row: hand_written { shape: Shape::WarpPerRow }
+        => "a warp per row, lanes over 16-byte chunks";
+}
 
 /// Output bytes per tile of `gather_bulk`: 32 rows of 256 bytes.
 pub const BULK_TILE_BYTES: u32 = 8192;
@@ -273,7 +303,11 @@ mod kernels {
     }
 
     #[inline(always)]
-    unsafe fn chunk_per_thread<const UNROLL: usize, const STREAMING: bool, const HINT: u8>(
+    pub(super) unsafe fn chunk_per_thread<
+        const UNROLL: usize,
+        const STREAMING: bool,
+        const HINT: u8,
+    >(
         p: &GatherParams,
     ) {
         // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
@@ -315,7 +349,7 @@ mod kernels {
     /// `l, l + 32, ...` of the span, then all their rows' chunks, then stores them (unhinted
     /// loads), so that no row load waits behind another chunk's id.
     #[inline(always)]
-    unsafe fn warp_span<const UNROLL: usize>(p: &GatherParams) {
+    pub(super) unsafe fn warp_span<const UNROLL: usize>(p: &GatherParams) {
         // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
         let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
         let total = p.n * chunks as u64;
@@ -358,35 +392,11 @@ mod kernels {
         }
     }
 
-    /// A warp per 4 KiB of output, 8 loads in flight a lane (launched 1 block an SM).
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_span8_b1(p: GatherParams) {
-        unsafe { warp_span::<8>(&p) }
-    }
-
-    /// A warp per 4 KiB of output, 8 loads in flight a lane (launched 2 blocks an SM).
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_span8_b2(p: GatherParams) {
-        unsafe { warp_span::<8>(&p) }
-    }
-
-    /// A warp per 2 KiB of output, 4 loads in flight a lane (launched 2 blocks an SM).
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_span4_b2(p: GatherParams) {
-        unsafe { warp_span::<4>(&p) }
-    }
-
-    /// A warp per 2 KiB of output, 4 loads in flight a lane (launched 4 blocks an SM).
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_span4_b4(p: GatherParams) {
-        unsafe { warp_span::<4>(&p) }
-    }
-
     /// As [`warp_span`], software-pipelined: the ids of the warp's next span (a grid stride on)
     /// are requested before this span's rows, so they load while the rows do, and after the
     /// first span no row load waits on an id.
     #[inline(always)]
-    unsafe fn warp_span_ahead<const UNROLL: usize>(p: &GatherParams) {
+    pub(super) unsafe fn warp_span_ahead<const UNROLL: usize>(p: &GatherParams) {
         // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
         let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
         let total = p.n * chunks as u64;
@@ -445,7 +455,7 @@ mod kernels {
     /// 16; a span over more than 32 rows (rows narrower than `UNROLL` chunks) loads the ids past
     /// its 32nd row directly, at their use.
     #[inline(always)]
-    unsafe fn warp_span_shared_ids<const UNROLL: usize>(p: &GatherParams) {
+    pub(super) unsafe fn warp_span_shared_ids<const UNROLL: usize>(p: &GatherParams) {
         // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
         let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
         let total = p.n * chunks as u64;
@@ -503,48 +513,8 @@ mod kernels {
         }
     }
 
-    /// As `gather_span4_b4`, the next span's ids loaded during this span's rows.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_span4_b4_ahead(p: GatherParams) {
-        unsafe { warp_span_ahead::<4>(&p) }
-    }
-
-    /// As `gather_span8_b2` with the next span's ids loaded ahead, one id load a row, shared over
-    /// the warp by shuffles.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_span8_b2_ahead_shfl(p: GatherParams) {
-        unsafe { warp_span_shared_ids::<8>(&p) }
-    }
-
-    /// Per thread: one 16-byte chunk at a time; a warp covers two 256-byte rows.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_chunk16(p: GatherParams) {
-        unsafe { chunk_per_thread::<1, false, { hint::STREAM }>(&p) }
-    }
-
-    /// Per thread: one chunk, stored with evict-first priority (output read once, later).
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_chunk16_cs(p: GatherParams) {
-        unsafe { chunk_per_thread::<1, true, { hint::STREAM }>(&p) }
-    }
-
-    /// Per thread: one chunk at a time, the id of the next chunk requested before this chunk's
-    /// row, so the id's latency overlaps the row's instead of adding to it.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_chunk16_pipe(p: GatherParams) {
-        unsafe { chunk_pipelined::<false, { hint::STREAM }>(&p) }
-    }
-
-    /// As `gather_chunk16_pipe`, and the thread that will copy the next row's first chunk asks
-    /// L2 for that whole row now (a bulk prefetch costs no registers), doubling the bytes in
-    /// flight.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_chunk16_ahead(p: GatherParams) {
-        unsafe { chunk_pipelined::<true, { hint::STREAM }>(&p) }
-    }
-
     #[inline(always)]
-    unsafe fn chunk_pipelined<const AHEAD: bool, const HINT: u8>(p: &GatherParams) {
+    pub(super) unsafe fn chunk_pipelined<const AHEAD: bool, const HINT: u8>(p: &GatherParams) {
         let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
         let total = p.n * chunks as u64;
         let stride = grid_threads();
@@ -589,79 +559,6 @@ mod kernels {
         }
     }
 
-    /// Per thread: one chunk, loaded with no cache hints (no L1 bypass, no 256-byte L2 fetch).
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_chunk16_nohint(p: GatherParams) {
-        unsafe { chunk_per_thread::<1, false, { hint::PLAIN }>(&p) }
-    }
-
-    /// Per thread: two unhinted chunks in flight.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_chunk16_nohint_x2(p: GatherParams) {
-        unsafe { chunk_per_thread::<2, false, { hint::PLAIN }>(&p) }
-    }
-
-    /// Per thread: one chunk through the coherent (L1) path.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_chunk16_coherent(p: GatherParams) {
-        unsafe { chunk_per_thread::<1, false, { hint::COHERENT }>(&p) }
-    }
-
-    /// Per thread: one chunk, L2 fetching whole 128-byte lines.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_chunk16_l2_128(p: GatherParams) {
-        unsafe { chunk_per_thread::<1, false, { hint::L2_128 }>(&p) }
-    }
-
-    /// Per thread: one chunk, loaded bypassing L1 only (no 256-byte L2 fetch).
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_chunk16_l1bypass(p: GatherParams) {
-        unsafe { chunk_per_thread::<1, false, { hint::L1_BYPASS }>(&p) }
-    }
-
-    /// Per thread: one chunk, no cache hints, streaming stores.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_chunk16_nohint_cs(p: GatherParams) {
-        unsafe { chunk_per_thread::<1, true, { hint::PLAIN }>(&p) }
-    }
-
-    /// Per thread: one chunk, no cache hints, the next chunk's id loaded early.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_chunk16_nohint_pipe(p: GatherParams) {
-        unsafe { chunk_pipelined::<false, { hint::PLAIN }>(&p) }
-    }
-
-    /// Per thread: four chunks loaded before any store, for more bytes in flight per thread.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_chunk16_x4(p: GatherParams) {
-        unsafe { chunk_per_thread::<4, false, { hint::STREAM }>(&p) }
-    }
-
-    /// Per thread: four unhinted chunks in flight.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_chunk16_nohint_x4(p: GatherParams) {
-        unsafe { chunk_per_thread::<4, false, { hint::PLAIN }>(&p) }
-    }
-
-    /// Per thread: a ring of 4 16-byte shared slots, each filled by `cp.async` a grid-stride
-    /// step ahead of its store, so 4 chunks are in flight per thread without holding registers.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_cp_async(p: GatherParams) {
-        const DEPTH: u32 = 4;
-        let ring = shared_buffer::<{ DEPTH * BLOCK_THREADS * CHUNK_BYTES }>();
-        // SAFETY: the host launches BLOCK_THREADS threads a block, for which the ring is sized.
-        unsafe { chunk_ring::<DEPTH>(&p, ring) }
-    }
-
-    /// As `gather_cp_async`, 8 chunks in flight per thread.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_cp_async_x8(p: GatherParams) {
-        const DEPTH: u32 = 8;
-        let ring = shared_buffer::<{ DEPTH * BLOCK_THREADS * CHUNK_BYTES }>();
-        // SAFETY: as above.
-        unsafe { chunk_ring::<DEPTH>(&p, ring) }
-    }
-
     /// One chunk per grid-stride step, as `chunk_per_thread`, through a ring of `DEPTH` shared
     /// slots: step `k + DEPTH`'s copy starts as soon as step `k` is stored. The slots of one
     /// depth lie side by side (thread `t` at `16 t`), so the block's accesses hit every bank once.
@@ -672,7 +569,7 @@ mod kernels {
     /// `ring` is a shared buffer of `DEPTH * BLOCK_THREADS * 16` bytes and the block has at most
     /// BLOCK_THREADS threads.
     #[inline(always)]
-    unsafe fn chunk_ring<const DEPTH: u32>(p: &GatherParams, ring: u32) {
+    pub(super) unsafe fn chunk_ring<const DEPTH: u32>(p: &GatherParams, ring: u32) {
         let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
         let total = p.n * chunks as u64;
         let stride = grid_threads();
@@ -741,15 +638,13 @@ mod kernels {
     /// Tiles in flight per block of `gather_bulk`: one is stored while the others load.
     const BULK_STAGES: u32 = 4;
 
-    /// Per warp (one a block): output tiles of 8 KiB, each filled by one bulk copy per row into
-    /// a shared stage and written out by one bulk store, 4 stages deep; the bulk copy engine
-    /// holds the bytes in flight, not registers.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_bulk(p: GatherParams) {
+    /// `gather_bulk`'s body: 4 stages of 8 KiB tiles in one shared buffer.
+    #[inline(always)]
+    pub(super) unsafe fn bulk(p: &GatherParams) {
         let smem = shared_buffer::<{ BULK_STAGES * BULK_TILE_BYTES + 8 * BULK_STAGES }>();
         // SAFETY: the buffer holds the stages and, after them, one mbarrier per stage; the
         // host launches one warp a block (Shape::TilePerBlock).
-        unsafe { bulk_tiles::<BULK_TILE_BYTES, BULK_STAGES>(&p, smem) }
+        unsafe { bulk_tiles::<BULK_TILE_BYTES, BULK_STAGES>(p, smem) }
     }
 
     /// The pipeline of `gather_bulk`. The block's `k`-th tile is tile `block + k * blocks` of
@@ -931,18 +826,6 @@ mod kernels {
         unsafe { mbarrier_arrive(bar) };
     }
 
-    /// Per warp: 32 rows, 4 chunks in flight per lane.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_warp_batch_x4(p: GatherParams) {
-        unsafe { warp_batch::<4>(&p) }
-    }
-
-    /// Per warp: 32 rows, 8 chunks in flight per lane.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gather_warp_batch_x8(p: GatherParams) {
-        unsafe { warp_batch::<8>(&p) }
-    }
-
     /// The id of row `row`, or -1 past the end; issued where it stands (not moved to its use),
     /// so that the next batch's ids load while this batch's rows do.
     #[inline(always)]
@@ -956,7 +839,7 @@ mod kernels {
     }
 
     #[inline(always)]
-    unsafe fn warp_batch<const IN_FLIGHT: usize>(p: &GatherParams) {
+    pub(super) unsafe fn warp_batch<const IN_FLIGHT: usize>(p: &GatherParams) {
         let chunks = (p.row_bytes / CHUNK_BYTES).max(1);
         let slots = 32 * chunks; // chunks in a batch of 32 rows
         let lane = (global_thread() % 32) as u32;
@@ -1007,6 +890,7 @@ mod kernels {
     }
 
     /// Per warp: one row, each lane 16 bytes at a time (a 256-byte row keeps 16 lanes busy).
+    /// Declared in [`VARIANTS`](super::VARIANTS) as `hand_written`.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_warp_row(p: GatherParams) {
         let chunks = p.row_bytes / CHUNK_BYTES;

@@ -57,32 +57,64 @@ pub struct Variant {
     pub about: &'static str,
 }
 
-pub const VARIANTS: &[Variant] = &[
-    Variant {
-        name: "l2_prefetch",
-        priority: Priority::Normal,
-        method: Method::Bulk,
-        about: "bulk L2 prefetch, normal priority",
-    },
-    Variant {
-        name: "l2_prefetch_evict_last",
-        priority: Priority::EvictLast,
-        method: Method::Bulk,
-        about: "bulk L2 prefetch with an evict_last cache policy",
-    },
-    Variant {
-        name: "l2_prefetch_lines",
-        priority: Priority::Normal,
-        method: Method::Lines,
-        about: "L2 prefetch of each 128-byte line (prefetch.global.L2), normal priority",
-    },
-    Variant {
-        name: "l2_prefetch_loads",
-        priority: Priority::Normal,
-        method: Method::Loads,
-        about: "every 16-byte word read by the SMs and dropped (lines enter L2 as a read's)",
-    },
-];
+/// The row of a variant: `bulk`/`lines` take the prefetch's priority, `loads` nothing.
+macro_rules! l2_row {
+    ($name:expr, $about:expr, bulk { priority: $pr:ident }) => {
+        Variant {
+            name: $name,
+            priority: Priority::$pr,
+            method: Method::Bulk,
+            about: $about,
+        }
+    };
+    ($name:expr, $about:expr, lines { priority: $pr:ident }) => {
+        Variant {
+            name: $name,
+            priority: Priority::$pr,
+            method: Method::Lines,
+            about: $about,
+        }
+    };
+    ($name:expr, $about:expr, loads {}) => {
+        Variant {
+            name: $name,
+            priority: Priority::Normal,
+            method: Method::Loads,
+            about: $about,
+        }
+    };
+}
+
+/// The body of a variant, from the same tokens as its row.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! l2_body {
+    ($p:ident, bulk { priority: $pr:ident }) => {
+        super::kernels::prefetch::<
+            { matches!(super::Priority::$pr, super::Priority::EvictLast) },
+            false,
+        >(&$p)
+    };
+    ($p:ident, lines { priority: $pr:ident }) => {
+        super::kernels::prefetch::<
+            { matches!(super::Priority::$pr, super::Priority::EvictLast) },
+            true,
+        >(&$p)
+    };
+    ($p:ident, loads {}) => {
+        super::kernels::read_segments(&$p)
+    };
+}
+
+variants! {
+    params: PrefetchParams, row: l2_row, body: l2_body;
+    l2_prefetch: bulk { priority: Normal } => "bulk L2 prefetch, normal priority";
+    l2_prefetch_evict_last: bulk { priority: EvictLast }
+        => "bulk L2 prefetch with an evict_last cache policy";
+    l2_prefetch_lines: lines { priority: Normal }
+        => "L2 prefetch of each 128-byte line (prefetch.global.L2), normal priority";
+    l2_prefetch_loads: loads {}
+        => "every 16-byte word read by the SMs and dropped (lines enter L2 as a read's)";
+}
 
 /// The plain bulk prefetch's index in [`VARIANTS`].
 pub const BULK_VARIANT: usize = 0;
@@ -127,7 +159,7 @@ mod kernels {
     const LINE: u64 = 128;
 
     #[inline(always)]
-    unsafe fn prefetch<const EVICT_LAST: bool, const LINES: bool>(p: &PrefetchParams) {
+    pub(super) unsafe fn prefetch<const EVICT_LAST: bool, const LINES: bool>(p: &PrefetchParams) {
         let policy = if EVICT_LAST { evict_last_policy() } else { 0 };
         let chunk = p.chunk as u64;
         let mut s = block() as u64;
@@ -172,7 +204,7 @@ mod kernels {
     /// [`LOADS_IN_FLIGHT`] words a thread before the next round. The sink
     /// has a slot for each of the 1024 threads a block can have.
     #[inline(always)]
-    unsafe fn read_segments(p: &PrefetchParams) {
+    pub(super) unsafe fn read_segments(p: &PrefetchParams) {
         let sink = shared_buffer::<{ 1024 * 16 }>();
         let mut fold = [0u32; 4];
         let word = 16u64;
@@ -220,25 +252,5 @@ mod kernels {
     #[inline(always)]
     fn xor(a: [u32; 4], b: [u32; 4]) -> [u32; 4] {
         [a[0] ^ b[0], a[1] ^ b[1], a[2] ^ b[2], a[3] ^ b[3]]
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn l2_prefetch(p: PrefetchParams) {
-        unsafe { prefetch::<false, false>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn l2_prefetch_evict_last(p: PrefetchParams) {
-        unsafe { prefetch::<true, false>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn l2_prefetch_lines(p: PrefetchParams) {
-        unsafe { prefetch::<false, true>(&p) }
-    }
-
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn l2_prefetch_loads(p: PrefetchParams) {
-        unsafe { read_segments(&p) }
     }
 }

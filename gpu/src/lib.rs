@@ -13,6 +13,47 @@
 // build.rs checks every entry's parameter size against the host's `size_of`.
 #![cfg_attr(target_arch = "nvptx64", allow(improper_gpu_kernel_arg))]
 
+/// Declares a kernel family's variants, each once: its name, what it does and its parameters.
+/// From the one declaration it emits the family's `VARIANTS` row (on the host and the device)
+/// and, for `nvptx64`, the `#[unsafe(no_mangle)]` entry of that name calling the family's generic
+/// body. `$row!(name, about, kind { args })` builds the row and `$body!(p, kind { args })` the
+/// body's call, both from the same `kind { args }` tokens, so a row's shape and its kernel's
+/// const generics cannot disagree.
+macro_rules! variants {
+    (
+        params: $params:ident, row: $row:ident, body: $body:ident;
+        $(
+            $(#[$doc:meta])*
+            $name:ident: $kind:ident { $($arg:tt)* } => $about:literal;
+        )*
+    ) => {
+        pub const VARIANTS: &[Variant] = &[
+            $( $row!(stringify!($name), $about, $kind { $($arg)* }), )*
+        ];
+
+        #[cfg(target_arch = "nvptx64")]
+        mod entries {
+            $( variant_entry!($body, $params, [$(#[$doc])*] $name, $kind { $($arg)* }); )*
+        }
+    };
+}
+
+/// One entry of [`variants!`]. A `hand_written { .. }` variant has only its row here: its entry
+/// is written beside its helpers under the same name (build.rs fails the build if it is not an
+/// entry of the PTX), for a body that no parameter of the row feeds.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! variant_entry {
+    ($body:ident, $params:ident, [$(#[$doc:meta])*] $name:ident, hand_written { $($arg:tt)* }) => {};
+    ($body:ident, $params:ident, [$(#[$doc:meta])*] $name:ident, $kind:ident { $($arg:tt)* }) => {
+        $(#[$doc])*
+        #[unsafe(no_mangle)]
+        pub unsafe extern "gpu-kernel" fn $name(p: crate::params::$params) {
+            // SAFETY: the host launches an entry only with parameters it validated.
+            unsafe { $body!(p, $kind { $($arg)* }) }
+        }
+    };
+}
+
 pub mod check;
 pub mod collective;
 pub mod defaults;
