@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
+use fetchahead::device_abi::l2_prefetch::PrefetchVariant;
 use fetchahead::device_abi::params::{GemvParams, PrefetchParams, Segment};
 use fetchahead::device_abi::{gemv, l2_prefetch};
 use fetchahead::kernels::Kernels;
@@ -265,7 +266,9 @@ fn setup(bench: &Bench, gemv: &Gemv, mode: Mode, ns: u64, graph: bool) -> Result
             ..config
         }),
         Mode::PrefetchLines => Some(PlanConfig {
-            replay: Replay::Prefetch { variant: 2 },
+            replay: Replay::Prefetch {
+                variant: PrefetchVariant::must("l2_prefetch_lines"),
+            },
             ..config
         }),
         Mode::PrefetchLoads => Some(PlanConfig {
@@ -280,7 +283,9 @@ fn setup(bench: &Bench, gemv: &Gemv, mode: Mode, ns: u64, graph: bool) -> Result
         }),
         Mode::PrefetchDefaultBudget => Some(PlanConfig::for_l2(gpu.l2_bytes)),
         Mode::EvictLast => Some(PlanConfig {
-            replay: Replay::Prefetch { variant: 1 },
+            replay: Replay::Prefetch {
+                variant: PrefetchVariant::must("l2_prefetch_evict_last"),
+            },
             ..config
         }),
     };
@@ -761,7 +766,11 @@ fn gap(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
                 .launch_collective(bench.stream.cu_stream(), 1, 20_000, 0)
         }
     };
-    let prefetch = |table: &SegmentTable, variant: usize, blocks: u32, threads: u32| {
+    let (bulk, lines) = (
+        l2_prefetch::BULK_VARIANT,
+        PrefetchVariant::must("l2_prefetch_lines"),
+    );
+    let prefetch = |table: &SegmentTable, variant: PrefetchVariant, blocks: u32, threads: u32| {
         // SAFETY: checked segments inside the GEMV's weights, alive past the reads.
         unsafe {
             bench.kernels.launch_l2_prefetch(
@@ -820,13 +829,13 @@ fn gap(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
                     }
                     match start {
                         Start::Cold | Start::Warm => {}
-                        Start::Prefetch => prefetch(&pieces, 0, 8, 64)?,
-                        Start::PrefetchEverySm => prefetch(&fine, 0, spread, 32)?,
+                        Start::Prefetch => prefetch(&pieces, bulk, 8, 64)?,
+                        Start::PrefetchEverySm => prefetch(&fine, bulk, spread, 32)?,
                         Start::PrefetchTouch { stride } => {
-                            prefetch(&pieces, 0, 8, 64)?;
-                            prefetch(touch_of(stride), 2, spread, 32)?;
+                            prefetch(&pieces, bulk, 8, 64)?;
+                            prefetch(touch_of(stride), lines, spread, 32)?;
                         }
-                        Start::Touch { stride } => prefetch(touch_of(stride), 2, spread, 32)?,
+                        Start::Touch { stride } => prefetch(touch_of(stride), lines, spread, 32)?,
                         Start::PrefetchLoads => {
                             let variant = l2_prefetch::LOADS_VARIANT;
                             let (blocks, threads) = l2_prefetch::launch_shape(
@@ -1083,7 +1092,8 @@ fn issue_time(bench: &Bench) -> Result<()> {
     let base = buffer.device_ptr(&bench.stream).0;
     for w_mib in WEIGHTS_MIB {
         let table = piece_table(bench, base, w_mib * MIB)?;
-        for (variant, v) in l2_prefetch::VARIANTS.iter().enumerate() {
+        for variant in PrefetchVariant::all() {
+            let v = variant.variant();
             let shapes: &[(u32, u32)] = if v.method == l2_prefetch::Method::Loads {
                 // Pieces of 512 KiB: 8 blocks take one a piece at 4 MiB; the plan launches
                 // LOADS_BLOCKS_PER_SEGMENT a piece, up to one an SM (132 on the H200).
@@ -1146,9 +1156,13 @@ fn slack(bench: &Bench, rng: &mut SmallRng) -> Result<()> {
                     let p = whole_table(&table);
                     // SAFETY: checked segments inside the GEMV's weights, alive past the reads.
                     unsafe {
-                        bench
-                            .kernels
-                            .launch_l2_prefetch(bench.stream.cu_stream(), 0, p, 8, 64)
+                        bench.kernels.launch_l2_prefetch(
+                            bench.stream.cu_stream(),
+                            l2_prefetch::BULK_VARIANT,
+                            p,
+                            8,
+                            64,
+                        )
                     }?;
                 }
                 if s_us > 0 {

@@ -35,7 +35,8 @@ pub mod tables;
 
 pub use error::{Error, Result};
 pub use fetchahead_gpu as device_abi;
-pub use kernels::{Gpu, IdCheck, Kernels, dequant_variant_named, ptx};
+pub use fetchahead_gpu::l2_prefetch::PrefetchVariant;
+pub use kernels::{Gpu, IdCheck, Kernels, dequant_variant_named, prefetch_variant_named, ptx};
 pub use l2_plan::{
     AccessWindow, L2Plan, PersistingL2, PlanConfig, Planner, Replay, SegmentTable, Signature,
 };

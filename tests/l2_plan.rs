@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaStream, sys};
 use fetchahead::device_abi::gemv::Reduce;
+use fetchahead::device_abi::l2_prefetch::PrefetchVariant;
 use fetchahead::device_abi::params::Segment;
 use fetchahead::device_abi::{gemv, l2_prefetch};
 use fetchahead::kernels::Kernels;
@@ -295,7 +296,11 @@ fn loads_launch_four_blocks_a_segment_up_to_one_an_sm() {
     // The other variants keep the configured shape.
     assert_eq!(l2_prefetch::launch_shape(bulk, 64, 132, 8, 64), (8, 64));
     assert_eq!(l2_prefetch::launch_shape(bulk, 3, 132, 8, 64), (3, 64));
-    assert_eq!(l2_prefetch::launch_shape(1, 64, 132, 32, 256), (32, 256));
+    let evict_last = PrefetchVariant::must("l2_prefetch_evict_last");
+    assert_eq!(
+        l2_prefetch::launch_shape(evict_last, 64, 132, 32, 256),
+        (32, 256)
+    );
 }
 
 // ---- On the GPU ----
@@ -548,8 +553,18 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
     let after = PrefetchLaunch::AfterCollective;
     let replays = [
         (Replay::Auto, after),
-        (Replay::Prefetch { variant: 0 }, after),
-        (Replay::Prefetch { variant: 1 }, after),
+        (
+            Replay::Prefetch {
+                variant: l2_prefetch::BULK_VARIANT,
+            },
+            after,
+        ),
+        (
+            Replay::Prefetch {
+                variant: PrefetchVariant::must("l2_prefetch_evict_last"),
+            },
+            after,
+        ),
         (
             Replay::Prefetch {
                 variant: l2_prefetch::LOADS_VARIANT,
@@ -557,7 +572,9 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
             after,
         ),
         (
-            Replay::Prefetch { variant: 0 },
+            Replay::Prefetch {
+                variant: l2_prefetch::BULK_VARIANT,
+            },
             PrefetchLaunch::BeforeCollective,
         ),
         (Replay::AccessPolicy, after),
@@ -694,7 +711,7 @@ fn forward_is_bit_identical_with_prefetch_in_a_graph() -> Result<()> {
     layers.run(&kernels, &stream, None, SIG)?;
     let want = bits(&layers.outputs(&stream)?);
 
-    for variant in 0..l2_prefetch::VARIANTS.len() {
+    for variant in PrefetchVariant::all() {
         let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
         config.replay = Replay::Prefetch { variant };
         let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
@@ -792,7 +809,7 @@ fn prefetch_kernel_runs_clean() -> Result<()> {
     ];
     let table = SegmentTable::upload(&stream, &segments)?;
     assert_eq!(table.len(), segments.len());
-    for variant in 0..l2_prefetch::VARIANTS.len() {
+    for variant in PrefetchVariant::all() {
         for (blocks, threads, chunk) in [
             (8, 64, 16 << 10),
             (1, 1024, 16),

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, sys};
+use fetchahead_gpu::l2_prefetch::PrefetchVariant;
 use fetchahead_gpu::params::{
     CHUNK_BYTES, CheckParams, DequantParams, GatherParams, MX_BLOCK, PrefetchParams,
 };
@@ -258,7 +259,7 @@ impl Kernels {
         unsafe { self.launch(kernel, threads, stream, p, gather::BLOCK_THREADS) }
     }
 
-    /// Launches L2 prefetch `variant` (an index into `l2_prefetch::VARIANTS`) over `p.n`
+    /// Launches L2 prefetch `variant` over `p.n`
     /// segments with `blocks x threads` (the defaults: `min(n, 8) x 64`).
     ///
     /// # Safety
@@ -267,7 +268,7 @@ impl Kernels {
     pub unsafe fn launch_l2_prefetch(
         &self,
         stream: sys::CUstream,
-        variant: usize,
+        variant: PrefetchVariant,
         p: PrefetchParams,
         blocks: u32,
         threads: u32,
@@ -288,7 +289,7 @@ impl Kernels {
             return Ok(());
         }
         check_aligned_to("segments", p.segments, 16)?;
-        let kernel = pick(&self.prefetch, variant, "l2_prefetch")?;
+        let kernel = pick(&self.prefetch, variant.index(), "l2_prefetch")?;
         // SAFETY: the caller guarantees the segments; the checks above bound the launch.
         unsafe { self.launch_exact(&kernel.function, blocks, threads, stream, p) }
     }
@@ -361,6 +362,20 @@ fn dequant_shape(variant: usize) -> Result<dequant::Shape> {
 }
 
 /// The index of gather + dequant variant `name`, or an error naming it.
+/// The L2 prefetch variant named `name`, or an error that lists the names.
+pub fn prefetch_variant_named(name: &str) -> Result<PrefetchVariant> {
+    PrefetchVariant::named(name).ok_or_else(|| {
+        let names: Vec<_> = l2_prefetch::VARIANTS.iter().map(|v| v.name).collect();
+        Error::invalid(
+            "L2 prefetch variant",
+            format!(
+                "no L2 prefetch variant named `{name}` (one of: {})",
+                names.join(", ")
+            ),
+        )
+    })
+}
+
 pub fn dequant_variant_named(name: &str) -> Result<usize> {
     dequant::find(name).ok_or_else(|| {
         Error::invalid(

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaStream, sys};
-use fetchahead_gpu::l2_prefetch;
+use fetchahead_gpu::l2_prefetch::{self, PrefetchVariant};
 use fetchahead_gpu::params::{PrefetchParams, Segment};
 
 use crate::driver::stream;
@@ -65,7 +65,7 @@ struct WindowTiming {
 /// A window's prefetch, forked and ready to launch.
 #[derive(Clone, Copy, Debug)]
 struct Deferred {
-    variant: usize,
+    variant: PrefetchVariant,
     params: PrefetchParams,
     blocks: u32,
     threads: u32,
@@ -100,12 +100,6 @@ impl L2Plan {
             ));
         }
         let persisting = match config.replay {
-            Replay::Prefetch { variant } if variant >= l2_prefetch::VARIANTS.len() => {
-                return Err(Error::invalid(
-                    "L2 plan replay",
-                    format!("no prefetch variant {variant}"),
-                ));
-            }
             Replay::Auto | Replay::Prefetch { .. } => None,
             Replay::AccessPolicy => Some(PersistingL2::reserve(
                 kernels.gpu(),

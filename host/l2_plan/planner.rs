@@ -3,7 +3,7 @@
 //! harmless.
 use std::collections::HashMap;
 
-use fetchahead_gpu::l2_prefetch;
+use fetchahead_gpu::l2_prefetch::{self, PrefetchVariant};
 use fetchahead_gpu::params::Segment;
 
 use crate::l2_plan::segments::{SEGMENT_ALIGN, aligned_segment};
@@ -42,7 +42,7 @@ pub fn read_limit(l2_bytes: u64) -> u64 {
 
 /// The prefetch variant [`Replay::Auto`] warms a window of `bytes` with on a device with
 /// `l2_bytes` of L2: loads up to [`read_limit`], the bulk prefetch above.
-pub fn auto_variant(bytes: u64, l2_bytes: u64) -> usize {
+pub fn auto_variant(bytes: u64, l2_bytes: u64) -> PrefetchVariant {
     if bytes <= read_limit(l2_bytes) {
         l2_prefetch::LOADS_VARIANT
     } else {
@@ -56,9 +56,9 @@ pub enum Replay {
     /// The default: a window of at most [`read_limit`] bytes is read in by the SMs
     /// (`l2_prefetch_loads`), a larger one bulk-prefetched (`l2_prefetch`), on a side stream.
     Auto,
-    /// `l2_prefetch::VARIANTS[variant]` on a side stream (0: plain bulk, 1: evict_last, 2: a
-    /// prefetch per 128-byte line, 3: loads).
-    Prefetch { variant: usize },
+    /// One prefetch variant on a side stream, named once (`PrefetchVariant::named("l2_prefetch")`,
+    /// or `l2_prefetch::BULK_VARIANT` / `LOADS_VARIANT`).
+    Prefetch { variant: PrefetchVariant },
     /// The main stream's access-policy window set over the window's first weight (persisting
     /// lines in the L2 set-aside). Eager forwards only: a captured forward gets no window.
     AccessPolicy,
