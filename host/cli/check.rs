@@ -18,6 +18,9 @@ pub struct CheckArgs {
     /// Seed for the random table and ids (fresh when not given).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Check only this gather or gather + dequant variant (`fetchahead kernels` lists them).
+    #[arg(long, value_name = "NAME")]
+    pub variant: Option<String>,
 }
 
 pub fn run(args: &CheckArgs) -> fetchahead::Result<ExitCode> {
@@ -37,6 +40,10 @@ fn run_with(args: &CheckArgs, require_gpu: bool) -> fetchahead::Result<ExitCode>
             .saturating_add((n as u64).saturating_mul(2048)),
         "the check's table and expected outputs",
     )?;
+    // An unknown name fails here, with the list, before any device is opened.
+    if let Some(name) = &args.variant {
+        selfcheck::check_variant_name(name)?;
+    }
     super::kernels::list()?;
     let gpu = match Gpu::open(0) {
         Ok(gpu) => gpu,
@@ -63,7 +70,7 @@ fn run_with(args: &CheckArgs, require_gpu: bool) -> fetchahead::Result<ExitCode>
         gpu.multiprocessors,
         kernels.arch()
     );
-    let outcomes = selfcheck::run(&kernels, rows, n, seed)?;
+    let outcomes = selfcheck::run_only(&kernels, rows, n, seed, args.variant.as_deref())?;
     println!(
         "{:<22} {:<11} {:>6} {:>10}",
         "kernel", "table", "result", "GB/s"
@@ -99,5 +106,18 @@ mod tests {
         let args = CheckArgs::default();
         assert_eq!(run_with(&args, true).unwrap(), ExitCode::FAILURE);
         assert_eq!(run_with(&args, false).unwrap(), ExitCode::SUCCESS);
+    }
+
+    /// `--variant` takes a name the check knows and refuses another, listing the names, with or
+    /// without a GPU.
+    #[test]
+    fn check_refuses_an_unknown_variant_name() {
+        let args = CheckArgs {
+            variant: Some("gather_nonesuch".into()),
+            ..CheckArgs::default()
+        };
+        let e = run_with(&args, false).unwrap_err().to_string();
+        assert!(e.contains("gather_nonesuch") && e.contains("gather_chunk16_nohint_x2"), "{e}");
+        assert!(selfcheck::check_variant_name("gather_dequant_u8_packed_x2").is_ok());
     }
 }

@@ -31,6 +31,30 @@ pub struct Outcome {
 /// Random `ids` into `rows`, a table of random bytes, every variant launched once to warm up and
 /// once timed; the output is poisoned before each launch.
 pub fn run(kernels: &Kernels, table_rows: u64, n: usize, seed: u64) -> Result<Vec<Outcome>> {
+    run_only(kernels, table_rows, n, seed, None)
+}
+
+/// The names of the variants [`run`] checks: every gather and gather + dequant variant.
+pub fn checked_variants() -> impl Iterator<Item = &'static str> {
+    gather::VARIANTS
+        .iter()
+        .map(|v| v.name)
+        .chain(dequant::VARIANTS.iter().map(|v| v.name))
+}
+
+/// As [`run`], for the one variant named `only` when given (an error listing the names when
+/// no variant [`run`] checks has that name).
+pub fn run_only(
+    kernels: &Kernels,
+    table_rows: u64,
+    n: usize,
+    seed: u64,
+    only: Option<&str>,
+) -> Result<Vec<Outcome>> {
+    if let Some(name) = only {
+        check_variant_name(name)?;
+    }
+    let wanted = |name: &str| only.is_none_or(|o| o == name);
     let stream = kernels.gpu().ctx.default_stream();
     let mut rng = SmallRng::seed_from_u64(seed);
     let dim = ROW_BYTES as usize;
@@ -55,6 +79,9 @@ pub fn run(kernels: &Kernels, table_rows: u64, n: usize, seed: u64) -> Result<Ve
         let mut table = RowTable::from_bytes(&stream, &weights, ROW_BYTES, placement)?;
         let mut out = stream.alloc_zeros::<u8>(n * dim).call("cuMemAlloc")?;
         for (variant, v) in gather::VARIANTS.iter().enumerate() {
+            if !wanted(v.name) {
+                continue;
+            }
             let bytes_per_s = time(&stream, &mut out, |out| {
                 table.gather(kernels, &stream, variant, &ids_dev, out, &check)
             })?
@@ -73,6 +100,9 @@ pub fn run(kernels: &Kernels, table_rows: u64, n: usize, seed: u64) -> Result<Ve
         let mut mx = Mxfp8Table::from_bytes(&stream, &weights, &scales, ROW_BYTES, placement)?;
         let mut out = stream.alloc_zeros::<u16>(n * dim).call("cuMemAlloc")?;
         for (variant, v) in dequant::VARIANTS.iter().enumerate() {
+            if !wanted(v.name) {
+                continue;
+            }
             let bytes_per_s = time(&stream, &mut out, |out| {
                 mx.gather_dequant(kernels, &stream, variant, &ids_dev, out, &check)
             })?
@@ -90,6 +120,21 @@ pub fn run(kernels: &Kernels, table_rows: u64, n: usize, seed: u64) -> Result<Ve
         }
     }
     Ok(outcomes)
+}
+
+/// `Ok` when [`run`] checks a variant named `name`; otherwise an error that lists the names.
+pub fn check_variant_name(name: &str) -> Result<()> {
+    if checked_variants().any(|v| v == name) {
+        return Ok(());
+    }
+    let names: Vec<_> = checked_variants().collect();
+    Err(crate::Error::invalid(
+        "variant",
+        format!(
+            "no gather or gather + dequant variant named `{name}` (one of: {})",
+            names.join(", ")
+        ),
+    ))
 }
 
 fn outcome(
