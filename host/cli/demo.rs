@@ -97,6 +97,10 @@ pub struct DemoArgs {
     /// Check mode: after each prefetched gather, gather synchronously and count differences.
     #[arg(long)]
     pub check: bool,
+    /// The prefetcher's gather + dequant variant (`fetchahead kernels` lists them); default:
+    /// the fastest measured for the device's arch.
+    #[arg(long, value_name = "NAME")]
+    pub variant: Option<String>,
 }
 
 impl DemoArgs {
@@ -134,7 +138,19 @@ impl DemoArgs {
             .and_then(|n| n.checked_mul((self.dim + self.dim / 32) as u64 * 2))
             .unwrap_or(u64::MAX);
         fetchahead::memory::check_fits(rows_per_step, "one step's lookup buffers")?;
+        self.dequant_variant()?;
         Ok(())
+    }
+
+    /// --variant resolved to its table row's name (`None`: the arch's default).
+    fn dequant_variant(&self) -> Result<Option<&'static str>> {
+        self.variant
+            .as_deref()
+            .map(|name| {
+                fetchahead::dequant_variant_named(name)
+                    .map(|i| fetchahead::device_abi::dequant::VARIANTS[i].name)
+            })
+            .transpose()
     }
 
     fn shape(&self) -> ForwardShape {
@@ -450,6 +466,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     let config = PrefetcherConfig {
         completion,
         check: args.check,
+        variant: args.dequant_variant()?,
         ..Default::default()
     };
     let mut forward = SimulatedForward::new(
