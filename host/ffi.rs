@@ -919,8 +919,8 @@ unsafe fn borrowed_stream(
 }
 
 /// Creates an L2 plan on device `device` (its primary context) for forwards on `stream`, with
-/// `budget_per_window` bytes per window (0: a tenth of L2). Its side stream is made now, so call
-/// it before any capture.
+/// `budget_per_window` bytes per window (0: a tenth of L2) and the default replay. Its side
+/// stream is made now, so call it before any capture.
 ///
 /// # Safety
 /// `stream` is a valid stream of the device's primary context (or null); `out` is writable.
@@ -931,10 +931,44 @@ pub unsafe extern "C" fn fetchahead_l2_plan_create(
     budget_per_window: u64,
     out: *mut *mut L2PlanHandle,
 ) -> c_int {
+    // SAFETY: the caller's contract, passed on; a null replay is the default.
+    unsafe {
+        fetchahead_l2_plan_create_with_replay(
+            device,
+            stream,
+            budget_per_window,
+            std::ptr::null(),
+            out,
+        )
+    }
+}
+
+/// As [`fetchahead_l2_plan_create`], the window's replay named by `replay`: `auto` (also a
+/// null `replay`), `access_policy`, or an L2 prefetch variant's name (`l2_prefetch`,
+/// `l2_prefetch_loads`, ...). An unknown name fails with the list of names, before any device
+/// work.
+///
+/// # Safety
+/// As [`fetchahead_l2_plan_create`]; `replay` is null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_l2_plan_create_with_replay(
+    device: i32,
+    stream: sys::CUstream,
+    budget_per_window: u64,
+    replay: *const c_char,
+    out: *mut *mut L2PlanHandle,
+) -> c_int {
     guard(|| {
         if out.is_null() {
             return Err(null("out"));
         }
+        let replay = if replay.is_null() {
+            crate::l2_plan::Replay::Auto
+        } else {
+            // SAFETY: the caller passes a NUL-terminated string.
+            let name = unsafe { std::ffi::CStr::from_ptr(replay) }.to_string_lossy();
+            crate::l2_plan::Replay::named(&name)?
+        };
         let ordinal =
             usize::try_from(device).map_err(|_| Error::invalid("device", format!("{device}")))?;
         let kernels = kernels_for(ordinal)?;
@@ -942,6 +976,7 @@ pub unsafe extern "C" fn fetchahead_l2_plan_create(
         if budget_per_window > 0 {
             config.budget_per_window = budget_per_window;
         }
+        config.replay = replay;
         // SAFETY: the caller's contract.
         let main = unsafe { borrowed_stream(&kernels, stream) };
         let plan = crate::l2_plan::L2Plan::new(kernels.clone(), main, config)?;

@@ -245,6 +245,14 @@ typedef struct fetchahead_l2_counters {
  * A captured signature is frozen; its tables live as long as the plan. */
 int fetchahead_l2_plan_create(int device, fetchahead_stream stream, uint64_t budget_per_window,
                               fetchahead_l2_plan **out);
+/* As fetchahead_l2_plan_create, each window warmed by the replay named `replay`: "auto" (or
+ * NULL: reads windows up to a third of L2, bulk-prefetches larger ones), "access_policy", or an
+ * L2 prefetch variant ("l2_prefetch", "l2_prefetch_evict_last", "l2_prefetch_lines",
+ * "l2_prefetch_loads"). An unknown name fails with FETCHAHEAD_ERR_INVALID, its message listing
+ * the names. */
+int fetchahead_l2_plan_create_with_replay(int device, fetchahead_stream stream,
+                                          uint64_t budget_per_window, const char *replay,
+                                          fetchahead_l2_plan **out);
 int fetchahead_l2_plan_begin_forward(fetchahead_l2_plan *plan, uint64_t signature,
                                      fetchahead_stream stream);
 int fetchahead_l2_plan_collective(fetchahead_l2_plan *plan);

@@ -79,6 +79,35 @@ fn null_plans_and_outputs_are_refused_with_a_message() {
     }
 }
 
+/// A replay is named; an unknown name is refused with the names, before any device work.
+fn an_unknown_replay_name_is_refused_with_the_names() {
+    let mut plan = ptr::null_mut();
+    // SAFETY: the replay name is a NUL-terminated string; `plan` is writable.
+    let rc = unsafe {
+        fetchahead_l2_plan_create_with_replay(
+            0,
+            ptr::null_mut(),
+            0,
+            c"l2_prefetch_nonesuch".as_ptr(),
+            &mut plan,
+        )
+    };
+    assert_eq!(rc, FETCHAHEAD_ERR_INVALID);
+    let message = last_error();
+    for name in [
+        "l2_prefetch_nonesuch",
+        "auto",
+        "access_policy",
+        "l2_prefetch_loads",
+    ] {
+        assert!(message.contains(name), "{message}");
+    }
+    assert!(plan.is_null());
+    for name in ["auto", "access_policy", "l2_prefetch", "l2_prefetch_loads"] {
+        assert!(fetchahead::l2_plan::Replay::named(name).is_ok(), "{name}");
+    }
+}
+
 fn a_plan_learns_and_replays_through_the_abi() {
     let gpu = match Gpu::for_test("a_plan_learns_and_replays_through_the_abi") {
         Ok(Some(gpu)) => gpu,
@@ -92,7 +121,9 @@ fn a_plan_learns_and_replays_through_the_abi() {
     let addresses: Vec<u64> = weights.iter().map(|w| w.device_ptr(&stream).0).collect();
     let mut plan = ptr::null_mut();
     // SAFETY: the stream is a live stream of device 0's primary context; `plan` is writable.
-    let rc = unsafe { fetchahead_l2_plan_create(0, stream.cu_stream(), 0, &mut plan) };
+    let rc = unsafe {
+        fetchahead_l2_plan_create_with_replay(0, stream.cu_stream(), 0, c"auto".as_ptr(), &mut plan)
+    };
     assert_eq!(rc, FETCHAHEAD_OK, "{}", last_error());
     let mut learned = Vec::new();
     for _ in 0..4 {
@@ -167,6 +198,7 @@ common::harness::tests! {
         the_default_config_is_the_measured_best,
         null_plans_and_outputs_are_refused_with_a_message,
         the_c_library_installs_a_stderr_logger_at_fetchahead_log_or_warn,
+        an_unknown_replay_name_is_refused_with_the_names,
     ],
     gpu: [
         a_plan_learns_and_replays_through_the_abi,

@@ -117,7 +117,10 @@ mod tests {
             ..CheckArgs::default()
         };
         let e = run_with(&args, false).unwrap_err().to_string();
-        assert!(e.contains("gather_nonesuch") && e.contains("gather_chunk16_nohint_x2"), "{e}");
+        assert!(
+            e.contains("gather_nonesuch") && e.contains("gather_chunk16_nohint_x2"),
+            "{e}"
+        );
         assert!(selfcheck::check_variant_name("gather_dequant_u8_packed_x2").is_ok());
     }
 }

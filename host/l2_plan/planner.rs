@@ -64,6 +64,29 @@ pub enum Replay {
     AccessPolicy,
 }
 
+impl Replay {
+    /// The replay named `name`: `auto`, `access_policy`, or an L2 prefetch variant's name
+    /// (`l2_prefetch`, `l2_prefetch_loads`, ...); an unknown name is an error that lists them.
+    pub fn named(name: &str) -> Result<Self> {
+        match name {
+            "auto" => Ok(Replay::Auto),
+            "access_policy" => Ok(Replay::AccessPolicy),
+            _ => PrefetchVariant::named(name)
+                .map(|variant| Replay::Prefetch { variant })
+                .ok_or_else(|| {
+                    let names: Vec<_> = ["auto", "access_policy"]
+                        .into_iter()
+                        .chain(l2_prefetch::VARIANTS.iter().map(|v| v.name))
+                        .collect();
+                    Error::invalid(
+                        "L2 plan replay",
+                        format!("no replay named `{name}` (one of: {})", names.join(", ")),
+                    )
+                }),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PlanConfig {
     /// Bytes kept per window (rounded down to 16).
