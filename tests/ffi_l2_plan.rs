@@ -121,9 +121,7 @@ fn a_plan_learns_and_replays_through_the_abi() {
     let addresses: Vec<u64> = weights.iter().map(|w| w.device_ptr(&stream).0).collect();
     let mut plan = ptr::null_mut();
     // SAFETY: the stream is a live stream of device 0's primary context; `plan` is writable.
-    let rc = unsafe {
-        fetchahead_l2_plan_create_with_replay(0, stream.cu_stream(), 0, c"auto".as_ptr(), &mut plan)
-    };
+    let rc = unsafe { fetchahead_l2_plan_create(0, stream.cu_stream(), 0, &mut plan) };
     assert_eq!(rc, FETCHAHEAD_OK, "{}", last_error());
     let mut learned = Vec::new();
     for _ in 0..4 {
