@@ -1,0 +1,123 @@
+//! The variant tables that `variants!` emits beside the kernel entries: every name distinct (a PTX
+//! entry is one symbol), every name found again by its family's `find`, and the prefetch handles
+//! resolved by name. CPU only: it reads the tables, not the GPU.
+use std::collections::HashSet;
+
+use fetchahead::device_abi::l2_prefetch::{self, PrefetchVariant};
+use fetchahead::device_abi::{all_kernels, dequant, gather, gemv};
+use fetchahead::l2_plan::Replay;
+
+#[test]
+fn every_kernel_name_is_distinct() {
+    let mut seen = HashSet::new();
+    for entry in all_kernels() {
+        assert!(seen.insert(entry.name), "{} is declared twice", entry.name);
+    }
+    let rows = gather::VARIANTS.len()
+        + dequant::VARIANTS.len()
+        + l2_prefetch::VARIANTS.len()
+        + gemv::VARIANTS.len();
+    assert!(
+        seen.len() > rows,
+        "every row is an entry, with the one-off kernels besides"
+    );
+}
+
+#[test]
+fn find_round_trips_every_row() {
+    for (i, v) in gather::VARIANTS.iter().enumerate() {
+        assert_eq!(gather::find(v.name), Some(i), "{}", v.name);
+    }
+    for (i, v) in dequant::VARIANTS.iter().enumerate() {
+        assert_eq!(dequant::find(v.name), Some(i), "{}", v.name);
+    }
+    for (i, v) in l2_prefetch::VARIANTS.iter().enumerate() {
+        assert_eq!(l2_prefetch::find(v.name), Some(i), "{}", v.name);
+        let handle = PrefetchVariant::named(v.name).expect(v.name);
+        assert_eq!((handle.index(), handle.name()), (i, v.name));
+        assert_eq!(handle.variant(), v);
+        assert_eq!(handle.to_string(), v.name);
+    }
+    assert_eq!(
+        PrefetchVariant::all()
+            .map(PrefetchVariant::name)
+            .collect::<Vec<_>>(),
+        l2_prefetch::VARIANTS
+            .iter()
+            .map(|v| v.name)
+            .collect::<Vec<_>>()
+    );
+    for missing in ["", "gather_chunk16 ", "l2_prefetch_nonesuch"] {
+        assert_eq!(gather::find(missing), None);
+        assert_eq!(dequant::find(missing), None);
+        assert_eq!(PrefetchVariant::named(missing), None);
+    }
+}
+
+#[test]
+fn the_named_prefetch_handles_are_their_rows() {
+    assert_eq!(l2_prefetch::BULK_VARIANT.name(), "l2_prefetch");
+    assert_eq!(l2_prefetch::LOADS_VARIANT.name(), "l2_prefetch_loads");
+    assert_eq!(
+        l2_prefetch::LOADS_VARIANT.variant().method,
+        l2_prefetch::Method::Loads
+    );
+    assert_eq!(
+        Replay::named("l2_prefetch_loads").unwrap(),
+        Replay::Prefetch {
+            variant: l2_prefetch::LOADS_VARIANT
+        }
+    );
+    assert_eq!(Replay::named("auto").unwrap(), Replay::Auto);
+    assert_eq!(
+        Replay::named("access_policy").unwrap(),
+        Replay::AccessPolicy
+    );
+    let e = Replay::named("bulk").unwrap_err().to_string();
+    assert!(e.contains("l2_prefetch_evict_last"), "{e}");
+    assert!(fetchahead::prefetch_variant_named("l2_prefetch_lines").is_ok());
+}
+
+/// The shapes the host sizes grids with come from the same declaration as the kernels' const
+/// generics; spot-check that the declarations kept the shapes they had.
+#[test]
+fn declared_shapes_are_the_launch_shapes() {
+    let g = |name| gather::VARIANTS[gather::find(name).unwrap()].shape;
+    assert_eq!(
+        g("gather_chunk16_nohint_x2"),
+        gather::Shape::ChunkPerThread { unroll: 2 }
+    );
+    assert_eq!(
+        g("gather_span8_b1"),
+        gather::Shape::WarpSpan {
+            unroll: 8,
+            blocks_per_sm: 1
+        }
+    );
+    assert_eq!(
+        g("gather_bulk"),
+        gather::Shape::TilePerBlock {
+            block_threads: 32,
+            tile_bytes: gather::BULK_TILE_BYTES
+        }
+    );
+    assert_eq!(g("gather_warp_row"), gather::Shape::WarpPerRow);
+    let d = &dequant::VARIANTS[dequant::find("gather_dequant_u8_packed_x2_pass").unwrap()];
+    assert_eq!(
+        (d.conversion, d.shape),
+        (
+            dequant::Conversion::Packed,
+            dequant::Shape::Units8 {
+                unroll: 2,
+                one_pass: true
+            }
+        )
+    );
+    let p = PrefetchVariant::named("l2_prefetch_evict_last")
+        .unwrap()
+        .variant();
+    assert_eq!(
+        (p.priority, p.method),
+        (l2_prefetch::Priority::EvictLast, l2_prefetch::Method::Bulk)
+    );
+}
