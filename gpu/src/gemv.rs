@@ -99,93 +99,84 @@ pub const DEFAULT_LOADS: WeightLoads = WeightLoads::Plain;
 /// How the variants the host launches sum their K splits.
 pub const DEFAULT_REDUCE: Reduce = Reduce::Cluster;
 
-/// Every GEMV kernel.
-pub const VARIANTS: &[Variant] = &[
-    Variant {
-        name: "gemv_bf16_m8",
-        max_m: 8,
-        loads: WeightLoads::Plain,
-        reduce: Reduce::Global,
-        about: "bf16 GEMV, M <= 8: one mma.m16n8k16 per 16 K, unhinted 16-byte loads",
-    },
-    Variant {
-        name: "gemv_bf16_m16",
-        max_m: 16,
-        loads: WeightLoads::Plain,
-        reduce: Reduce::Global,
-        about: "bf16 GEMV, M <= 16: two mma.m16n8k16 per 16 K, unhinted 16-byte loads",
-    },
-    Variant {
-        name: "gemv_bf16_m8_deep",
-        max_m: 8,
-        loads: WeightLoads::Plain,
-        reduce: Reduce::Global,
-        about: "bf16 GEMV, M <= 8, 16 weight loads in flight per lane",
-    },
-    Variant {
-        name: "gemv_bf16_m16_deep",
-        max_m: 16,
-        loads: WeightLoads::Plain,
-        reduce: Reduce::Global,
-        about: "bf16 GEMV, M <= 16, 16 weight loads in flight per lane",
-    },
-    Variant {
-        name: "gemv_bf16_m8_fetch256",
-        max_m: 8,
-        loads: WeightLoads::Fetch256,
-        reduce: Reduce::Global,
-        about: "bf16 GEMV, M <= 8, weights read with 256-byte L2 fetches",
-    },
-    Variant {
-        name: "gemv_bf16_m16_fetch256",
-        max_m: 16,
-        loads: WeightLoads::Fetch256,
-        reduce: Reduce::Global,
-        about: "bf16 GEMV, M <= 16, weights read with 256-byte L2 fetches",
-    },
-    Variant {
-        name: "gemv_bf16_m8_stream",
-        max_m: 8,
-        loads: WeightLoads::Stream,
-        reduce: Reduce::Global,
-        about: "bf16 GEMV, M <= 8, weights read with L1 bypass and 256-byte L2 fetches",
-    },
-    Variant {
-        name: "gemv_bf16_m16_stream",
-        max_m: 16,
-        loads: WeightLoads::Stream,
-        reduce: Reduce::Global,
-        about: "bf16 GEMV, M <= 16, weights read with L1 bypass and 256-byte L2 fetches",
-    },
-    Variant {
-        name: "gemv_bf16_m8_cluster",
-        max_m: 8,
-        loads: WeightLoads::Plain,
-        reduce: Reduce::Cluster,
-        about: "bf16 GEMV, M <= 8, split-K summed on chip across a cluster of 1-8 blocks",
-    },
-    Variant {
-        name: "gemv_bf16_m16_cluster",
-        max_m: 16,
-        loads: WeightLoads::Plain,
-        reduce: Reduce::Cluster,
-        about: "bf16 GEMV, M <= 16, split-K summed on chip across a cluster of 1-8 blocks",
-    },
-    Variant {
-        name: "gemv_bf16_m8_cluster_deep",
-        max_m: 8,
-        loads: WeightLoads::Plain,
-        reduce: Reduce::Cluster,
-        about: "bf16 GEMV, M <= 8, split-K on chip, 16 weight loads in flight per lane",
-    },
-    Variant {
-        name: "gemv_bf16_m16_cluster_deep",
-        max_m: 16,
-        loads: WeightLoads::Plain,
-        reduce: Reduce::Cluster,
-        about: "bf16 GEMV, M <= 16, split-K on chip, 16 weight loads in flight per lane",
-    },
-];
+/// The row of a variant: `tiles` M tiles of [`M_TILE`] rows, its weight loads and its split-K
+/// sum (`unroll`, the loads in flight, only shapes the body).
+macro_rules! gemv_row {
+    (
+        $name:expr, $about:expr,
+        gemv { tiles: $t:literal, loads: $l:ident, reduce: $r:ident, unroll: $u:ident }
+    ) => {
+        Variant {
+            name: $name,
+            max_m: $t * M_TILE,
+            loads: WeightLoads::$l,
+            reduce: Reduce::$r,
+            about: $about,
+        }
+    };
+}
+
+/// The body of a variant, from the same tokens as its row: `Global` sums through global
+/// memory (`gemv`), `Cluster` on chip (`gemv_cluster`); the loads pick the cache hint.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! gemv_body {
+    ($p:ident, gemv { tiles: $t:literal, loads: $l:ident, reduce: Global, unroll: $u:ident }) => {
+        super::kernels::gemv::<
+            $t,
+            { super::kernels::hint_of(super::WeightLoads::$l) },
+            { super::$u as usize },
+        >(&$p)
+    };
+    ($p:ident, gemv { tiles: $t:literal, loads: $l:ident, reduce: Cluster, unroll: $u:ident }) => {
+        super::kernels::gemv_cluster::<
+            $t,
+            { super::kernels::hint_of(super::WeightLoads::$l) },
+            { super::$u as usize },
+        >(&$p)
+    };
+}
+
+// Every GEMV kernel. The host checked each launch's shape and buffers' alignment (check_gemv)
+// and launched a cluster per row group for the `Cluster` ones.
+variants! {
+    params: GemvParams, row: gemv_row, body: gemv_body;
+    /// Per lane: two 16-byte weight loads and one 16-byte activation load per 32 K, one tile.
+    gemv_bf16_m8: gemv { tiles: 1, loads: Plain, reduce: Global, unroll: UNROLL }
+        => "bf16 GEMV, M <= 8: one mma.m16n8k16 per 16 K, unhinted 16-byte loads";
+    /// Per lane: two 16-byte weight loads and two 16-byte activation loads per 32 K, two tiles.
+    gemv_bf16_m16: gemv { tiles: 2, loads: Plain, reduce: Global, unroll: UNROLL }
+        => "bf16 GEMV, M <= 16: two mma.m16n8k16 per 16 K, unhinted 16-byte loads";
+    /// As `gemv_bf16_m8` with [`DEEP_UNROLL`] steps loaded before any is multiplied.
+    gemv_bf16_m8_deep: gemv { tiles: 1, loads: Plain, reduce: Global, unroll: DEEP_UNROLL }
+        => "bf16 GEMV, M <= 8, 16 weight loads in flight per lane";
+    /// As `gemv_bf16_m16` with [`DEEP_UNROLL`] steps loaded before any is multiplied.
+    gemv_bf16_m16_deep: gemv { tiles: 2, loads: Plain, reduce: Global, unroll: DEEP_UNROLL }
+        => "bf16 GEMV, M <= 16, 16 weight loads in flight per lane";
+    /// As `gemv_bf16_m8`, the weights read with 256-byte L2 fetches.
+    gemv_bf16_m8_fetch256: gemv { tiles: 1, loads: Fetch256, reduce: Global, unroll: UNROLL }
+        => "bf16 GEMV, M <= 8, weights read with 256-byte L2 fetches";
+    /// As `gemv_bf16_m16`, the weights read with 256-byte L2 fetches.
+    gemv_bf16_m16_fetch256: gemv { tiles: 2, loads: Fetch256, reduce: Global, unroll: UNROLL }
+        => "bf16 GEMV, M <= 16, weights read with 256-byte L2 fetches";
+    /// As `gemv_bf16_m8`, the weights read with L1 bypass and 256-byte L2 fetches.
+    gemv_bf16_m8_stream: gemv { tiles: 1, loads: Stream, reduce: Global, unroll: UNROLL }
+        => "bf16 GEMV, M <= 8, weights read with L1 bypass and 256-byte L2 fetches";
+    /// As `gemv_bf16_m16`, the weights read with L1 bypass and 256-byte L2 fetches.
+    gemv_bf16_m16_stream: gemv { tiles: 2, loads: Stream, reduce: Global, unroll: UNROLL }
+        => "bf16 GEMV, M <= 16, weights read with L1 bypass and 256-byte L2 fetches";
+    /// `gemv_bf16_m8` with the split-K sum on chip across a cluster.
+    gemv_bf16_m8_cluster: gemv { tiles: 1, loads: Plain, reduce: Cluster, unroll: UNROLL }
+        => "bf16 GEMV, M <= 8, split-K summed on chip across a cluster of 1-8 blocks";
+    /// `gemv_bf16_m16` with the split-K sum on chip across a cluster.
+    gemv_bf16_m16_cluster: gemv { tiles: 2, loads: Plain, reduce: Cluster, unroll: UNROLL }
+        => "bf16 GEMV, M <= 16, split-K summed on chip across a cluster of 1-8 blocks";
+    /// `gemv_bf16_m8_cluster` with [`DEEP_UNROLL`] steps loaded before any is multiplied.
+    gemv_bf16_m8_cluster_deep: gemv { tiles: 1, loads: Plain, reduce: Cluster, unroll: DEEP_UNROLL }
+        => "bf16 GEMV, M <= 8, split-K on chip, 16 weight loads in flight per lane";
+    /// `gemv_bf16_m16_cluster` with [`DEEP_UNROLL`] steps loaded before any is multiplied.
+    gemv_bf16_m16_cluster_deep: gemv { tiles: 2, loads: Plain, reduce: Cluster, unroll: DEEP_UNROLL }
+        => "bf16 GEMV, M <= 16, split-K on chip, 16 weight loads in flight per lane";
+}
 
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
@@ -198,6 +189,15 @@ mod kernels {
     };
     use crate::params::{GEMV_K_STEP, GEMV_ROWS_PER_WARP, GemvParams};
     use crate::smem::{load_shared_f32, shared_buffer, store_shared_16};
+
+    /// The cache hint of a variant's weight loads.
+    pub(super) const fn hint_of(loads: super::WeightLoads) -> u8 {
+        match loads {
+            super::WeightLoads::Plain => hint::PLAIN,
+            super::WeightLoads::Stream => hint::STREAM,
+            super::WeightLoads::Fetch256 => hint::L2_256,
+        }
+    }
 
     /// One warp's product of rows `16 group .. 16 group + 16` of `w` with `x` over the 32-element
     /// steps `first_step .. first_step + steps` of K: lane (g, t)'s `TILES` accumulator
@@ -274,7 +274,7 @@ mod kernels {
 
     /// One warp: rows `16 r .. 16 r + 16` of `w`, split `s` of K, `TILES` tiles of 8 x rows.
     #[inline(always)]
-    unsafe fn gemv<const TILES: usize, const HINT: u8, const U: usize>(p: &GemvParams) {
+    pub(super) unsafe fn gemv<const TILES: usize, const HINT: u8, const U: usize>(p: &GemvParams) {
         let warp = global_thread() / 32;
         let lane = (global_thread() % 32) as u32;
         // At least 1 so that the division below cannot trap (the host refuses n < 16 anyway).
@@ -322,7 +322,9 @@ mod kernels {
     /// fragments meet in this block's shared memory, where thread e sums value e over the warps
     /// in order; the blocks' sums meet in rank 0's, which sums them in rank order and writes y.
     #[inline(always)]
-    unsafe fn gemv_cluster<const TILES: usize, const HINT: u8, const U: usize>(p: &GemvParams) {
+    pub(super) unsafe fn gemv_cluster<const TILES: usize, const HINT: u8, const U: usize>(
+        p: &GemvParams,
+    ) {
         let shared = shared_buffer::<CLUSTER_SHARED_BYTES>();
         // Says "this block has started": no block writes another's shared memory before the
         // matching wait below.
@@ -440,89 +442,5 @@ mod kernels {
             // SAFETY: as above; the next launch, in stream order, finds the counter zero.
             unsafe { store_relaxed_u32(counter, 0) };
         }
-    }
-
-    /// Per lane: two 16-byte weight loads and one 16-byte activation load per 32 K, one tile.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gemv_bf16_m8(p: GemvParams) {
-        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
-        unsafe { gemv::<1, { hint::PLAIN }, { UNROLL as usize }>(&p) }
-    }
-
-    /// Per lane: two 16-byte weight loads and two 16-byte activation loads per 32 K, two tiles.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gemv_bf16_m16(p: GemvParams) {
-        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
-        unsafe { gemv::<2, { hint::PLAIN }, { UNROLL as usize }>(&p) }
-    }
-
-    /// As `gemv_bf16_m8` with [`DEEP_UNROLL`] steps loaded before any is multiplied.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gemv_bf16_m8_deep(p: GemvParams) {
-        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
-        unsafe { gemv::<1, { hint::PLAIN }, { DEEP_UNROLL as usize }>(&p) }
-    }
-
-    /// As `gemv_bf16_m16` with [`DEEP_UNROLL`] steps loaded before any is multiplied.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gemv_bf16_m16_deep(p: GemvParams) {
-        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
-        unsafe { gemv::<2, { hint::PLAIN }, { DEEP_UNROLL as usize }>(&p) }
-    }
-
-    /// As `gemv_bf16_m8`, the weights read with 256-byte L2 fetches.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gemv_bf16_m8_fetch256(p: GemvParams) {
-        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
-        unsafe { gemv::<1, { hint::L2_256 }, { UNROLL as usize }>(&p) }
-    }
-
-    /// As `gemv_bf16_m16`, the weights read with 256-byte L2 fetches.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gemv_bf16_m16_fetch256(p: GemvParams) {
-        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
-        unsafe { gemv::<2, { hint::L2_256 }, { UNROLL as usize }>(&p) }
-    }
-
-    /// `gemv_bf16_m8` with the split-K sum on chip across a cluster.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gemv_bf16_m8_cluster(p: GemvParams) {
-        // SAFETY: the host checked p (check_gemv) and launched a cluster per row group.
-        unsafe { gemv_cluster::<1, { hint::PLAIN }, { UNROLL as usize }>(&p) }
-    }
-
-    /// `gemv_bf16_m16` with the split-K sum on chip across a cluster.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gemv_bf16_m16_cluster(p: GemvParams) {
-        // SAFETY: the host checked p (check_gemv) and launched a cluster per row group.
-        unsafe { gemv_cluster::<2, { hint::PLAIN }, { UNROLL as usize }>(&p) }
-    }
-
-    /// `gemv_bf16_m8_cluster` with [`DEEP_UNROLL`] steps loaded before any is multiplied.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gemv_bf16_m8_cluster_deep(p: GemvParams) {
-        // SAFETY: the host checked p (check_gemv) and launched a cluster per row group.
-        unsafe { gemv_cluster::<1, { hint::PLAIN }, { DEEP_UNROLL as usize }>(&p) }
-    }
-
-    /// `gemv_bf16_m16_cluster` with [`DEEP_UNROLL`] steps loaded before any is multiplied.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gemv_bf16_m16_cluster_deep(p: GemvParams) {
-        // SAFETY: the host checked p (check_gemv) and launched a cluster per row group.
-        unsafe { gemv_cluster::<2, { hint::PLAIN }, { DEEP_UNROLL as usize }>(&p) }
-    }
-
-    /// As `gemv_bf16_m8`, the weights read with L1 bypass and 256-byte L2 fetches.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gemv_bf16_m8_stream(p: GemvParams) {
-        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
-        unsafe { gemv::<1, { hint::STREAM }, { UNROLL as usize }>(&p) }
-    }
-
-    /// As `gemv_bf16_m16`, the weights read with L1 bypass and 256-byte L2 fetches.
-    #[unsafe(no_mangle)]
-    pub unsafe extern "gpu-kernel" fn gemv_bf16_m16_stream(p: GemvParams) {
-        // SAFETY: the host checked the shape and alignment of p's buffers (check_gemv).
-        unsafe { gemv::<2, { hint::STREAM }, { UNROLL as usize }>(&p) }
     }
 }
