@@ -4,7 +4,9 @@
 //! write 16-byte stores; the others move rows through shared memory with asynchronous copies
 //! (`cp.async`, or bulk copies in and bulk stores out), which hold the bytes in flight without
 //! registers. An id outside `0..rows` writes a zero row and is recorded in the launch's
-//! `IdStatus`. A new variant is one kernel below plus one line in [`VARIANTS`].
+//! `IdStatus`. A new variant is one declaration in the `variants!` list below, which emits both
+//! its [`VARIANTS`] row and its kernel entry (plus a body inside `mod kernels` when no kind
+//! fits).
 
 /// Threads per block for every gather and dequant launch, unless the variant's [`Shape`] says
 /// otherwise.
