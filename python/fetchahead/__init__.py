@@ -555,11 +555,20 @@ class L2Plan:
     long as the graph.
     """
 
-    def __init__(self, *, device: Any = None, budget_per_window: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        *,
+        device: Any = None,
+        budget_per_window: Optional[int] = None,
+        replay: Optional[str] = None,
+    ) -> None:
+        """``replay`` names how a window is warmed: ``"auto"`` (the default: windows up to a
+        third of L2 read by the SMs, larger ones bulk-prefetched), ``"access_policy"``, or an
+        L2 prefetch variant (``"l2_prefetch"``, ``"l2_prefetch_loads"``, ...)."""
         t = _torch_ops()
         self._device = t.cuda_device(device)
         self._plan = _native.L2Plan(
-            t.native_device(self._device), t.stream_of(self._device), budget_per_window
+            t.native_device(self._device), t.stream_of(self._device), budget_per_window, replay
         )
 
     def begin_forward(self, signature: int) -> None:

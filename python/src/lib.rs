@@ -10,7 +10,7 @@ use fetchahead::device_abi::params::{DequantParams, GatherParams, IdStatus};
 use fetchahead::device_abi::{dequant, gather};
 use fetchahead::kernels::Kernels;
 use fetchahead::l2_plan::segments::SegmentTable;
-use fetchahead::l2_plan::{L2Plan as RustL2Plan, PlanConfig, Signature};
+use fetchahead::l2_plan::{L2Plan as RustL2Plan, PlanConfig, Replay, Signature};
 use fetchahead::prefetch::flag_worker::FlagLane as RustFlagLane;
 use fetchahead::prefetch::lookup::{MemoryRows, RowLookup};
 use fetchahead::prefetch::prefetcher::{
@@ -807,17 +807,21 @@ fn borrowed(kernels: &Kernels, stream: usize) -> Arc<cudarc::driver::CudaStream>
 #[pymethods]
 impl L2Plan {
     #[new]
-    #[pyo3(signature = (device, stream, budget_per_window=None))]
+    #[pyo3(signature = (device, stream, budget_per_window=None, replay=None))]
     fn new(
         py: Python<'_>,
         device: &Device,
         stream: usize,
         budget_per_window: Option<u64>,
+        replay: Option<&str>,
     ) -> PyRes<Self> {
         let kernels = device.kernels.clone();
         let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
         if let Some(b) = budget_per_window {
             config.budget_per_window = b;
+        }
+        if let Some(name) = replay {
+            config.replay = done(py, Replay::named(name))?;
         }
         let main = borrowed(&kernels, stream);
         let r = RustL2Plan::new(kernels.clone(), main, config);
