@@ -45,3 +45,8 @@ pub use prefetch::{
 };
 pub use store::{LayerRows, ReadPath, RowStore, StoreOptions};
 pub use tables::{Mxfp8Table, Placement, RowTable};
+
+/// The README's Rust snippets, compiled as doctests (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

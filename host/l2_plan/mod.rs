@@ -22,6 +22,9 @@
 //! - `window_fit`: the byte caps that fit each window's prefetch into its window.
 //! - [`segments`]: prefetch segments checked on the host and uploaded as a device table.
 //! - [`access_policy`]: the persisting-L2 access-policy window, the plan's alternative mode.
+//!
+//! The guide below (this folder's `README.md`) shows it in use.
+#![doc = include_str!("README.md")]
 
 pub mod access_policy;
 pub mod device;

@@ -11,6 +11,9 @@
 //! - [`staging`]: pinned host buffers and device mirrors for staged rows.
 //! - [`flag_worker`]: [`FlagLane`], lookups on a worker thread woken by stream-written flags.
 //! - `lookup_job`, `check_log`: the lookup job a stream runs, and check mode's log.
+//!
+//! The guide below (this folder's `README.md`) shows it in use.
+#![doc = include_str!("README.md")]
 
 pub(crate) mod check_log;
 pub mod flag_worker;

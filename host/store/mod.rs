@@ -6,6 +6,9 @@
 //! - [`tune`]: `Auto`'s measured choice of path by batch size.
 //! - [`make`]: writing generated tables; [`measure`]: timing lookups and raw reads.
 //! - [`LayerRows`]: one layer of a store as a [`RowLookup`](crate::prefetch::lookup::RowLookup).
+//!
+//! The guide below (this folder's `README.md`) shows it in use.
+#![doc = include_str!("README.md")]
 use std::fmt;
 use std::fs::File;
 use std::io;
