@@ -280,14 +280,16 @@ fn main() {
                     peer_bytes,
                 });
             };
-            for (variant, v) in gather::VARIANTS.iter().enumerate() {
+            for variant in GatherVariant::all() {
+                let v = variant.variant();
                 // SAFETY: all addresses are live allocations of the sizes the params state.
                 let launch = || unsafe { kernels.launch_gather(cu, variant, gp).unwrap() };
                 // SAFETY: the empty kernel reads nothing.
                 let empty = || unsafe { kernels.launch_empty(cu, variant, gp).unwrap() };
                 measure("gather", v.name, gather_bytes, &launch, &empty);
             }
-            for (variant, v) in dequant::VARIANTS.iter().enumerate() {
+            for variant in DequantVariant::all() {
+                let v = variant.variant();
                 // SAFETY: as above.
                 let launch = || unsafe { kernels.launch_gather_dequant(cu, variant, dp).unwrap() };
                 // SAFETY: the empty kernel reads nothing.
@@ -314,7 +316,8 @@ fn main() {
     );
     let bytes = max_n * DIM * 2 + 8 * max_n;
     let (copy_s, copy_bytes) = *copies.last().unwrap();
-    for (variant, v) in gather::VARIANTS.iter().enumerate() {
+    for variant in GatherVariant::all() {
+        let v = variant.variant();
         // SAFETY: all addresses are live allocations of the sizes the params state.
         let launch = || unsafe { kernels.launch_gather(cu, variant, gp).unwrap() };
         rows_out.push(Row {
@@ -368,12 +371,14 @@ fn main() {
                     peer_bytes: bytes,
                 })
             };
-            for (variant, v) in gather::VARIANTS.iter().enumerate() {
+            for variant in GatherVariant::all() {
+                let v = variant.variant();
                 // SAFETY: as above.
                 let launch = || unsafe { kernels.launch_gather(cu, variant, gp).unwrap() };
                 push(v.name, median_seconds_of(&stream, 5, 5, launch));
             }
-            for (variant, v) in dequant::VARIANTS.iter().enumerate() {
+            for variant in DequantVariant::all() {
+                let v = variant.variant();
                 // SAFETY: as above.
                 let launch = || unsafe { kernels.launch_gather_dequant(cu, variant, dp).unwrap() };
                 push(v.name, median_seconds_of(&stream, 5, 5, launch));

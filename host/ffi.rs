@@ -471,8 +471,7 @@ fn variant_named(name: *const c_char) -> Result<Option<&'static str>> {
     }
     // SAFETY: the caller passes a NUL-terminated string (the header's contract for `variant`).
     let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
-    let index = crate::kernels::dequant_variant_named(&name)?;
-    Ok(Some(fetchahead_gpu::dequant::VARIANTS[index].name))
+    Ok(Some(crate::kernels::dequant_variant_named(&name)?.name()))
 }
 
 /// A prefetcher (it holds its table's rows alive).

@@ -35,6 +35,8 @@ pub mod tables;
 
 pub use error::{Error, Result};
 pub use fetchahead_gpu as device_abi;
+pub use fetchahead_gpu::dequant::DequantVariant;
+pub use fetchahead_gpu::gather::GatherVariant;
 pub use fetchahead_gpu::l2_prefetch::PrefetchVariant;
 pub use kernels::{Gpu, IdCheck, Kernels, dequant_variant_named, prefetch_variant_named, ptx};
 pub use l2_plan::{

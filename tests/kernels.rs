@@ -97,7 +97,8 @@ fn check_gathers(s: &mut Setup, row_bytes: usize, placements: &[Placement], size
             let want = reference::gather(&table_bytes, row_bytes, &ids);
             let ids_dev = s.stream.clone_htod(&ids).unwrap();
             let mut out = s.stream.alloc_zeros::<u8>((n * row_bytes).max(1)).unwrap();
-            for (variant, v) in gather::VARIANTS.iter().enumerate() {
+            for variant in GatherVariant::all() {
+                let v = variant.variant();
                 poison(&s.stream, &mut out).unwrap();
                 table
                     .gather(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
@@ -166,7 +167,8 @@ fn check_dequant_dim(
             let ids_dev = s.stream.clone_htod(&ids).unwrap();
             let mut out = s.stream.alloc_zeros::<u16>((n * dim).max(1)).unwrap();
             let mut outputs = Vec::new();
-            for (variant, v) in dequant::VARIANTS.iter().enumerate() {
+            for variant in DequantVariant::all() {
+                let v = variant.variant();
                 poison(&s.stream, &mut out).unwrap();
                 table
                     .gather_dequant(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
@@ -272,7 +274,8 @@ fn ids_outside_the_table_write_zero_rows_and_are_reported() {
     let mut table =
         RowTable::from_bytes(&s.stream, &weights, DIM as u32, Placement::Device).unwrap();
     let mut out = s.stream.alloc_zeros::<u8>(ids.len() * DIM).unwrap();
-    for (variant, v) in gather::VARIANTS.iter().enumerate() {
+    for variant in GatherVariant::all() {
+        let v = variant.variant();
         poison(&s.stream, &mut out).unwrap();
         table
             .gather(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
@@ -293,7 +296,8 @@ fn ids_outside_the_table_write_zero_rows_and_are_reported() {
         Mxfp8Table::from_bytes(&s.stream, &weights, &scales, DIM as u32, Placement::Device)
             .unwrap();
     let mut out = s.stream.alloc_zeros::<u16>(ids.len() * DIM).unwrap();
-    for (variant, v) in dequant::VARIANTS.iter().enumerate() {
+    for variant in DequantVariant::all() {
+        let v = variant.variant();
         poison(&s.stream, &mut out).unwrap();
         mx.gather_dequant(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
             .unwrap();

@@ -146,10 +146,7 @@ impl DemoArgs {
     fn dequant_variant(&self) -> Result<Option<&'static str>> {
         self.variant
             .as_deref()
-            .map(|name| {
-                fetchahead::dequant_variant_named(name)
-                    .map(|i| fetchahead::device_abi::dequant::VARIANTS[i].name)
-            })
+            .map(|name| fetchahead::dequant_variant_named(name).map(|v| v.name()))
             .transpose()
     }
 

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, sys};
+use fetchahead_gpu::dequant::DequantVariant;
+use fetchahead_gpu::gather::GatherVariant;
 use fetchahead_gpu::l2_prefetch::PrefetchVariant;
 use fetchahead_gpu::params::{
     CHUNK_BYTES, CheckParams, DequantParams, GatherParams, MX_BLOCK, PrefetchParams,
@@ -111,15 +113,15 @@ impl Kernels {
         defaults::for_arch(self.ptx.arch)
     }
 
-    /// The index of gather + dequant variant `name`, or of this arch's default for `None`.
-    pub fn dequant_variant(&self, name: Option<&str>) -> Result<usize> {
+    /// The gather + dequant variant `name`, or of this arch's default for `None`.
+    pub fn dequant_variant(&self, name: Option<&str>) -> Result<DequantVariant> {
         dequant_variant_named(name.unwrap_or(self.defaults().dequant))
     }
 
-    /// The index of gather variant `name`, or of this arch's default for `None`.
-    pub fn gather_variant(&self, name: Option<&str>) -> Result<usize> {
+    /// The gather variant `name`, or of this arch's default for `None`.
+    pub fn gather_variant(&self, name: Option<&str>) -> Result<GatherVariant> {
         let name = name.unwrap_or(self.defaults().gather);
-        gather::find(name).ok_or_else(|| {
+        GatherVariant::named(name).ok_or_else(|| {
             Error::invalid(
                 "gather variant",
                 format!("no gather variant named `{name}` (`fetchahead kernels` lists them)"),
@@ -127,7 +129,7 @@ impl Kernels {
         })
     }
 
-    /// Launches gather `variant` (an index into `gather::VARIANTS`) on `stream`.
+    /// Launches gather `variant` on `stream`.
     ///
     /// # Safety
     /// `p`'s addresses are valid device addresses for the whole launch: `table` holds `rows` rows
@@ -136,14 +138,14 @@ impl Kernels {
     pub unsafe fn launch_gather(
         &self,
         stream: sys::CUstream,
-        variant: usize,
+        variant: GatherVariant,
         p: GatherParams,
     ) -> Result<()> {
         let (threads, block_threads) = gather_threads(variant, &p, self.gpu.multiprocessors)?;
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
         unsafe {
             self.launch(
-                pick(&self.gather, variant, "gather")?,
+                pick(&self.gather, variant.index(), "gather")?,
                 threads,
                 stream,
                 p,
@@ -159,11 +161,11 @@ impl Kernels {
     pub unsafe fn launch_empty(
         &self,
         stream: sys::CUstream,
-        variant: usize,
+        variant: GatherVariant,
         p: GatherParams,
     ) -> Result<()> {
         let (threads, block_threads) = gather_threads(variant, &p, self.gpu.multiprocessors)?;
-        let own = pick(&self.gather, variant, "gather")?;
+        let own = pick(&self.gather, variant.index(), "gather")?;
         let empty = Loaded {
             function: self.empty.function.clone(),
             blocks_per_sm: own.blocks_per_sm,
@@ -180,11 +182,11 @@ impl Kernels {
     pub unsafe fn launch_empty_like_dequant(
         &self,
         stream: sys::CUstream,
-        variant: usize,
+        variant: DequantVariant,
         p: DequantParams,
     ) -> Result<()> {
         let shape = dequant_shape(variant)?;
-        let own = pick(&self.dequant, variant, "gather_dequant")?;
+        let own = pick(&self.dequant, variant.index(), "gather_dequant")?;
         let empty = Loaded {
             function: self.empty.function.clone(),
             blocks_per_sm: own.blocks_per_sm,
@@ -217,7 +219,7 @@ impl Kernels {
         unsafe { self.launch(&empty, threads, stream, unused, gather::BLOCK_THREADS) }
     }
 
-    /// Launches gather + dequant `variant` (an index into `dequant::VARIANTS`) on `stream`.
+    /// Launches gather + dequant `variant` on `stream`.
     ///
     /// # Safety
     /// As [`Kernels::launch_gather`], for `weights` (`rows * dim` bytes), `scales`
@@ -225,7 +227,7 @@ impl Kernels {
     pub unsafe fn launch_gather_dequant(
         &self,
         stream: sys::CUstream,
-        variant: usize,
+        variant: DequantVariant,
         p: DequantParams,
     ) -> Result<()> {
         if p.dim == 0 || !p.dim.is_multiple_of(MX_BLOCK) {
@@ -246,7 +248,7 @@ impl Kernels {
         // The kernels index 8-element units in u32.
         check_chunk_count(p.n * (p.dim / 8) as u64)?;
         let threads = shape.threads(p.n, p.dim);
-        let kernel = pick(&self.dequant, variant, "gather_dequant")?;
+        let kernel = pick(&self.dequant, variant.index(), "gather_dequant")?;
         if let dequant::Shape::Units8 { one_pass: true, .. } = shape {
             // Below 2^32 / 8 * 32 / 256 blocks, since units < 2^32: inside the grid limit.
             let blocks = threads.div_ceil(gather::BLOCK_THREADS as u64) as u32;
@@ -349,19 +351,11 @@ impl Kernels {
 }
 
 /// The shape of gather + dequant `variant`, or an error naming it.
-fn dequant_shape(variant: usize) -> Result<dequant::Shape> {
-    dequant::VARIANTS
-        .get(variant)
-        .map(|v| v.shape)
-        .ok_or_else(|| {
-            Error::invalid(
-                "variant",
-                format!("gather_dequant has no variant {variant}"),
-            )
-        })
+fn dequant_shape(variant: DequantVariant) -> Result<dequant::Shape> {
+    Ok(variant.variant().shape)
 }
 
-/// The index of gather + dequant variant `name`, or an error naming it.
+/// The gather + dequant variant `name`, or an error naming it.
 /// The L2 prefetch variant named `name`, or an error that lists the names.
 pub fn prefetch_variant_named(name: &str) -> Result<PrefetchVariant> {
     PrefetchVariant::named(name).ok_or_else(|| {
@@ -376,8 +370,8 @@ pub fn prefetch_variant_named(name: &str) -> Result<PrefetchVariant> {
     })
 }
 
-pub fn dequant_variant_named(name: &str) -> Result<usize> {
-    dequant::find(name).ok_or_else(|| {
+pub fn dequant_variant_named(name: &str) -> Result<DequantVariant> {
+    DequantVariant::named(name).ok_or_else(|| {
         Error::invalid(
             "gather + dequant variant",
             format!("no gather + dequant variant named `{name}` (`fetchahead kernels` lists them)"),
@@ -387,7 +381,7 @@ pub fn dequant_variant_named(name: &str) -> Result<usize> {
 
 /// Checks a gather's shape and returns the threads gather `variant` needs for it and its block
 /// size.
-fn gather_threads(variant: usize, p: &GatherParams, sms: u32) -> Result<(u64, u32)> {
+fn gather_threads(variant: GatherVariant, p: &GatherParams, sms: u32) -> Result<(u64, u32)> {
     if p.row_bytes == 0 || !p.row_bytes.is_multiple_of(CHUNK_BYTES) {
         return Err(Error::invalid(
             "row width",
@@ -397,10 +391,7 @@ fn gather_threads(variant: usize, p: &GatherParams, sms: u32) -> Result<(u64, u3
             ),
         ));
     }
-    let shape = gather::VARIANTS
-        .get(variant)
-        .ok_or_else(|| Error::invalid("gather variant", format!("no variant {variant}")))?
-        .shape;
+    let shape = variant.variant().shape;
     if p.n == 0 {
         // nothing to write: the addresses of empty buffers may be null
         return Ok((0, shape.block_threads()));

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, sys};
+use fetchahead_gpu::dequant::DequantVariant;
 use fetchahead_gpu::params::{CheckCounter, CheckParams};
 
 use crate::driver::{host_fn, stream};
@@ -198,8 +199,8 @@ struct Pending {
 pub struct Prefetcher {
     kernels: Arc<Kernels>,
     config: PrefetcherConfig,
-    /// `config.variant` resolved: an index into `fetchahead_gpu::dequant::VARIANTS`.
-    variant: usize,
+    /// `config.variant` resolved.
+    variant: DequantVariant,
     dim: usize,
     side: Arc<CudaStream>,
     fork: CudaEvent,

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PinnedHostSlice, sys};
+use fetchahead_gpu::dequant::DequantVariant;
 use fetchahead_gpu::params::{DequantParams, MX_BLOCK};
 
 use crate::driver::stream;
@@ -214,7 +215,12 @@ impl StagingBuffers {
     /// First use of everything, eagerly on `stream`: zeroes the pinned buffers, copies them to
     /// the mirrors, copies one id back, and runs the gather `variant` once. Refused on a stream
     /// being captured.
-    pub fn warm(&mut self, kernels: &Kernels, variant: usize, stream: &CudaStream) -> Result<()> {
+    pub fn warm(
+        &mut self,
+        kernels: &Kernels,
+        variant: DequantVariant,
+        stream: &CudaStream,
+    ) -> Result<()> {
         if self.warmed {
             return Ok(());
         }

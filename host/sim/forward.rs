@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
+use fetchahead_gpu::dequant::DequantVariant;
 use fetchahead_gpu::hash;
 use fetchahead_gpu::params::{DequantParams, HashParams, MAX_NGRAM};
 
@@ -207,7 +208,7 @@ pub struct EngramLayers {
     layers: Vec<EngramLayer>,
     id_check: IdCheck,
     /// The resident path's gather + dequant variant: the device's default, as the prefetchers'.
-    resident_variant: usize,
+    resident_variant: DequantVariant,
 }
 
 impl EngramLayers {

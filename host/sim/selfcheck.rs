@@ -3,6 +3,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
+use fetchahead_gpu::dequant::DequantVariant;
+use fetchahead_gpu::gather::GatherVariant;
 use fetchahead_gpu::{dequant, gather};
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 
@@ -78,7 +80,8 @@ pub fn run_only(
     for placement in [Placement::Device, Placement::PinnedHost] {
         let mut table = RowTable::from_bytes(&stream, &weights, ROW_BYTES, placement)?;
         let mut out = stream.alloc_zeros::<u8>(n * dim).call("cuMemAlloc")?;
-        for (variant, v) in gather::VARIANTS.iter().enumerate() {
+        for variant in GatherVariant::all() {
+            let v = variant.variant();
             if !wanted(v.name) {
                 continue;
             }
@@ -99,7 +102,8 @@ pub fn run_only(
         }
         let mut mx = Mxfp8Table::from_bytes(&stream, &weights, &scales, ROW_BYTES, placement)?;
         let mut out = stream.alloc_zeros::<u16>(n * dim).call("cuMemAlloc")?;
-        for (variant, v) in dequant::VARIANTS.iter().enumerate() {
+        for variant in DequantVariant::all() {
+            let v = variant.variant();
             if !wanted(v.name) {
                 continue;
             }

@@ -5,6 +5,8 @@ use std::sync::Arc;
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PinnedHostSlice,
 };
+use fetchahead_gpu::dequant::DequantVariant;
+use fetchahead_gpu::gather::GatherVariant;
 use fetchahead_gpu::params::{DequantParams, GatherParams, MX_BLOCK};
 
 use crate::driver;
@@ -122,7 +124,7 @@ impl RowTable {
         &mut self,
         kernels: &Kernels,
         stream: &Arc<CudaStream>,
-        variant: usize,
+        variant: GatherVariant,
         ids: &CudaSlice<i64>,
         out: &mut CudaSlice<u8>,
         check: &IdCheck,
@@ -204,7 +206,7 @@ impl Mxfp8Table {
         &mut self,
         kernels: &Kernels,
         stream: &Arc<CudaStream>,
-        variant: usize,
+        variant: DequantVariant,
         ids: &CudaSlice<i64>,
         out: &mut CudaSlice<u16>,
         check: &IdCheck,

@@ -9,6 +9,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, sys};
 use fetchahead::device_abi::params::{DequantParams, GatherParams, IdStatus};
 use fetchahead::device_abi::{dequant, gather};
 use fetchahead::kernels::Kernels;
+use fetchahead::{DequantVariant, GatherVariant};
 use fetchahead::l2_plan::segments::SegmentTable;
 use fetchahead::l2_plan::{L2Plan as RustL2Plan, PlanConfig, Replay, Signature};
 use fetchahead::prefetch::flag_worker::FlagLane as RustFlagLane;
@@ -178,8 +179,8 @@ impl Device {
     #[pyo3(signature = (family, name=None))]
     fn variant_index(&self, py: Python<'_>, family: &str, name: Option<&str>) -> PyRes<usize> {
         let r = match family {
-            "gather" => self.kernels.gather_variant(name),
-            _ => self.kernels.dequant_variant(name),
+            "gather" => self.kernels.gather_variant(name).map(|v| v.index()),
+            _ => self.kernels.dequant_variant(name).map(|v| v.index()),
         };
         done(py, r)
     }
@@ -256,12 +257,20 @@ impl Device {
             row_bytes,
             _pad: 0,
         };
-        // SAFETY: the Python layer checked each tensor's device, size, dtype and alignment
-        // against these numbers; the tensors outlive the launch in the stream's order.
-        let r = unsafe {
-            self.kernels
-                .launch_gather(stream as sys::CUstream, variant, p)
-        };
+        let r = GatherVariant::at(variant)
+            .ok_or_else(|| fetchahead::Error::Invalid {
+                what: "gather variant",
+                why: format!("no gather variant {variant}"),
+            })
+            .and_then(|variant| {
+                // SAFETY: the Python layer checked each tensor's device, size, dtype and
+                // alignment against these numbers; the tensors outlive the launch in the
+                // stream's order.
+                unsafe {
+                    self.kernels
+                        .launch_gather(stream as sys::CUstream, variant, p)
+                }
+            });
         done(py, r)
     }
 
@@ -296,11 +305,18 @@ impl Device {
             dim,
             _pad: 0,
         };
-        // SAFETY: as for `gather`.
-        let r = unsafe {
-            self.kernels
-                .launch_gather_dequant(stream as sys::CUstream, variant, p)
-        };
+        let r = DequantVariant::at(variant)
+            .ok_or_else(|| fetchahead::Error::Invalid {
+                what: "gather + dequant variant",
+                why: format!("no gather + dequant variant {variant}"),
+            })
+            .and_then(|variant| {
+                // SAFETY: as for `gather`.
+                unsafe {
+                    self.kernels
+                        .launch_gather_dequant(stream as sys::CUstream, variant, p)
+                }
+            });
         done(py, r)
     }
 }
@@ -664,8 +680,7 @@ impl Prefetcher {
             let defaults = PrefetcherConfig::default();
             let variant = match variant {
                 Some(name) => {
-                    let i = fetchahead::kernels::dequant_variant_named(&name)?;
-                    Some(dequant::VARIANTS[i].name)
+                    Some(fetchahead::kernels::dequant_variant_named(&name)?.name())
                 }
                 None => None,
             };
