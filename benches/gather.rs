@@ -21,11 +21,11 @@ use criterion::{Criterion, Throughput};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
 use fetchahead::device_abi::params::MX_BLOCK;
 use fetchahead::device_abi::params::{DequantParams, GatherParams};
-use fetchahead::device_abi::{dequant, gather};
 use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::kernels::id_check::IdCheck;
 use fetchahead::tables::table::TableMemory;
+use fetchahead::{DequantVariant, GatherVariant};
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 
 const DIM: u64 = 256;

@@ -6,14 +6,14 @@ mod common;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use fetchahead::Error;
-use fetchahead::device_abi::{dequant, gather};
+use fetchahead::device_abi::gather;
 use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::kernels::id_check::IdCheck;
 use fetchahead::sim::reference;
 use fetchahead::sim::selfcheck::{fresh_seed, poison};
 use fetchahead::tables::table::{Mxfp8Table, Placement, RowTable};
+use fetchahead::{DequantVariant, Error, GatherVariant};
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 
 const DIM: usize = 256;
@@ -362,16 +362,18 @@ fn launches_refuse_bad_shapes_with_an_error() {
             fetchahead::device_abi::params::GatherParams { n: 1 << 28, ..ok },
         ),
     ];
+    let first = GatherVariant::at(0).unwrap();
     for (what, p) in cases {
         // SAFETY: every case is refused before launch, so no address is touched.
-        let result = unsafe { s.kernels.launch_gather(stream, 0, p) };
+        let result = unsafe { s.kernels.launch_gather(stream, first, p) };
         assert!(
             matches!(result, Err(Error::Invalid { .. })),
             "{what}: {result:?}"
         );
     }
-    // SAFETY: refused before launch.
-    let result = unsafe { s.kernels.launch_gather(stream, gather::VARIANTS.len(), ok) };
+    // An index past the table makes no handle; a name no row has, no variant.
+    assert!(GatherVariant::at(gather::VARIANTS.len()).is_none());
+    let result = s.kernels.gather_variant(Some("no_such_gather"));
     assert!(
         matches!(result, Err(Error::Invalid { .. })),
         "missing variant: {result:?}"

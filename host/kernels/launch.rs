@@ -458,10 +458,7 @@ mod tests {
 
     #[test]
     fn a_tile_variant_gets_one_block_of_its_size_per_tile() {
-        let variant = gather::VARIANTS
-            .iter()
-            .position(|v| v.name == "gather_bulk")
-            .unwrap();
+        let variant = GatherVariant::named("gather_bulk").unwrap();
         let p = GatherParams {
             table: 0x1000,
             ids: 0x2000,
@@ -476,15 +473,12 @@ mod tests {
         assert_eq!(gather_threads(variant, &p, 132).unwrap(), (32 * 32, 32));
         let chunked = GatherParams { n: 0, ..p };
         assert_eq!(
-            gather_threads(0, &chunked, 132).unwrap(),
+            gather_threads(GatherVariant::at(0).unwrap(), &chunked, 132).unwrap(),
             (0, gather::BLOCK_THREADS)
         );
         // A warp span of 8 chunks a lane: 1000 rows are 16000 chunks, 62.5 spans of 256 chunks,
         // so 63 warps; a million rows are capped at one block of 256 threads an SM.
-        let span = gather::VARIANTS
-            .iter()
-            .position(|v| v.name == "gather_span8_b1")
-            .unwrap();
+        let span = GatherVariant::named("gather_span8_b1").unwrap();
         assert_eq!(
             gather_threads(span, &p, 132).unwrap(),
             (63 * 32, gather::BLOCK_THREADS)

@@ -9,7 +9,6 @@ use cudarc::driver::{CudaSlice, DevicePtr, sys};
 use fetchahead::device_abi::params::{DequantParams, GatherParams, IdStatus};
 use fetchahead::device_abi::{dequant, gather};
 use fetchahead::kernels::Kernels;
-use fetchahead::{DequantVariant, GatherVariant};
 use fetchahead::l2_plan::segments::SegmentTable;
 use fetchahead::l2_plan::{L2Plan as RustL2Plan, PlanConfig, Replay, Signature};
 use fetchahead::prefetch::flag_worker::FlagLane as RustFlagLane;
@@ -18,6 +17,7 @@ use fetchahead::prefetch::prefetcher::{
     Completion, Prefetcher as RustPrefetcher, PrefetcherConfig,
 };
 use fetchahead::store::{LayerRows, ReadPath, RowStore as RustRowStore, StoreOptions};
+use fetchahead::{DequantVariant, GatherVariant};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -679,9 +679,7 @@ impl Prefetcher {
             };
             let defaults = PrefetcherConfig::default();
             let variant = match variant {
-                Some(name) => {
-                    Some(fetchahead::kernels::dequant_variant_named(&name)?.name())
-                }
+                Some(name) => Some(fetchahead::kernels::dequant_variant_named(&name)?.name()),
                 None => None,
             };
             let config = PrefetcherConfig {
