@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use fetchahead::device_abi::l2_prefetch::{self, PrefetchVariant};
 use fetchahead::device_abi::{all_kernels, dequant, gather, gemv};
 use fetchahead::l2_plan::Replay;
+use fetchahead::{DequantVariant, GatherVariant};
 
 #[test]
 fn every_kernel_name_is_distinct() {
@@ -51,6 +52,34 @@ fn find_round_trips_every_row() {
         assert_eq!(gather::find(missing), None);
         assert_eq!(dequant::find(missing), None);
         assert_eq!(PrefetchVariant::named(missing), None);
+    }
+}
+
+#[test]
+fn gather_and_dequant_handles_round_trip_every_row() {
+    for (i, v) in gather::VARIANTS.iter().enumerate() {
+        let handle = GatherVariant::named(v.name).expect(v.name);
+        assert_eq!((handle.index(), handle.name()), (i, v.name));
+        assert_eq!(handle.variant(), v);
+        assert_eq!(handle.to_string(), v.name);
+        assert_eq!(GatherVariant::at(i), Some(handle));
+    }
+    for (i, v) in dequant::VARIANTS.iter().enumerate() {
+        let handle = DequantVariant::named(v.name).expect(v.name);
+        assert_eq!((handle.index(), handle.name()), (i, v.name));
+        assert_eq!(handle.variant(), v);
+        assert_eq!(handle.to_string(), v.name);
+        assert_eq!(DequantVariant::at(i), Some(handle));
+    }
+    assert_eq!(GatherVariant::all().count(), gather::VARIANTS.len());
+    assert_eq!(DequantVariant::all().count(), dequant::VARIANTS.len());
+    assert_eq!(GatherVariant::at(gather::VARIANTS.len()), None);
+    assert_eq!(DequantVariant::at(dequant::VARIANTS.len()), None);
+    const BULK: GatherVariant = GatherVariant::must("gather_bulk");
+    assert_eq!(BULK.name(), "gather_bulk");
+    for missing in ["", "gather_chunk16 ", "l2_prefetch"] {
+        assert_eq!(GatherVariant::named(missing), None);
+        assert_eq!(DequantVariant::named(missing), None);
     }
 }
 
