@@ -78,8 +78,8 @@ fn default_variant(py: Python<'_>, family: &str, arch: Option<&str>) -> PyRes<&'
 #[pyfunction]
 fn variant_index(py: Python<'_>, family: &str, name: &str) -> PyRes<usize> {
     let found = match family {
-        "gather" => gather::VARIANTS.iter().position(|v| v.name == name),
-        "gather_dequant" => dequant::VARIANTS.iter().position(|v| v.name == name),
+        "gather" => GatherVariant::named(name).map(GatherVariant::index),
+        "gather_dequant" => DequantVariant::named(name).map(DequantVariant::index),
         _ => None,
     };
     done(
