@@ -158,69 +158,7 @@ variants! {
     } => "packed, 8 units of 8 elements a thread loaded before any is stored";
 }
 
-/// The index in [`VARIANTS`] of the variant named `name`.
-pub fn find(name: &str) -> Option<usize> {
-    VARIANTS.iter().position(|v| v.name == name)
-}
-
-/// A variant of this family, resolved once from its name: always a row of [`VARIANTS`], so code
-/// that holds one never checks it again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DequantVariant(u8);
-
-impl DequantVariant {
-    /// The variant named `name`, if [`VARIANTS`] has one.
-    pub fn named(name: &str) -> Option<Self> {
-        find(name).map(|i| Self(i as u8))
-    }
-
-    /// The variant at `index` in [`VARIANTS`], if there is one (a checked constructor for an
-    /// index from outside Rust).
-    pub fn at(index: usize) -> Option<Self> {
-        (index < VARIANTS.len()).then_some(Self(index as u8))
-    }
-
-    /// The variant named `name`, resolved at compile time (a const item fails to build when no
-    /// row has that name).
-    pub const fn must(name: &str) -> Self {
-        let mut i = 0;
-        while i < VARIANTS.len() {
-            if crate::l2_prefetch::str_eq(VARIANTS[i].name, name) {
-                return Self(i as u8);
-            }
-            i += 1;
-        }
-        panic!("no dequant variant of that name")
-    }
-
-    /// Every variant, in table order.
-    pub fn all() -> impl Iterator<Item = Self> {
-        (0..VARIANTS.len()).map(|i| Self(i as u8))
-    }
-
-    /// Its index in [`VARIANTS`].
-    pub const fn index(self) -> usize {
-        self.0 as usize
-    }
-
-    /// Its row of [`VARIANTS`].
-    pub const fn variant(self) -> &'static Variant {
-        &VARIANTS[self.0 as usize]
-    }
-
-    /// Its kernel's name.
-    pub const fn name(self) -> &'static str {
-        self.variant().name
-    }
-}
-
-impl core::fmt::Display for DequantVariant {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-const _: () = assert!(VARIANTS.len() <= u8::MAX as usize);
+variant_handle!(DequantVariant, "gather + dequant");
 
 #[cfg(target_arch = "nvptx64")]
 mod kernels {

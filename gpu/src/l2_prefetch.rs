@@ -116,76 +116,7 @@ variants! {
         => "every 16-byte word read by the SMs and dropped (lines enter L2 as a read's)";
 }
 
-/// The index in [`VARIANTS`] of the variant named `name`.
-pub fn find(name: &str) -> Option<usize> {
-    VARIANTS.iter().position(|v| v.name == name)
-}
-
-/// A variant of this family, resolved once from its name: always a row of [`VARIANTS`], so code
-/// that holds one never checks it again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PrefetchVariant(u8);
-
-impl PrefetchVariant {
-    /// The variant named `name`, if [`VARIANTS`] has one.
-    pub fn named(name: &str) -> Option<Self> {
-        find(name).map(|i| Self(i as u8))
-    }
-
-    /// The variant named `name`, resolved at compile time (a const item fails to build when no
-    /// row has that name).
-    pub const fn must(name: &str) -> Self {
-        let mut i = 0;
-        while i < VARIANTS.len() {
-            if str_eq(VARIANTS[i].name, name) {
-                return Self(i as u8);
-            }
-            i += 1;
-        }
-        panic!("no l2_prefetch variant of that name")
-    }
-
-    /// Every variant, in table order.
-    pub fn all() -> impl Iterator<Item = Self> {
-        (0..VARIANTS.len()).map(|i| Self(i as u8))
-    }
-
-    /// Its index in [`VARIANTS`].
-    pub const fn index(self) -> usize {
-        self.0 as usize
-    }
-
-    /// Its row of [`VARIANTS`].
-    pub const fn variant(self) -> &'static Variant {
-        &VARIANTS[self.0 as usize]
-    }
-
-    /// Its kernel's name.
-    pub const fn name(self) -> &'static str {
-        self.variant().name
-    }
-}
-
-impl core::fmt::Display for PrefetchVariant {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-pub(crate) const fn str_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
+variant_handle!(PrefetchVariant, "l2_prefetch");
 
 /// The plain bulk prefetch, `l2_prefetch`.
 pub const BULK_VARIANT: PrefetchVariant = PrefetchVariant::must("l2_prefetch");
@@ -193,7 +124,6 @@ pub const BULK_VARIANT: PrefetchVariant = PrefetchVariant::must("l2_prefetch");
 pub const LOADS_VARIANT: PrefetchVariant = PrefetchVariant::must("l2_prefetch_loads");
 const _: () = assert!(matches!(BULK_VARIANT.variant().method, Method::Bulk));
 const _: () = assert!(matches!(LOADS_VARIANT.variant().method, Method::Loads));
-const _: () = assert!(VARIANTS.len() <= u8::MAX as usize);
 
 /// Blocks and threads of a launch of `variant` over `segments` segments on a device of
 /// `sms` multiprocessors. The loads variant holds its bytes in registers until they land: blocks

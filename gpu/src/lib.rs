@@ -54,6 +54,93 @@ macro_rules! variant_entry {
     };
 }
 
+/// A family's variant handle: `$handle(u8)`, always a row of the family's `VARIANTS`, resolved
+/// once from a name (or checked from an index), so code that holds one never checks it again.
+/// Also `find`, the index of a name. Host code only: it generates no kernel code.
+macro_rules! variant_handle {
+    ($handle:ident, $family:literal) => {
+        /// The index in [`VARIANTS`] of the variant named `name`.
+        pub fn find(name: &str) -> Option<usize> {
+            VARIANTS.iter().position(|v| v.name == name)
+        }
+
+        #[doc = concat!("A ", $family, " variant, resolved once from its name: always a row of")]
+        /// [`VARIANTS`], so code that holds one never checks it again.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub struct $handle(u8);
+
+        impl $handle {
+            /// The variant named `name`, if [`VARIANTS`] has one.
+            pub fn named(name: &str) -> Option<Self> {
+                find(name).map(|i| Self(i as u8))
+            }
+
+            /// The variant at `index` in [`VARIANTS`], if there is one (a checked constructor
+            /// for an index from outside Rust).
+            pub fn at(index: usize) -> Option<Self> {
+                (index < VARIANTS.len()).then_some(Self(index as u8))
+            }
+
+            /// The variant named `name`, resolved at compile time (a const item fails to build
+            /// when no row has that name).
+            pub const fn must(name: &str) -> Self {
+                let mut i = 0;
+                while i < VARIANTS.len() {
+                    if $crate::const_str_eq(VARIANTS[i].name, name) {
+                        return Self(i as u8);
+                    }
+                    i += 1;
+                }
+                panic!(concat!("no ", $family, " variant of that name"))
+            }
+
+            /// Every variant, in table order.
+            pub fn all() -> impl Iterator<Item = Self> {
+                (0..VARIANTS.len()).map(|i| Self(i as u8))
+            }
+
+            /// Its index in [`VARIANTS`].
+            pub const fn index(self) -> usize {
+                self.0 as usize
+            }
+
+            /// Its row of [`VARIANTS`].
+            pub const fn variant(self) -> &'static Variant {
+                &VARIANTS[self.0 as usize]
+            }
+
+            /// Its kernel's name.
+            pub const fn name(self) -> &'static str {
+                self.variant().name
+            }
+        }
+
+        impl core::fmt::Display for $handle {
+            fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        const _: () = assert!(VARIANTS.len() <= u8::MAX as usize);
+    };
+}
+
+/// `a == b` in a const context.
+pub(crate) const fn const_str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
 pub mod check;
 pub mod collective;
 pub mod defaults;
