@@ -1,10 +1,11 @@
 //! The simulated decode step: its schedule and Spark projection on the CPU, and on the GPU a
 //! small step whose outputs are bit-identical across every configuration, eager and replayed.
 mod common;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 use std::sync::Arc;
 
+use counting_alloc::allocations;
 use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::l2_plan::default_budget;
@@ -15,44 +16,6 @@ use fetchahead::sim::decode_step::{
 };
 use fetchahead::sim::forward::LayerTable;
 use fetchahead::{Error, Result};
-
-/// Counts the allocations of each thread, for the warm step's check.
-struct Counting;
-
-thread_local! {
-    /// Allocations made by this thread (a const-initialized Cell: reading it never allocates).
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
-
-fn count() {
-    // try_with: during thread teardown the slot may be gone; not counting then is fine.
-    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-}
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: the caller's contract for alloc is passed through.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: ptr came from System.alloc with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: the caller's contract for realloc is passed through.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 fn the_deepseek_schedule_holds_the_origin_storys_windows() {
     let shape = DecodeShape::deepseek();
