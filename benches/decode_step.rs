@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
+use fetchahead::prefetch::prefetcher::Join;
 use fetchahead::sim::decode_step::{
     DECODE_LEAD_IN_US, DecodeShape, DecodeStep, DecodeWeights, GB10, Run, Runs, SparkModel,
     StepConfig, StepOutputs, model_windows, reader_times, report, spark_lines,
@@ -197,6 +198,13 @@ fn decode_step(c: &mut Criterion) {
     // shared between streams without the crate's own fork and join events.
     unsafe { gpu.ctx.disable_event_tracking() };
     let samples = knob("FETCHAHEAD_BENCH_SAMPLES", 20).max(10) as usize;
+    // How the prefetched gathers wait for their rows: tags (the step's default) or at-gather.
+    let join = match std::env::var("FETCHAHEAD_BENCH_JOIN").as_deref() {
+        Ok("at-gather") => Join::AtGather,
+        Ok("tags") | Err(_) => Join::Tags,
+        Ok(other) => panic!("FETCHAHEAD_BENCH_JOIN={other}: say tags or at-gather"),
+    };
+    println!("prefetched gathers wait for their rows: {join:?} (FETCHAHEAD_BENCH_JOIN)");
     let rows = knob("FETCHAHEAD_BENCH_ROWS", 1 << 19);
     println!(
         "{} ({} SMs, L2 {} MiB), PTX {}; each step behind a {} ms lead-in",
@@ -272,12 +280,13 @@ fn decode_step(c: &mut Criterion) {
         .nresamples(1000);
     for lookups in [&cold, &warm] {
         let stream = gpu.ctx.new_stream().expect("a stream");
-        let mut s = DecodeStep::new(
+        let mut s = DecodeStep::with_join(
             kernels.clone(),
             stream,
             &lookups.tables,
             shape.clone(),
             weights.clone(),
+            join,
         )
         .expect("the decode step");
         s.warm_plan().expect("warm the plan");

@@ -592,6 +592,8 @@ unsafe fn create_prefetcher(
             }
         },
         check_log_every,
+        // The C ABI has no finish call: its gathers join the side stream themselves.
+        ..PrefetcherConfig::default()
     };
     let store = table.store.clone();
     let prefetcher = match lane {

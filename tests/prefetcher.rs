@@ -1,6 +1,7 @@
 //! The prefetcher: staging capacity rules and lookup error paths on the CPU; on a GPU, prefetched
 //! output against the synchronous path and the CPU reference, eagerly and replayed from a CUDA
-//! graph with new ids each replay, check mode, and injected lookup failures.
+//! graph with new ids each replay, check mode, and injected lookup failures; the tagged gathers
+//! ([`Join::Tags`]) the same ways, waiting for a slow lookup, and giving up on a stalled one.
 mod common;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -10,7 +11,7 @@ use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::prefetch::flag_worker::FlagLane;
 use fetchahead::prefetch::lookup::{MemoryRows, RowLookup, lookup_or_zero};
-use fetchahead::prefetch::prefetcher::{Completion, Prefetcher, PrefetcherConfig};
+use fetchahead::prefetch::prefetcher::{Completion, Join, Prefetcher, PrefetcherConfig};
 use fetchahead::prefetch::staging::StagingLayout;
 use fetchahead::sim::{reference, selfcheck};
 use fetchahead::{Error, Result};
@@ -281,6 +282,7 @@ fn capture(
     let enqueued = unsafe {
         p.prefetch(ids, count, s.main.cu_stream())
             .and_then(|()| p.gather_dequant(out, s.main.cu_stream()))
+            .and_then(|()| p.finish(s.main.cu_stream()))
     };
     let graph = s
         .main
@@ -294,18 +296,23 @@ fn capture(
 }
 
 fn prefetched_output_equals_the_synchronous_path_eagerly() -> Result<()> {
-    eager_equals_synchronous(Completion::HostFunction)
+    eager_equals_synchronous(Completion::HostFunction, Join::AtGather)
+}
+
+fn tagged_output_equals_the_synchronous_path_eagerly() -> Result<()> {
+    eager_equals_synchronous(Completion::Flag, Join::Tags)
 }
 
 fn prefetched_output_equals_the_synchronous_path_eagerly_in_flag_mode() -> Result<()> {
-    eager_equals_synchronous(Completion::Flag)
+    eager_equals_synchronous(Completion::Flag, Join::AtGather)
 }
 
-fn eager_equals_synchronous(completion: Completion) -> Result<()> {
-    let Some(s) = setup(&format!("eager_equals_synchronous({completion:?})"))? else {
+fn eager_equals_synchronous(completion: Completion, join: Join) -> Result<()> {
+    let what = format!("eager_equals_synchronous({completion:?}, {join:?})");
+    let Some(s) = setup(&what)? else {
         return Ok(());
     };
-    let mut rng = seeded(&format!("eager, {completion:?}"));
+    let mut rng = seeded(&what);
     let table = Arc::new(MemoryRows::generate(1 << 14, DIM, rng.random())?);
     let mut p = new_prefetcher(
         &s,
@@ -313,6 +320,7 @@ fn eager_equals_synchronous(completion: Completion) -> Result<()> {
         PrefetcherConfig {
             capacity: 1000,
             completion,
+            join,
             ..Default::default()
         },
     )?;
@@ -347,6 +355,7 @@ fn eager_equals_synchronous(completion: Completion) -> Result<()> {
         unsafe {
             p.prefetch(i, count, main)?;
             p.gather_dequant(o, main)?;
+            p.finish(main)?;
             p.gather_dequant_sync(i, count, os, main)?;
         }
         let got = read(&s.main, &out, count * DIM)?;
@@ -367,22 +376,28 @@ fn eager_equals_synchronous(completion: Completion) -> Result<()> {
         (2 * steps, 0, false)
     );
     assert!(p.take_errors().is_empty());
+    assert_eq!(p.late_rows()?, 0);
     Ok(())
 }
 
 fn prefetched_output_is_right_in_a_graph_replayed_with_new_ids() -> Result<()> {
-    graph_replays_are_right(Completion::HostFunction)
+    graph_replays_are_right(Completion::HostFunction, Join::AtGather)
 }
 
 fn prefetched_output_is_right_in_a_graph_replayed_with_new_ids_in_flag_mode() -> Result<()> {
-    graph_replays_are_right(Completion::Flag)
+    graph_replays_are_right(Completion::Flag, Join::AtGather)
 }
 
-fn graph_replays_are_right(completion: Completion) -> Result<()> {
-    let Some(s) = setup(&format!("graph_replays_are_right({completion:?})"))? else {
+fn tagged_output_is_right_in_a_graph_replayed_with_new_ids() -> Result<()> {
+    graph_replays_are_right(Completion::Flag, Join::Tags)
+}
+
+fn graph_replays_are_right(completion: Completion, join: Join) -> Result<()> {
+    let what = format!("graph_replays_are_right({completion:?}, {join:?})");
+    let Some(s) = setup(&what)? else {
         return Ok(());
     };
-    let mut rng = seeded(&format!("graph, {completion:?}"));
+    let mut rng = seeded(&what);
     let table = Arc::new(MemoryRows::generate(1 << 15, DIM, rng.random())?);
     let mut p = new_prefetcher(
         &s,
@@ -390,6 +405,7 @@ fn graph_replays_are_right(completion: Completion) -> Result<()> {
         PrefetcherConfig {
             capacity: 1024,
             completion,
+            join,
             ..Default::default()
         },
     )?;
@@ -410,8 +426,13 @@ fn graph_replays_are_right(completion: Completion) -> Result<()> {
     let graph = capture(&s, &mut p, &ids_dev, count, &out)?;
     let before = p.stats();
     let replays = 20;
+    let mut ids = random_ids(&mut rng, count, table.rows());
     for replay in 0..replays {
-        let ids = random_ids(&mut rng, count, table.rows());
+        // Every other replay keeps the first half of the last replay's ids in place, so that
+        // tags left from the last replay already match there.
+        let fresh = random_ids(&mut rng, count, table.rows());
+        let keep = if replay % 2 == 1 { count / 2 } else { 0 };
+        ids[keep..].copy_from_slice(&fresh[keep..]);
         s.main
             .memcpy_htod(&ids, &mut ids_dev)
             .map_err(cuda("cuMemcpyHtoD"))?;
@@ -437,7 +458,116 @@ fn graph_replays_are_right(completion: Completion) -> Result<()> {
         2 * replays * count as u64
     );
     assert_eq!(after.lookup_errors, 0);
+    assert_eq!(p.late_rows()?, 0);
     drop(graph);
+    Ok(())
+}
+
+/// A store whose lookups take `delay` first.
+struct SlowRows {
+    rows: MemoryRows,
+    delay: Duration,
+}
+
+impl RowLookup for SlowRows {
+    fn dim(&self) -> usize {
+        self.rows.dim()
+    }
+    fn lookup(&self, ids: &[i64], w: &mut [u8], s: &mut [u8]) -> Result<()> {
+        std::thread::sleep(self.delay);
+        self.rows.lookup(ids, w, s)
+    }
+}
+
+/// What [`tagged_gather_of_a_slow_lookup`] saw.
+struct SlowGather {
+    out: Vec<u16>,
+    ids: Vec<i64>,
+    table: MemoryRows,
+    late: u32,
+}
+
+/// One eager tagged prefetch + gather of `count` random ids from a store that takes `delay`
+/// per lookup, with `timeout` for the tags: the output, the ids and the late rows counted.
+fn tagged_gather_of_a_slow_lookup(
+    what: &str,
+    delay: Duration,
+    timeout: Duration,
+) -> Result<Option<SlowGather>> {
+    let Some(s) = setup(what)? else {
+        return Ok(None);
+    };
+    let mut rng = seeded(what);
+    let seed = rng.random();
+    let slow = Arc::new(SlowRows {
+        rows: MemoryRows::generate(1 << 12, DIM, seed)?,
+        delay,
+    });
+    let mut p = Prefetcher::new(
+        s.kernels.clone(),
+        slow.clone() as Arc<dyn RowLookup>,
+        PrefetcherConfig {
+            capacity: 256,
+            join: Join::Tags,
+            tag_timeout: timeout,
+            ..Default::default()
+        },
+    )?;
+    p.warm()?;
+    let count = 200;
+    let ids = random_ids(&mut rng, count, 1 << 12);
+    let ids_dev = s.main.clone_htod(&ids).map_err(cuda("cuMemcpyHtoD"))?;
+    let mut out = s
+        .main
+        .alloc_zeros::<u16>(count * DIM)
+        .map_err(cuda("cuMemAlloc"))?;
+    selfcheck::poison(&s.main, &mut out)?;
+    let main = s.main.cu_stream();
+    // SAFETY: live allocations of `count` ids and `count * DIM` bf16, read after the stream is
+    // synchronized.
+    unsafe {
+        p.prefetch(addr(&ids_dev, &s.main), count, main)?;
+        p.gather_dequant(addr(&out, &s.main), main)?;
+    }
+    // The gather was enqueued while the lookup still slept: read its output before the side
+    // stream is joined, so that only the tags ordered it.
+    let got = read(&s.main, &out, count * DIM)?;
+    let late = p.late_rows()?;
+    // SAFETY: the stream the gather was given.
+    unsafe { p.finish(main)? };
+    s.main.synchronize().map_err(cuda("cuStreamSynchronize"))?;
+    Ok(Some(SlowGather {
+        out: got,
+        ids,
+        table: MemoryRows::generate(1 << 12, DIM, seed)?,
+        late,
+    }))
+}
+
+fn a_tagged_gather_waits_for_a_slow_lookup() -> Result<()> {
+    let what = "a_tagged_gather_waits_for_a_slow_lookup";
+    let Some(g) =
+        tagged_gather_of_a_slow_lookup(what, Duration::from_millis(50), Duration::from_secs(5))?
+    else {
+        return Ok(());
+    };
+    assert_eq!(g.late, 0, "no row may be given up on");
+    assert_matches_reference(&g.out, &g.table, &g.ids, what);
+    Ok(())
+}
+
+fn a_tagged_gather_gives_up_on_a_stalled_lookup_with_zeros_and_a_count() -> Result<()> {
+    let what = "a_tagged_gather_gives_up_on_a_stalled_lookup";
+    let Some(g) = tagged_gather_of_a_slow_lookup(
+        what,
+        Duration::from_millis(500),
+        Duration::from_millis(20),
+    )?
+    else {
+        return Ok(());
+    };
+    assert_eq!(g.late as usize, g.ids.len(), "every row was late");
+    assert!(g.out.iter().all(|&b| b == 0), "late rows come out as +0.0");
     Ok(())
 }
 
@@ -712,22 +842,27 @@ fn a_failure_or_panic_during_a_replay_is_reported_and_the_next_replay_is_right()
 }
 
 fn two_layers_prefetch_in_one_graph() -> Result<()> {
-    two_layers_in_one_graph(Completion::HostFunction, false)
+    two_layers_in_one_graph(Completion::HostFunction, false, Join::AtGather)
 }
 
 fn two_layers_prefetch_in_one_graph_in_flag_mode() -> Result<()> {
-    two_layers_in_one_graph(Completion::Flag, false)
+    two_layers_in_one_graph(Completion::Flag, false, Join::AtGather)
 }
 
 fn two_layers_prefetch_in_one_graph_sharing_a_flag_lane() -> Result<()> {
-    two_layers_in_one_graph(Completion::Flag, true)
+    two_layers_in_one_graph(Completion::Flag, true, Join::AtGather)
+}
+
+fn two_tagged_layers_in_one_graph_sharing_a_flag_lane() -> Result<()> {
+    two_layers_in_one_graph(Completion::Flag, true, Join::Tags)
 }
 
 /// Two Engram layers, each with its own prefetcher and ids, both prefetched at the start of the
 /// captured forward and gathered at different points, with compute between; with `shared_lane`
 /// both prefetchers' lookups run on one flag lane, ranked in gather order.
-fn two_layers_in_one_graph(completion: Completion, shared_lane: bool) -> Result<()> {
-    let what = format!("two_layers_in_one_graph({completion:?}, shared lane {shared_lane})");
+fn two_layers_in_one_graph(completion: Completion, shared_lane: bool, join: Join) -> Result<()> {
+    let what =
+        format!("two_layers_in_one_graph({completion:?}, shared lane {shared_lane}, {join:?})");
     let Some(s) = setup(&what)? else {
         return Ok(());
     };
@@ -736,6 +871,7 @@ fn two_layers_in_one_graph(completion: Completion, shared_lane: bool) -> Result<
     let config = PrefetcherConfig {
         capacity: 256,
         completion,
+        join,
         ..Default::default()
     };
     let mut layers = if shared_lane {
@@ -788,7 +924,11 @@ fn two_layers_in_one_graph(completion: Completion, shared_lane: bool) -> Result<
         s.kernels.launch_spin(main, 200_000)?;
         layers[0].gather_dequant(addr(&outs[0], &s.main), main)?;
         s.kernels.launch_spin(main, 200_000)?;
-        layers[1].gather_dequant(addr(&outs[1], &s.main), main)
+        layers[1].gather_dequant(addr(&outs[1], &s.main), main)?;
+        for p in layers.iter_mut() {
+            p.finish(main)?;
+        }
+        Ok::<(), Error>(())
     })();
     let graph = s
         .main
@@ -895,6 +1035,10 @@ common::harness::tests! {
         prefetched_output_equals_the_synchronous_path_eagerly_in_flag_mode,
         prefetched_output_is_right_in_a_graph_replayed_with_new_ids,
         prefetched_output_is_right_in_a_graph_replayed_with_new_ids_in_flag_mode,
+        tagged_output_equals_the_synchronous_path_eagerly,
+        tagged_output_is_right_in_a_graph_replayed_with_new_ids,
+        a_tagged_gather_waits_for_a_slow_lookup,
+        a_tagged_gather_gives_up_on_a_stalled_lookup_with_zeros_and_a_count,
         a_capture_before_warm_up_is_an_error_naming_the_fix,
         check_mode_counts_no_difference_over_1000_replays,
         check_mode_counts_a_gather_that_differs,
@@ -903,6 +1047,7 @@ common::harness::tests! {
         two_layers_prefetch_in_one_graph,
         two_layers_prefetch_in_one_graph_in_flag_mode,
         two_layers_prefetch_in_one_graph_sharing_a_flag_lane,
+        two_tagged_layers_in_one_graph_sharing_a_flag_lane,
         zero_rows_and_misuse_are_errors_not_crashes,
     ],
 }

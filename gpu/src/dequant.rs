@@ -161,7 +161,7 @@ variants! {
 variant_handle!(DequantVariant, "gather + dequant");
 
 #[cfg(target_arch = "nvptx64")]
-mod kernels {
+pub(crate) mod kernels {
     use super::Conversion;
     use super::ELEMS_PER_THREAD;
     use crate::device::{
@@ -263,7 +263,7 @@ mod kernels {
 
     /// The four output words of an 8-element unit.
     #[inline(always)]
-    fn convert_unit<const CONVERSION: u8>(w: [u32; 2], s: u8) -> [u32; 4] {
+    pub(crate) fn convert_unit<const CONVERSION: u8>(w: [u32; 2], s: u8) -> [u32; 4] {
         if CONVERSION == PACKED {
             let (scale2, nan) = scale_bf16x2(s);
             let (a, b) = words_packed(w[0], scale2, nan);

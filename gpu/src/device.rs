@@ -446,6 +446,52 @@ pub unsafe fn load_volatile_u32(addr: u64) -> u32 {
     v
 }
 
+/// An 8-byte load at GPU scope, relaxed: it reads the coherent value (never a stale L1 line),
+/// as a kernel polls a word another agent writes, and loads of one thread may overlap.
+///
+/// # Safety
+/// `addr` is a readable, 8-byte aligned global address.
+#[inline(always)]
+pub unsafe fn load_relaxed_i64(addr: u64) -> i64 {
+    let v: i64;
+    // SAFETY: the caller guarantees a readable, aligned address.
+    unsafe {
+        asm!("ld.relaxed.gpu.global.s64 {0}, [{1}];", out(reg64) v, in(reg64) addr,
+             options(nostack, preserves_flags));
+    }
+    v
+}
+
+/// An 8-byte load cached in L2 only, for memory written during the kernel by another agent.
+///
+/// # Safety
+/// `addr` is a readable, 8-byte aligned global address.
+#[inline(always)]
+pub unsafe fn load_l2_8(addr: u64) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    // SAFETY: the caller guarantees a readable, aligned address.
+    unsafe {
+        asm!("ld.global.cg.v2.u32 {{{0}, {1}}}, [{2}];", out(reg32) a, out(reg32) b,
+             in(reg64) addr, options(readonly, nostack, preserves_flags));
+    }
+    [a, b]
+}
+
+/// A byte load cached in L2 only, as [`load_l2_8`].
+///
+/// # Safety
+/// `addr` is a readable global address.
+#[inline(always)]
+pub unsafe fn load_l2_u8(addr: u64) -> u8 {
+    let v: u16;
+    // SAFETY: the caller guarantees a readable address.
+    unsafe {
+        asm!("ld.global.cg.u8 {0}, [{1}];", out(reg16) v, in(reg64) addr,
+             options(readonly, nostack, preserves_flags));
+    }
+    v as u8
+}
+
 /// Orders this thread's earlier memory operations before its later ones for the whole GPU
 /// (release and acquire at once).
 #[inline(always)]

@@ -152,6 +152,7 @@ pub mod l2_prefetch;
 pub mod mxfp8;
 pub mod params;
 pub mod spin;
+pub mod staged;
 
 #[cfg(target_arch = "nvptx64")]
 mod cluster;

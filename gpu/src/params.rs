@@ -68,6 +68,32 @@ pub struct DequantParams {
     pub _pad: u32,
 }
 
+/// The prefetcher's gather of staged rows that waits for them (`staged::KERNEL`): staged row `i`
+/// (`weights`/`scales` as in [`DequantParams`], rows `0..n`) is the row of id `ids[i]` once
+/// `tags[i] == ids[i]`; the side stream writes the tags after the rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StagedParams {
+    /// `[n, dim]` FP8-E4M3 bytes, 16-byte aligned rows.
+    pub weights: u64,
+    /// `[n, dim / 32]` E8M0 bytes.
+    pub scales: u64,
+    /// `*const i64`, the id each staged row holds, written after the rows.
+    pub tags: u64,
+    /// `*const i64`, the `n` ids asked for.
+    pub ids: u64,
+    /// `[n, dim]` bf16, 16-byte aligned.
+    pub out: u64,
+    /// `*mut IdStatus`: the rows whose tag did not arrive within `timeout_ns` (written as zeros).
+    pub late: u64,
+    pub n: u64,
+    /// Nanoseconds a row waits for its tag before it is given up.
+    pub timeout_ns: u64,
+    /// Elements per row, a multiple of [`MX_BLOCK`].
+    pub dim: u32,
+    pub _pad: u32,
+}
+
 /// One span of memory to pull into L2: `bytes` from `address`, both multiples of 16.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -30,6 +30,23 @@ impl IdCheck {
         self.address
     }
 
+    /// Waits for `stream`, then returns how many positions the launches since the last call
+    /// recorded and the smallest of them (`u64::MAX` for none), and resets the record.
+    pub fn take_count(&mut self, stream: &Arc<CudaStream>) -> Result<(u32, u64)> {
+        let mut words = [0u64; 2];
+        stream
+            .memcpy_dtoh(&self.status, &mut words)
+            .call("cuMemcpyDtoH")?;
+        stream.synchronize().call("cuStreamSynchronize")?;
+        if words[0] as u32 != 0 {
+            stream
+                .memcpy_htod(&CLEAN, &mut self.status)
+                .call("cuMemcpyHtoD")?;
+            stream.synchronize().call("cuStreamSynchronize")?;
+        }
+        Ok((words[0] as u32, words[1]))
+    }
+
     /// Waits for `stream`, then returns the launches' bad ids since the last call as an error
     /// and resets the record. `ids` is the address of the `n` ids of the launch being checked
     /// (read only when there was a bad id, to name it).

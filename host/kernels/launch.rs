@@ -11,7 +11,9 @@ use fetchahead_gpu::l2_prefetch::PrefetchVariant;
 use fetchahead_gpu::params::{
     CHUNK_BYTES, CheckParams, DequantParams, GatherParams, MX_BLOCK, PrefetchParams,
 };
-use fetchahead_gpu::{check, collective, defaults, dequant, gather, gemv, hash, l2_prefetch, spin};
+use fetchahead_gpu::{
+    check, collective, defaults, dequant, gather, gemv, hash, l2_prefetch, spin, staged,
+};
 
 use crate::driver;
 use crate::error::CudaCall;
@@ -42,6 +44,7 @@ pub struct Kernels {
     #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
     pub(crate) collective: Loaded,
     check: Loaded,
+    staged: Loaded,
     #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
     pub(crate) hash: Loaded,
     #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
@@ -91,6 +94,7 @@ impl Kernels {
                 .collect::<Result<_>>()?,
             collective: load(collective::KERNEL)?,
             check: load(check::KERNEL)?,
+            staged: load(staged::KERNEL)?,
             hash: load(hash::KERNEL)?,
             spin: load(spin::KERNEL)?,
             _module: module,
@@ -259,6 +263,38 @@ impl Kernels {
         }
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
         unsafe { self.launch(kernel, threads, stream, p, gather::BLOCK_THREADS) }
+    }
+
+    /// The prefetcher's tagged gather of `p.n` staged rows ([`staged`]): each row waits for its
+    /// tag to equal its id (at most `p.timeout_ns`), then comes out dequantized.
+    ///
+    /// # Safety
+    /// The staged rows, tags and ids hold `p.n` entries, `out` `p.n * dim` bf16 and `late` a live
+    /// `IdStatus`; the rows and tags are written only by copies that write a row before its tag.
+    pub unsafe fn launch_staged_dequant(
+        &self,
+        stream: sys::CUstream,
+        p: fetchahead_gpu::params::StagedParams,
+    ) -> Result<()> {
+        if p.dim == 0 || !p.dim.is_multiple_of(MX_BLOCK) {
+            return Err(Error::invalid(
+                "dim",
+                format!("{} is not a positive multiple of 32", p.dim),
+            ));
+        }
+        if p.n == 0 {
+            return Ok(());
+        }
+        check_aligned("weights", p.weights)?;
+        check_aligned("out", p.out)?;
+        check_aligned_to("scales", p.scales, 1)?;
+        check_aligned_to("ids", p.ids, 8)?;
+        check_aligned_to("tags", p.tags, 8)?;
+        check_aligned_to("late", p.late, 8)?;
+        check_chunk_count(p.n * (p.dim / 8) as u64)?;
+        let threads = staged::threads(p.n, p.dim);
+        // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
+        unsafe { self.launch(&self.staged, threads, stream, p, gather::BLOCK_THREADS) }
     }
 
     /// Launches L2 prefetch `variant` over `p.n`

@@ -194,7 +194,12 @@ impl L2Plan {
     /// forward on, caps the window's bytes to what its prefetch issues within it
     /// (`WindowFit`); a captured forward uses the caps learned so far.
     pub fn collective(&mut self) -> Result<()> {
-        self.join_branch()?;
+        // The last window's prefetch goes out if its reader never came; it is not joined here.
+        // A prefetch writes nothing the main stream reads, and the side stream runs the windows'
+        // prefetches in order, so the branch is joined once, at `end_forward`: inside a replayed
+        // graph each wait of the main chain on the branch cost it 0.7-3 us on the H200
+        // (`benches/cuda/graph_join_probe.cu`), 138 of them a decode step.
+        self.launch_deferred()?;
         // A window whose reader never reported its weights is not measured.
         self.awaiting = None;
         let signature = self.planner.current().ok_or_else(no_forward)?;

@@ -46,6 +46,28 @@ pub struct PrefetcherConfig {
     pub fallback_on_error: bool,
     /// How the side stream learns that a lookup is done.
     pub completion: Completion,
+    /// How a gather waits for its prefetched rows.
+    pub join: Join,
+    /// [`Join::Tags`]: how long a row waits for its tag before it comes out as zeros (counted by
+    /// [`Prefetcher::late_rows`]), so that a stalled lookup cannot hang the device.
+    pub tag_timeout: Duration,
+}
+
+/// How a gather waits for the rows its prefetch staged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Join {
+    /// The caller's stream waits for the side stream at each gather (an event), and nothing
+    /// else is needed. The default, since it asks nothing more of the caller.
+    #[default]
+    AtGather,
+    /// Each staged row carries the id it holds, copied after the rows, and the gather (the
+    /// `staged_dequant_tagged` kernel) waits for row `i`'s tag to equal `ids[i]`; the caller's
+    /// stream joins the side stream only at [`Prefetcher::finish`], called once after the
+    /// forward's last gather (a CUDA graph capture must call it before it ends). Inside a
+    /// replayed graph each wait of the main chain on the side branch costs it 2-3 us on the
+    /// H200 however early the branch finished (`benches/cuda/graph_join_probe.cu`); the tags
+    /// cost nothing there.
+    Tags,
 }
 
 /// How the side stream learns that a prefetch's lookup is done.
@@ -71,6 +93,8 @@ impl Default for PrefetcherConfig {
             check_log_every: Duration::from_secs(10),
             fallback_on_error: true,
             completion: Completion::Flag,
+            join: Join::AtGather,
+            tag_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -133,7 +157,7 @@ impl Stage {
     }
 
     /// Enqueues on `s`: the ids to the host, the lookup (a host function, or a request through
-    /// `slot` to its flag lane), the rows to the device.
+    /// `slot` to its flag lane), the rows to the device, and with `tags` the ids after them.
     ///
     /// # Safety
     /// `ids` holds `count` int64 on the device until `s` has run these copies.
@@ -143,6 +167,7 @@ impl Stage {
         count: usize,
         s: sys::CUstream,
         slot: Option<&FlagSlot>,
+        tags: bool,
     ) -> Result<()> {
         let layout = self.staging.layout();
         let job = self.jobs.job(count).ok_or(Error::StagingFull {
@@ -159,7 +184,12 @@ impl Stage {
                 None => host_fn::enqueue(s, job)?,
             }
             stream::copy_to_device(device.weights, host.weights, layout.weight_bytes(count), s)?;
-            stream::copy_to_device(device.scales, host.scales, layout.scale_bytes(count), s)
+            stream::copy_to_device(device.scales, host.scales, layout.scale_bytes(count), s)?;
+            // After the rows, in stream order: a tag is never ahead of its row.
+            if tags {
+                stream::copy_to_device(device.tags, host.ids.cast(), 8 * count, s)?;
+            }
+            Ok(())
         }
     }
 }
@@ -215,6 +245,8 @@ pub struct Prefetcher {
     /// Failures seen when prefetching last (re)started; more than this means fall back.
     failures_at_resume: u64,
     pending: Option<Pending>,
+    /// [`Join::Tags`]: a gather ran that `main` has not joined the side stream after.
+    unjoined: bool,
     fell_back: bool,
     prefetches: u64,
     gathers: u64,
@@ -315,6 +347,7 @@ impl Prefetcher {
             failures,
             failures_at_resume: 0,
             pending: None,
+            unjoined: false,
             fell_back: false,
             prefetches: 0,
             gathers: 0,
@@ -351,8 +384,9 @@ impl Prefetcher {
         // SAFETY: no ids are read; the stream is synchronized below.
         unsafe {
             let arange = self.ahead.staging.device().arange;
-            self.ahead.enqueue(arange, 0, s, self.flag.as_ref())?;
-            self.sync.enqueue(arange, 0, s, None)?;
+            self.ahead
+                .enqueue(arange, 0, s, self.flag.as_ref(), false)?;
+            self.sync.enqueue(arange, 0, s, None, false)?;
         }
         if self.check.is_some() {
             let (out, counter) = self.check_addresses;
@@ -423,10 +457,11 @@ impl Prefetcher {
         } else {
             // SAFETY: `main` (the caller's) and the side stream are streams of this context.
             unsafe { stream::wait_for(&self.fork, main, self.side.cu_stream())? };
+            let tags = self.config.join == Join::Tags;
             // SAFETY: the caller vouches for `ids` until the gather.
             unsafe {
                 self.ahead
-                    .enqueue(ids, count, self.side.cu_stream(), self.flag.as_ref())?
+                    .enqueue(ids, count, self.side.cu_stream(), self.flag.as_ref(), tags)?
             };
             // The join point is the end of this prefetch's own work: a side stream shared by a
             // lane's prefetchers holds later prefetches behind it, which this gather must not
@@ -455,16 +490,37 @@ impl Prefetcher {
         self.pending = None;
         match p.path {
             Path::Ahead => {
-                // SAFETY: `main` is the caller's stream of this context; the join was recorded at
-                // the end of this prefetch.
-                unsafe { stream::wait(&self.join, main)? };
-                if p.count > 0 {
-                    let params = self.ahead.staging.gather_params(out, p.count);
-                    // SAFETY: the staged rows hold `count` rows; the caller vouches for `out`.
-                    unsafe {
-                        self.kernels
-                            .launch_gather_dequant(main, self.variant, params)?
-                    };
+                match self.config.join {
+                    Join::AtGather => {
+                        // SAFETY: `main` is the caller's stream of this context; the join was
+                        // recorded at the end of this prefetch.
+                        unsafe { stream::wait(&self.join, main)? };
+                        if p.count > 0 {
+                            let params = self.ahead.staging.gather_params(out, p.count);
+                            // SAFETY: the staged rows hold `count` rows; the caller vouches for
+                            // `out`.
+                            unsafe {
+                                self.kernels
+                                    .launch_gather_dequant(main, self.variant, params)?
+                            };
+                        }
+                    }
+                    Join::Tags => {
+                        if p.count > 0 {
+                            let timeout = u64::try_from(self.config.tag_timeout.as_nanos())
+                                .unwrap_or(u64::MAX);
+                            let params = self
+                                .ahead
+                                .staging
+                                .tagged_params(out, p.ids, p.count, timeout);
+                            // SAFETY: the staged rows and tags hold `count` entries, written by
+                            // this prefetch's copies rows first; the ids are unchanged until
+                            // this gather has run (the prefetch's contract); the caller vouches
+                            // for `out`.
+                            unsafe { self.kernels.launch_staged_dequant(main, params)? };
+                        }
+                        self.unjoined = true;
+                    }
                 }
                 self.gathers += 1;
                 if self.check.is_some() && p.count > 0 {
@@ -489,6 +545,36 @@ impl Prefetcher {
             // SAFETY: the caller vouches for `ids` (at the prefetch) and for `out`.
             Path::Sync => unsafe { self.sync_path(p.ids, p.count, out, main) },
         }
+    }
+
+    /// [`Join::Tags`]: makes `main` wait for the side stream's work of the last prefetch, which
+    /// its gathers did not wait for. Call it once after a forward's last gather; a CUDA graph
+    /// capture that prefetched must call it before it ends. Nothing to do otherwise.
+    ///
+    /// # Safety
+    /// `main` is a valid stream of this device's context, the one the gathers were given.
+    pub unsafe fn finish(&mut self, main: sys::CUstream) -> Result<()> {
+        if self.unjoined {
+            // SAFETY: the caller vouches for `main`; the join was recorded at the end of the
+            // last prefetch.
+            unsafe { stream::wait(&self.join, main)? };
+            self.unjoined = false;
+        }
+        Ok(())
+    }
+
+    /// [`Join::Tags`]: rows the gathers since the last call gave up on after `tag_timeout`
+    /// (written as zeros); waits for the device. Logged as an error when any.
+    pub fn late_rows(&mut self) -> Result<u32> {
+        let (late, first) = self.ahead.staging.take_late(&self.side)?;
+        if late > 0 {
+            log::error!(
+                "fetchahead: {late} prefetched row(s) did not arrive within {:?} and were gathered \
+                 as zeros (first at position {first})",
+                self.config.tag_timeout
+            );
+        }
+        Ok(late)
     }
 
     /// The synchronous path alone: looks up the `count` ids at `ids` on `main` (ids copy, host
@@ -522,7 +608,7 @@ impl Prefetcher {
         main: sys::CUstream,
     ) -> Result<()> {
         // SAFETY: the caller vouches for `ids`; the sync staging set is used only on `main`.
-        unsafe { self.sync.enqueue(ids, count, main, None)? };
+        unsafe { self.sync.enqueue(ids, count, main, None, false)? };
         if count > 0 {
             let params = self.sync.staging.gather_params(out, count);
             // SAFETY: the staged rows hold `count` rows; the caller vouches for `out`.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PinnedHostSlice, sys};
 use fetchahead_gpu::dequant::DequantVariant;
-use fetchahead_gpu::params::{DequantParams, MX_BLOCK};
+use fetchahead_gpu::params::{DequantParams, MX_BLOCK, StagedParams};
 
 use crate::driver::stream;
 use crate::error::CudaCall;
@@ -97,6 +97,9 @@ pub(crate) struct DeviceSpans {
     pub scales: u64,
     /// `capacity` int64 ids `0, 1, 2, ...`: staged row `i` is row `i` of the mirrors.
     pub arange: u64,
+    /// `capacity` int64: the id staged row `i` holds (written after the rows, for the tagged
+    /// gather), `i64::MIN` before any.
+    pub tags: u64,
     pub status: u64,
 }
 
@@ -110,9 +113,10 @@ pub(crate) struct StagingBuffers {
     /// One bf16 row the warm-up gather writes.
     scratch: CudaSlice<u16>,
     _arange: CudaSlice<i64>,
+    _tags: CudaSlice<i64>,
     _weights: CudaSlice<u8>,
     _scales: CudaSlice<u8>,
-    _status: IdCheck,
+    status: IdCheck,
     _host_ids: PinnedHostSlice<i64>,
     _host_weights: PinnedHostSlice<u8>,
     _host_scales: PinnedHostSlice<u8>,
@@ -150,6 +154,11 @@ impl StagingBuffers {
         };
         let arange: Vec<i64> = (0..cap as i64).collect();
         let arange = stream.clone_htod(&arange).call("cuMemcpyHtoD")?;
+        // No id equals i64::MIN before the first lookup: an id that does is invalid, so its
+        // lookup stages a zero row, the zeroed bytes below.
+        let tags = stream
+            .clone_htod(&vec![i64::MIN; cap])
+            .call("cuMemcpyHtoD")?;
         let weights = stream
             .alloc_zeros::<u8>(layout.weight_bytes(cap))
             .call("cuMemAlloc")?;
@@ -162,6 +171,7 @@ impl StagingBuffers {
             weights: weights.device_ptr(stream).0,
             scales: scales.device_ptr(stream).0,
             arange: arange.device_ptr(stream).0,
+            tags: tags.device_ptr(stream).0,
             status: status.address(),
         };
         stream.synchronize().call("cuStreamSynchronize")?;
@@ -172,9 +182,10 @@ impl StagingBuffers {
             warmed: false,
             scratch,
             _arange: arange,
+            _tags: tags,
             _weights: weights,
             _scales: scales,
-            _status: status,
+            status,
             _host_ids: host_ids,
             _host_weights: host_weights,
             _host_scales: host_scales,
@@ -193,6 +204,12 @@ impl StagingBuffers {
         self.device
     }
 
+    /// Rows the tagged gathers since the last call gave up on, and the first of them (waits for
+    /// `stream`).
+    pub fn take_late(&mut self, stream: &Arc<CudaStream>) -> Result<(u32, u64)> {
+        self.status.take_count(stream)
+    }
+
     pub fn is_warm(&self) -> bool {
         self.warmed
     }
@@ -207,6 +224,23 @@ impl StagingBuffers {
             status: self.device.status,
             n: count as u64,
             rows: self.layout.capacity as u64,
+            dim: self.layout.dim as u32,
+            _pad: 0,
+        }
+    }
+
+    /// The tagged gather of the first `count` staged rows for the `count` ids at `ids` into `out`:
+    /// each row waits for its tag (at most `timeout_ns`); late rows are recorded in `status`.
+    pub fn tagged_params(&self, out: u64, ids: u64, count: usize, timeout_ns: u64) -> StagedParams {
+        StagedParams {
+            weights: self.device.weights,
+            scales: self.device.scales,
+            tags: self.device.tags,
+            ids,
+            out,
+            late: self.device.status,
+            n: count as u64,
+            timeout_ns,
             dim: self.layout.dim as u32,
             _pad: 0,
         }
@@ -248,6 +282,10 @@ impl StagingBuffers {
             stream::copy_to_host(self.host.ids.cast(), self.device.arange, 8, s)?;
             let (out, _use) = self.scratch.device_ptr(stream);
             kernels.launch_gather_dequant(s, variant, self.gather_params(out, 1))?;
+            // The tagged gather too, its one row asking for the id its tag holds (the tags
+            // themselves as ids): ready at once.
+            let tags = self.device.tags;
+            kernels.launch_staged_dequant(s, self.tagged_params(out, tags, 1, 0))?;
         }
         stream.synchronize().call("cuStreamSynchronize")?;
         self.warmed = true;

@@ -29,7 +29,7 @@ use crate::error::CudaCall;
 use crate::kernels::Kernels;
 use crate::l2_plan::window_fit::{MEASURES, TAIL, WindowFit};
 use crate::l2_plan::{L2Plan, PlanConfig, Signature, default_budget};
-use crate::prefetch::prefetcher::{Completion, PrefetcherConfig, Stats};
+use crate::prefetch::prefetcher::{Completion, Join, PrefetcherConfig, Stats};
 use crate::sim::forward::{
     EngramLayers, FlagLanes, ForwardShape, GatherPath, LayerTable, StepClock, StepTime,
 };
@@ -645,7 +645,9 @@ pub struct DecodeStep {
 impl DecodeStep {
     /// A step over `weights` (built from `shape`) on `main`, with one Engram table per Engram
     /// layer; the prefetchers complete through one shared flag lane (`Completion::Flag`,
-    /// `FlagLanes::Shared`, the mode measured best) and the plan has the device's defaults
+    /// `FlagLanes::Shared`, the mode measured best), their gathers wait for tagged rows
+    /// (`Join::Tags`: the step joins their side stream once, at its end) and the plan has the
+    /// device's defaults
     /// (`PlanConfig::for_l2`, `Replay::Auto`).
     pub fn new(
         kernels: Arc<Kernels>,
@@ -653,6 +655,19 @@ impl DecodeStep {
         tables: &[Arc<dyn LayerTable>],
         shape: DecodeShape,
         weights: Arc<DecodeWeights>,
+    ) -> Result<DecodeStep> {
+        Self::with_join(kernels, main, tables, shape, weights, Join::Tags)
+    }
+
+    /// As [`DecodeStep::new`], the prefetchers' gathers waiting for their rows the way `join`
+    /// says (the bench compares the two).
+    pub fn with_join(
+        kernels: Arc<Kernels>,
+        main: Arc<CudaStream>,
+        tables: &[Arc<dyn LayerTable>],
+        shape: DecodeShape,
+        weights: Arc<DecodeWeights>,
+        join: Join,
     ) -> Result<DecodeStep> {
         let same_readers = weights
             .matrices
@@ -668,8 +683,11 @@ impl DecodeStep {
                 "the weights were built for another shape",
             ));
         }
+        // Tags: the gathers wait for their rows in the kernel, and the step joins the side
+        // stream once at its end, which saves each Engram layer 2-3 us in a replayed graph.
         let prefetch = PrefetcherConfig {
             completion: Completion::Flag,
+            join,
             ..Default::default()
         };
         let engram = EngramLayers::new(
@@ -776,6 +794,8 @@ impl DecodeStep {
                 unsafe { self.engram.enqueue_gather(k, path, n_tokens, s)? };
             }
         }
+        // SAFETY: this step's stream, given to its gathers.
+        unsafe { self.engram.finish(path, s)? };
         if plan {
             self.plan.end_forward()?;
         }

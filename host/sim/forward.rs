@@ -449,6 +449,23 @@ impl EngramLayers {
         }
     }
 
+    /// The end of a step on `s`: each prefetcher joins its side stream back
+    /// ([`Prefetcher::finish`]; nothing with [`Join::AtGather`](crate::prefetch::prefetcher::Join)).
+    /// Capturable.
+    ///
+    /// # Safety
+    /// As [`EngramLayers::enqueue_head`].
+    pub unsafe fn finish(&mut self, path: GatherPath, s: sys::CUstream) -> Result<()> {
+        if path != GatherPath::Prefetch {
+            return Ok(());
+        }
+        for layer in &mut self.layers {
+            // SAFETY: the caller vouches for `s`, the stream the gathers were given.
+            unsafe { layer.prefetcher.finish(s)? };
+        }
+        Ok(())
+    }
+
     /// Fills every layer's outputs (both paths') with 0xFF bytes on `main`, so that an unwritten
     /// output shows.
     pub fn poison(&mut self, main: &Arc<CudaStream>) -> Result<()> {
@@ -585,7 +602,8 @@ impl SimulatedForward {
             // SAFETY: the head above was enqueued on `s` with this path and token count.
             unsafe { self.engram.enqueue_gather(k, path, n_tokens, s)? };
         }
-        Ok(())
+        // SAFETY: this forward's own stream.
+        unsafe { self.engram.finish(path, s) }
     }
 
     /// One eager forward, enqueued behind the lead-in, between timing events.

@@ -1,0 +1,127 @@
+//! The prefetcher's gather of staged rows without a join: each staged row carries a tag (the id
+//! it holds), written by the side stream after the rows, and the gather waits for row `i`'s tag
+//! to equal `ids[i]` instead of the main stream waiting for the side stream.
+//!
+//! Inside a CUDA graph, a dependency of the main chain on a side branch of copies costs the main
+//! chain 2-3 us at the node that waits, even when the branch finished long before
+//! (`benches/cuda/graph_join_probe.cu`); a tag read beside the id read costs nothing more than
+//! the staged gather's own index load. A tag equal to the id it is asked for is correct whatever
+//! step wrote it: the table does not change, so the staged bytes are that row's bytes.
+//!
+//! Same layout as `gather_dequant_u8_packed_x2` (a lane per 8 elements, 2 units a lane, every
+//! warp store 512 contiguous bytes), with the packed conversion. Ordering: the side stream's row
+//! copies complete before its tag copy starts (stream order), the tags are read at GPU scope
+//! (`ld.relaxed.gpu`, both units' at once), and a row's loads are issued only after its tag
+//! compared equal (a control dependency; the GPU does not load speculatively) and read past L1
+//! (`ld.global.cg`), so they see the copied rows, never a stale line. A row whose tag does not
+//! arrive within `timeout_ns` comes out as zeros and is recorded in `late`, so that a stalled
+//! side stream cannot hang the device.
+
+/// The kernel's entry.
+pub const KERNEL: &str = "staged_dequant_tagged";
+
+/// Units of 8 elements a lane converts per pass.
+pub const UNROLL: u32 = 2;
+
+/// Threads a launch over `n` rows of `dim` elements needs (before the grid cap).
+pub const fn threads(n: u64, dim: u32) -> u64 {
+    let units = n * (dim / 8) as u64;
+    units.div_ceil(32 * UNROLL as u64) * 32
+}
+
+#[cfg(target_arch = "nvptx64")]
+mod kernels {
+    use super::UNROLL;
+    use crate::dequant::Conversion;
+    use crate::dequant::kernels::convert_unit;
+    use crate::device::{
+        global_thread, global_timer_ns, grid_threads, load_i64, load_l2_8, load_l2_u8,
+        load_relaxed_i64, record_bad_id, store_16, thread_in_block,
+    };
+    use crate::params::{MX_BLOCK, StagedParams};
+
+    const PACKED: u8 = Conversion::Packed as u8;
+    /// E8M0 for 2^0.
+    const UNIT_SCALE: u8 = 127;
+    const N: usize = UNROLL as usize;
+
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn staged_dequant_tagged(p: StagedParams) {
+        // At least 4 (the host refuses narrower rows); 256-element rows: 32, a power of two.
+        let units_per_row = (p.dim / 8).max(1);
+        let scales_per_row = (p.dim / MX_BLOCK) as u64;
+        let total = p.n * units_per_row as u64;
+        let pow2 = units_per_row.is_power_of_two();
+        let shift = units_per_row.trailing_zeros();
+        // u < n * units < 2^32, checked on the host.
+        let split = |u: u64| {
+            let u = u as u32;
+            if pow2 {
+                ((u >> shift) as u64, u & (units_per_row - 1))
+            } else {
+                ((u / units_per_row) as u64, u % units_per_row)
+            }
+        };
+        let lane = thread_in_block() % 32;
+        let warps = grid_threads() / 32;
+        let tile_units = 32 * N as u64;
+        let mut tile = global_thread() / 32;
+        while tile * tile_units < total {
+            let base = tile * tile_units + lane as u64;
+            let mut ready = [false; N];
+            let mut w = [[0u32; 2]; N];
+            let mut s = [UNIT_SCALE; N];
+            let mut want = [0i64; N];
+            let mut tag = [0i64; N];
+            for j in 0..N {
+                let u = base + 32 * j as u64;
+                if u < total {
+                    let i = split(u).0;
+                    // SAFETY: i < n: inside the ids and the tags.
+                    unsafe {
+                        want[j] = load_i64(p.ids + 8 * i);
+                        tag[j] = load_relaxed_i64(p.tags + 8 * i);
+                    }
+                }
+            }
+            for j in 0..N {
+                let u = base + 32 * j as u64;
+                if u >= total {
+                    continue;
+                }
+                let (i, c) = split(u);
+                ready[j] = tag[j] == want[j];
+                if !ready[j] {
+                    let started = global_timer_ns();
+                    while !ready[j] && global_timer_ns() - started < p.timeout_ns {
+                        // SAFETY: as above.
+                        ready[j] = unsafe { load_relaxed_i64(p.tags + 8 * i) } == want[j];
+                    }
+                    if !ready[j] && c == 0 {
+                        // SAFETY: the host passes the address of a live IdStatus.
+                        unsafe { record_bad_id(p.late, i) };
+                    }
+                }
+                if ready[j] {
+                    // SAFETY: i < n and c < dim / 8: 8 bytes inside staged row i (8-byte
+                    // aligned: rows are 16-byte aligned), and its scale byte.
+                    unsafe {
+                        w[j] = load_l2_8(p.weights + i * p.dim as u64 + 8 * c as u64);
+                        s[j] = load_l2_u8(p.scales + i * scales_per_row + (c / 4) as u64);
+                    }
+                }
+            }
+            for j in 0..N {
+                let u = base + 32 * j as u64;
+                if u < total {
+                    // A late row converts zero bytes at scale 2^0: a row of +0.0.
+                    let out = convert_unit::<PACKED>(w[j], s[j]);
+                    // SAFETY: unit u's 16 bytes of output, inside the n rows, owned by this
+                    // thread.
+                    unsafe { store_16(p.out + 16 * u, out) };
+                }
+            }
+            tile += warps;
+        }
+    }
+}
