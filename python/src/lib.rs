@@ -693,6 +693,8 @@ impl Prefetcher {
                 } else {
                     std::time::Duration::from_millis(check_log_ms)
                 },
+                // Python's gathers join the side stream themselves: no finish call to forget.
+                ..defaults
             };
             let mut p = match lane {
                 Some(lane) => RustPrefetcher::in_lane(kernels, store, config, &lane, rank)?,
