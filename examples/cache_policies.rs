@@ -160,7 +160,7 @@ fn quick_cache_policy(
         mean: Arc::default(),
     };
     let c = quick(sz, hot, ghost, victims.clone());
-    replay(
+    let got = replay(
         t,
         from,
         |id| {
@@ -182,7 +182,22 @@ fn quick_cache_policy(
                 c.insert(id as u64, sz.row.clone());
             }
         },
-    )
+    );
+    report_memory(&c);
+    got
+}
+
+/// quick_cache's own memory beside the rows (index, and entries: resident and ghost).
+fn report_memory<L: Lifecycle<u64, Arc<[u8]>> + Clone>(
+    c: &Cache<u64, Arc<[u8]>, RowWeight, quick_cache::DefaultHashBuilder, L>,
+) {
+    let m = c.memory_used();
+    eprintln!(
+        "    quick_cache: index {} B, entries {} B, {} rows held",
+        m.map,
+        m.entries,
+        c.len()
+    );
 }
 
 /// moka's W-TinyLFU (Caffeine's policy): 1% LRU window, SLRU main, sketch admission. Its
@@ -403,13 +418,7 @@ fn run_policy(name: &str, sz: &Sizes, dim: usize, t: &[Vec<i64>], from: usize) -
                 |id| c.get(&(id as u64)).is_some(),
                 |id| c.insert(id as u64, sz.row.clone()),
             );
-            let m = c.memory_used();
-            eprintln!(
-                "{name}: index {} B, entries {} B, {} rows",
-                m.map,
-                m.entries,
-                c.len()
-            );
+            report_memory(&c);
             got
         }
         "sampled-lfu" => sampled_lfu(sz, t, from),
