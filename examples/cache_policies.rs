@@ -200,8 +200,9 @@ fn report_memory<L: Lifecycle<u64, Arc<[u8]>> + Clone>(
     );
 }
 
-/// moka's W-TinyLFU (Caffeine's policy): 1% LRU window, SLRU main, sketch admission. Its
-/// housekeeping runs when moka decides, inside the calls, as it would under a lookup.
+/// moka's default policy, TinyLFU: LRU eviction with Caffeine's sketch admission (moka 0.12 has
+/// no admission window: not W-TinyLFU). Its housekeeping runs when moka decides, inside the
+/// calls, as it would under a lookup.
 fn moka_policy(sz: &Sizes, t: &[Vec<i64>], from: usize) -> HitCount {
     let c: moka::sync::Cache<u64, Arc<[u8]>> = moka::sync::Cache::builder()
         .max_capacity(sz.bytes)
@@ -378,7 +379,10 @@ const POLICIES: &[(&str, &str)] = &[
     ),
     ("qc-ghost2", "qc-tuned remembering 2 x its rows as ghosts"),
     ("qc-ghost4", "qc-tuned remembering 4 x its rows as ghosts"),
-    ("moka", "moka 0.12 sync::Cache, W-TinyLFU, weigher"),
+    (
+        "moka",
+        "moka 0.12 sync::Cache, TinyLFU (LRU + sketch admission), weigher",
+    ),
     (
         "sampled-lfu",
         "sketch LFU, 16 sampled victims, TinyLFU admission",
