@@ -1,7 +1,10 @@
 //! The DRAM row cache: hot rows (weights and scales together) under a byte budget.
 //! quick_cache (CLOCK-Pro, sharded locks) rather than a hand-written map: `benches/row_store.rs`
 //! measures its 72-row hit path against a plain locked HashMap, and `bench-io --zipf` its hit
-//! rate against Belady's optimum on Zipf traces.
+//! rate against Belady's optimum on Zipf traces. `examples/cache_policies` replays the other
+//! candidates (TinyLFU admission in front of it, more ghosts, moka, a sampled LFU, a learned pinned
+//! head): none was better at every Zipf exponent and budget within the same memory
+//! (docs/benchmarks-log.md, issue 16).
 use std::sync::Arc;
 
 use quick_cache::Weighter;

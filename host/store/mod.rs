@@ -5,6 +5,8 @@
 //! - [`ReadPath`]: io_uring O_DIRECT batches, a preadv thread pool, mmap + WILLNEED, buffered.
 //! - [`tune`]: `Auto`'s measured choice of path by batch size.
 //! - [`make`]: writing generated tables; [`measure`]: timing lookups and raw reads.
+//! - [`sketch`]: the frequency sketch of the row cache's admission; [`belady`], [`zipf`]: the
+//!   optimum it is measured against and the workload.
 //! - [`LayerRows`]: one layer of a store as a [`RowLookup`](crate::prefetch::lookup::RowLookup).
 //!
 //! The guide below (this folder's `README.md`) shows it in use.
@@ -39,6 +41,7 @@ pub mod measure;
 mod mmap;
 mod plan;
 mod preadv;
+pub mod sketch;
 pub mod tune;
 mod uring;
 pub mod zipf;
