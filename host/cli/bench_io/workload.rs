@@ -181,8 +181,11 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
             "stride": stride,
             "path": path.name(),
             "ring": store.ring_features().or_else(|| probe_ring(&args.dir, &base)).map(|f| json!({
-                "task_run": f.task_run, "registered_buffers": f.registered_buffers,
-                "registered_files": f.registered_files, "fallbacks": f.fallbacks,
+                "task_run": f.task_run, "no_sqarray": f.no_sqarray,
+                "registered_buffers": f.registered_buffers,
+                "registered_files": f.registered_files,
+                "registered_ring_fd": f.registered_ring_fd, "noatime_reads": f.noatime_reads,
+                "fallbacks": f.fallbacks,
             })),
             "zipf": zipf_rows,
             "cold": cold,
