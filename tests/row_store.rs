@@ -649,7 +649,59 @@ fn uring_rings_report_what_the_kernel_gave() {
     assert!(["single_issuer+defer_taskrun", "coop_taskrun", "none"].contains(&f.task_run));
     assert_eq!(
         f.fallbacks.is_empty(),
-        f.task_run == "single_issuer+defer_taskrun" && f.registered_buffers && f.registered_files
+        f.task_run == "single_issuer+defer_taskrun"
+            && f.no_sqarray
+            && f.registered_buffers
+            && f.registered_files
+            && f.registered_ring_fd
+            && f.noatime_reads,
+        "{f:?}"
+    );
+}
+
+/// Lookups many ring depths long register the ring's descriptor for their enters (and give it
+/// back): the bytes are right, from several threads, and nothing is lost to a late refusal.
+#[test]
+fn long_uring_lookups_read_right_through_a_registered_ring() {
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 6000, &[1], 1, 9);
+    let store = open(
+        dir.path(),
+        StoreOptions {
+            uring_depth: 8,
+            ..Default::default()
+        },
+    );
+    if let Err(why) = store.uring() {
+        eprintln!("SKIP long_uring_lookups_read_right_through_a_registered_ring: {why}");
+        return;
+    }
+    let reference = Reference::load(dir.path());
+    std::thread::scope(|scope| {
+        for t in 0..2u64 {
+            let (store, reference) = (&store, &reference);
+            scope.spawn(move || {
+                for k in 0..4 {
+                    // Far more than the 2 x 8 reads a lookup needs to register the ring.
+                    let ids = random_ids(0..6000, 1500, 40 + t * 10 + k);
+                    let (mut w, mut s) = outputs(store, ids.len());
+                    store
+                        .lookup_with(ReadPath::Uring, 1, &ids, &mut w, &mut s)
+                        .unwrap();
+                    assert!(
+                        (w, s) == reference.expect(1, &ids),
+                        "thread {t}, lookup {k}"
+                    );
+                }
+            });
+        }
+    });
+    let f = store.ring_features().expect("a ring was set up");
+    eprintln!("io_uring features: {f:?}");
+    assert_eq!(
+        f.registered_ring_fd,
+        !f.fallbacks.iter().any(|w| w.contains("RING_FDS")),
+        "{f:?}"
     );
 }
 

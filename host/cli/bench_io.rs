@@ -66,6 +66,12 @@ pub struct BenchIoArgs {
     /// Seconds of each fio peer run (skipped with a reason where fio is missing).
     #[arg(long, default_value_t = 4)]
     pub fio_seconds: u32,
+    /// Store and fio turns per configuration of the cold comparison (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub cold_rounds: usize,
+    /// With --zipf: only the cold comparison with fio (no traces, no two-layer run).
+    #[arg(long)]
+    pub cold_only: bool,
 }
 
 struct Row {
@@ -123,6 +129,9 @@ fn validate(args: &BenchIoArgs) -> fetchahead::Result<()> {
     }
     if args.uring_depth == 0 {
         return Err(Error::invalid("--uring-depth", "0: want at least 1"));
+    }
+    if args.cold_rounds == 0 {
+        return Err(Error::invalid("--cold-rounds", "0: want at least 1"));
     }
     Ok(())
 }
@@ -321,6 +330,7 @@ mod tests {
             &["--iters", "5,0,1"],
             &["--baseline-reads", "0"],
             &["--prefill-rows", "0"],
+            &["--cold-rounds", "0"],
         ] {
             let msg = validate(&parse(bad)).unwrap_err().to_string();
             assert!(msg.contains(bad[0]), "{bad:?}: {msg}");

@@ -65,6 +65,27 @@ pub(crate) fn open_regular(path: &Path, extra_flags: libc::c_int) -> Result<File
     Ok(file)
 }
 
+/// `open(flags)` with O_NOATIME added while `noatime_off` is `None`: reads of a table then skip
+/// the access-time check each one would make. The kernel allows O_NOATIME only to the file's
+/// owner (or CAP_FOWNER); where it refuses, the open is retried without it and the refusal kept
+/// in `noatime_off`, so that later opens do not try again.
+pub(crate) fn open_noatime<T, E: std::fmt::Display>(
+    open: impl Fn(libc::c_int) -> std::result::Result<T, E>,
+    noatime_off: &mut Option<String>,
+) -> std::result::Result<T, E> {
+    if noatime_off.is_some() {
+        return open(0);
+    }
+    match open(libc::O_NOATIME) {
+        Ok(f) => Ok(f),
+        Err(refused) => {
+            let f = open(0)?;
+            *noatime_off = Some(format!("O_NOATIME: {refused}"));
+            Ok(f)
+        }
+    }
+}
+
 /// [`open_regular`], `None` when there is no such file.
 pub(crate) fn open_regular_optional(path: &Path) -> Result<Option<File>> {
     match open_regular(path, 0) {
@@ -231,5 +252,56 @@ pub(crate) fn sync_dir(dir: &Path) {
     };
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where the kernel refuses O_NOATIME (a file someone else owns), the open goes on without
+    /// it, says why, and later opens do not ask again.
+    #[test]
+    fn a_refused_noatime_falls_back_once_and_says_why() {
+        let tried = std::cell::RefCell::new(Vec::new());
+        let open = |flags: libc::c_int| {
+            tried.borrow_mut().push(flags);
+            if flags & libc::O_NOATIME != 0 {
+                Err(std::io::Error::from_raw_os_error(libc::EPERM))
+            } else {
+                Ok(flags)
+            }
+        };
+        let mut off = None;
+        assert_eq!(open_noatime(open, &mut off).unwrap(), 0);
+        let why = off.clone().expect("the refusal is kept");
+        assert!(
+            why.starts_with("O_NOATIME: ") && why.contains("not permitted"),
+            "{why}"
+        );
+        assert_eq!(open_noatime(open, &mut off).unwrap(), 0);
+        assert_eq!(*tried.borrow(), [libc::O_NOATIME, 0, 0]);
+        // An error without O_NOATIME too is the open's own, and nothing is recorded.
+        let mut off = None;
+        let fails = |_| Err::<i32, _>(std::io::Error::from_raw_os_error(libc::ENOENT));
+        assert_eq!(
+            open_noatime(fails, &mut off).unwrap_err().raw_os_error(),
+            Some(libc::ENOENT)
+        );
+        assert!(off.is_none());
+    }
+
+    /// The owner (this test's own file) gets O_NOATIME.
+    #[test]
+    fn the_owner_opens_with_noatime() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t");
+        std::fs::write(&p, b"x").unwrap();
+        let mut off = None;
+        let f = open_noatime(|flags| open_regular(&p, flags), &mut off).unwrap();
+        assert!(off.is_none(), "{off:?}");
+        // SAFETY: fcntl F_GETFL on an open descriptor.
+        let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+        assert_ne!(flags & libc::O_NOATIME, 0);
     }
 }

@@ -58,7 +58,8 @@ impl Plan {
 
     /// Sorts `order` and groups it into unique rows.
     pub fn group(&mut self) {
-        self.order.sort_unstable();
+        // By row alone: the positions wanting one row may come in any order.
+        self.order.sort_unstable_by_key(|&(row, _)| row);
         let mut i = 0;
         while i < self.order.len() {
             let row = self.order[i].0;
@@ -131,6 +132,27 @@ impl Plan {
         rows.sort_unstable();
         rows.dedup();
         rows
+    }
+
+    /// Asks for the output lines `ext`'s rows will be copied to, ahead of the copy: the outputs
+    /// of a large batch are written in file order, which is random in the caller's buffer, and
+    /// each row's first store would otherwise wait alone for its line and its page walk (two
+    /// walks in a VM). A reaper that prefetches a whole batch of completions first overlaps them.
+    pub fn prefetch_outputs(&self, layer: &LayerLayout, ext: &Extent, out: &OutRows) {
+        let span = match ext.kind {
+            Kind::Weight => &layer.weight,
+            Kind::Scale => &layer.scale,
+        };
+        for unique in self.extent_uniques(ext) {
+            let first = unique.first as usize;
+            let wanting = self
+                .order
+                .get(first..first + unique.count as usize)
+                .unwrap_or(&[]);
+            for &(_, pos) in wanting {
+                out.prefetch(ext.kind, pos as usize, span.row_bytes as usize);
+            }
+        }
     }
 
     /// Copies each row `data` (the bytes read at `ext.offset`) holds to its output positions,
@@ -217,6 +239,15 @@ impl OutRows {
             // delivered by exactly one extent per kind, so no other writer touches this range.
             unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.fill.add(at), src.len()) }
         }
+    }
+
+    /// Prefetches, for writing, the `len` bytes output `pos` of `kind` will take.
+    fn prefetch(&self, kind: Kind, pos: usize, len: usize) {
+        let base = match kind {
+            Kind::Weight => self.weights,
+            Kind::Scale => self.scales,
+        };
+        super::prefetch::for_write(base.wrapping_add(pos * len), len);
     }
 
     fn write(&self, kind: Kind, pos: usize, src: &[u8]) {

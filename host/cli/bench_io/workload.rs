@@ -90,7 +90,8 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
             .map_or(String::new(), |w| format!(" ({w})")),
     ));
     let mut zipf_rows = Vec::new();
-    for &s in &args.zipf {
+    let laws: &[f64] = if args.cold_only { &[] } else { &args.zipf };
+    for &s in laws {
         let mut z = ZipfRows::new(range.clone(), stride, s, args.seed)?;
         let population = z.population();
         for (kind, n, count) in [
@@ -166,7 +167,11 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
     let cold = cold_vs_fio(
         args, &base, path, layer, &file, &span, block, stride, direct, &say,
     )?;
-    let concurrent = two_layers_and_advise(args, &base, path, stride, &say)?;
+    let concurrent = if args.cold_only {
+        json!({"skipped": "--cold-only"})
+    } else {
+        two_layers_and_advise(args, &base, path, stride, &say)?
+    };
     if args.json {
         let out = json!({
             "file": file.display().to_string(),
@@ -176,8 +181,11 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
             "stride": stride,
             "path": path.name(),
             "ring": store.ring_features().or_else(|| probe_ring(&args.dir, &base)).map(|f| json!({
-                "task_run": f.task_run, "registered_buffers": f.registered_buffers,
-                "registered_files": f.registered_files, "fallbacks": f.fallbacks,
+                "task_run": f.task_run, "no_sqarray": f.no_sqarray,
+                "registered_buffers": f.registered_buffers,
+                "registered_files": f.registered_files,
+                "registered_ring_fd": f.registered_ring_fd, "noatime_reads": f.noatime_reads,
+                "fallbacks": f.fallbacks,
             })),
             "zipf": zipf_rows,
             "cold": cold,
@@ -328,9 +336,6 @@ fn sparse_unique(store: &RowStore, n: usize, stride: u64, seed: u64) -> Vec<i64>
         .collect()
 }
 
-/// Store and fio turns per configuration of the cold comparison.
-const ROUNDS: usize = 3;
-
 /// Cold batches with no cache (every row one read) beside fio at the same depth and block.
 #[allow(clippy::too_many_arguments)]
 fn cold_vs_fio(
@@ -360,9 +365,10 @@ fn cold_vs_fio(
             },
         )?;
         let n = args.zipf_prefill_rows;
-        // Store and fio take turns, ROUNDS times, so that both see the same drift of a shared
-        // machine; each round's ratio is kept, and the median reported.
-        let batches: Vec<Vec<i64>> = (0..(1 + 2 * ROUNDS) as u64)
+        // Store and fio take turns, `--cold-rounds` times, so that both see the same drift of a
+        // shared machine; each round's ratio is kept, and the median reported.
+        let rounds_n = args.cold_rounds.max(1);
+        let batches: Vec<Vec<i64>> = (0..(1 + 2 * rounds_n) as u64)
             .map(|i| {
                 sparse_unique(
                     &store,
@@ -383,7 +389,7 @@ fn cold_vs_fio(
         // page faults are not the store's cost per read.
         let dim = store.dim();
         let (mut w, mut s) = (vec![1u8; n * dim], vec![1u8; n * dim / 32]);
-        for r in 0..ROUNDS {
+        for r in 0..rounds_n {
             let (before, cpu0) = (store.stats(), cpu_seconds());
             let mut times = Vec::with_capacity(2);
             for ids in &batches[1 + 2 * r..3 + 2 * r] {
