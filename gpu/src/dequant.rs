@@ -281,6 +281,40 @@ pub(crate) mod kernels {
         }
     }
 
+    /// Rows of `dim` elements as units of 8: unit `u` is unit `u % per_row` of row `u / per_row`.
+    #[derive(Clone, Copy)]
+    pub(crate) struct Units {
+        pub per_row: u32,
+        pow2: bool,
+        shift: u32,
+    }
+
+    impl Units {
+        #[inline(always)]
+        pub(crate) fn new(dim: u32) -> Units {
+            // At least 4 (the host refuses narrower rows), so the divisions cannot trap.
+            let per_row = (dim / 8).max(1);
+            Units {
+                per_row,
+                // Rows of a power-of-two number of units (dim 256: 32) split by shift and mask.
+                pow2: per_row.is_power_of_two(),
+                shift: per_row.trailing_zeros(),
+            }
+        }
+
+        /// Unit `u`'s row and its unit within the row; u < n * per_row < 2^32, checked on the
+        /// host.
+        #[inline(always)]
+        pub(crate) fn split(self, u: u64) -> (u64, u32) {
+            let u = u as u32;
+            if self.pow2 {
+                ((u >> self.shift) as u64, u & (self.per_row - 1))
+            } else {
+                ((u / self.per_row) as u64, u % self.per_row)
+            }
+        }
+    }
+
     /// [`Shape::Units8`](super::Shape::Units8): a warp per `32 * UNROLL` consecutive units of
     /// 8 elements (16 output bytes), lane `l` taking units `l + 32 j`. Each lane loads all its
     /// units' ids, then their weights (8 bytes) and scales, and only then converts and stores,
@@ -295,22 +329,10 @@ pub(crate) mod kernels {
     >(
         p: &DequantParams,
     ) {
-        // At least 4 (the host refuses narrower rows), so the divisions below cannot trap.
-        let units_per_row = (p.dim / 8).max(1);
+        let units = Units::new(p.dim);
+        let split = |u: u64| units.split(u);
         let scales_per_row = (p.dim / MX_BLOCK) as u64;
-        let total = p.n * units_per_row as u64;
-        // Rows of a power-of-two number of units (dim 256: 32) split by shift and mask.
-        let pow2 = units_per_row.is_power_of_two();
-        let shift = units_per_row.trailing_zeros();
-        // u < n * units < 2^32, checked on the host.
-        let split = |u: u64| {
-            let u = u as u32;
-            if pow2 {
-                ((u >> shift) as u64, u & (units_per_row - 1))
-            } else {
-                ((u / units_per_row) as u64, u % units_per_row)
-            }
-        };
+        let total = p.n * units.per_row as u64;
         let lane = thread_in_block() % 32;
         let warps = grid_threads() / 32;
         let tile_units = 32 * UNROLL as u64;

@@ -33,7 +33,7 @@ pub const fn threads(n: u64, dim: u32) -> u64 {
 mod kernels {
     use super::UNROLL;
     use crate::dequant::Conversion;
-    use crate::dequant::kernels::convert_unit;
+    use crate::dequant::kernels::{Units, convert_unit};
     use crate::device::{
         global_thread, global_timer_ns, grid_threads, load_i64, load_l2_8, load_l2_u8,
         load_relaxed_i64, record_bad_id, store_16, thread_in_block,
@@ -47,21 +47,10 @@ mod kernels {
 
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn staged_dequant_tagged(p: StagedParams) {
-        // At least 4 (the host refuses narrower rows); 256-element rows: 32, a power of two.
-        let units_per_row = (p.dim / 8).max(1);
+        let units = Units::new(p.dim);
+        let split = |u: u64| units.split(u);
         let scales_per_row = (p.dim / MX_BLOCK) as u64;
-        let total = p.n * units_per_row as u64;
-        let pow2 = units_per_row.is_power_of_two();
-        let shift = units_per_row.trailing_zeros();
-        // u < n * units < 2^32, checked on the host.
-        let split = |u: u64| {
-            let u = u as u32;
-            if pow2 {
-                ((u >> shift) as u64, u & (units_per_row - 1))
-            } else {
-                ((u / units_per_row) as u64, u % units_per_row)
-            }
-        };
+        let total = p.n * units.per_row as u64;
         let lane = thread_in_block() % 32;
         let warps = grid_threads() / 32;
         let tile_units = 32 * N as u64;

@@ -234,20 +234,9 @@ impl Kernels {
         variant: DequantVariant,
         p: DequantParams,
     ) -> Result<()> {
-        if p.dim == 0 || !p.dim.is_multiple_of(MX_BLOCK) {
-            return Err(Error::invalid(
-                "dim",
-                format!("{} is not a positive multiple of 32", p.dim),
-            ));
-        }
-        if p.n == 0 {
+        if !check_dequant(p.dim, p.n, [p.weights, p.out, p.scales, p.ids, p.status])? {
             return Ok(()); // nothing to write: the addresses of empty buffers may be null
         }
-        check_aligned("weights", p.weights)?;
-        check_aligned("out", p.out)?;
-        check_aligned_to("scales", p.scales, 1)?;
-        check_aligned_to("ids", p.ids, 8)?;
-        check_aligned_to("status", p.status, 8)?;
         let shape = dequant_shape(variant)?;
         // The kernels index 8-element units in u32.
         check_chunk_count(p.n * (p.dim / 8) as u64)?;
@@ -276,21 +265,10 @@ impl Kernels {
         stream: sys::CUstream,
         p: fetchahead_gpu::params::StagedParams,
     ) -> Result<()> {
-        if p.dim == 0 || !p.dim.is_multiple_of(MX_BLOCK) {
-            return Err(Error::invalid(
-                "dim",
-                format!("{} is not a positive multiple of 32", p.dim),
-            ));
-        }
-        if p.n == 0 {
+        if !check_dequant(p.dim, p.n, [p.weights, p.out, p.scales, p.ids, p.late])? {
             return Ok(());
         }
-        check_aligned("weights", p.weights)?;
-        check_aligned("out", p.out)?;
-        check_aligned_to("scales", p.scales, 1)?;
-        check_aligned_to("ids", p.ids, 8)?;
         check_aligned_to("tags", p.tags, 8)?;
-        check_aligned_to("late", p.late, 8)?;
         check_chunk_count(p.n * (p.dim / 8) as u64)?;
         let threads = staged::threads(p.n, p.dim);
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
@@ -470,6 +448,27 @@ fn check_chunk_count(chunks: u64) -> Result<()> {
 
 pub(crate) fn check_aligned(what: &'static str, address: u64) -> Result<()> {
     check_aligned_to(what, address, 16)
+}
+
+/// The checks every gather + dequant launch shares: `dim` a positive multiple of 32, and (for
+/// `n > 0`) `[weights, out, scales, ids, status]` aligned as the kernels read them. False: no
+/// rows, nothing to launch.
+fn check_dequant(dim: u32, n: u64, [weights, out, scales, ids, status]: [u64; 5]) -> Result<bool> {
+    if dim == 0 || !dim.is_multiple_of(MX_BLOCK) {
+        return Err(Error::invalid(
+            "dim",
+            format!("{dim} is not a positive multiple of 32"),
+        ));
+    }
+    if n == 0 {
+        return Ok(false);
+    }
+    check_aligned("weights", weights)?;
+    check_aligned("out", out)?;
+    check_aligned_to("scales", scales, 1)?;
+    check_aligned_to("ids", ids, 8)?;
+    check_aligned_to("status", status, 8)?;
+    Ok(true)
 }
 
 pub(crate) fn check_aligned_to(what: &'static str, address: u64, align: u64) -> Result<()> {
