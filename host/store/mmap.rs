@@ -60,7 +60,7 @@ pub(crate) fn read_mapped(
             if let Some(fault) = inner.fault() {
                 res = fault.apply(|row| plan.covers(ext, row), res);
             }
-            match step(ext, false, done, res, &mut attempts) {
+            match step(ext, || false, done, res, &mut attempts) {
                 Step::Done => break Ok(()),
                 Step::Again { done: d } => done = d,
                 Step::Failed(e) => break Err(e),

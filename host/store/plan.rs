@@ -275,8 +275,16 @@ pub(crate) enum Step {
 }
 
 /// Retries what can be retried: EINTR, EAGAIN, and short reads that made progress. `direct`
-/// reads restart at a 512-byte boundary.
-pub(crate) fn step(ext: &Extent, direct: bool, done: u32, res: i64, attempts: &mut u32) -> Step {
+/// reads restart at a 512-byte boundary (asked only for a short read). Inline: the io_uring
+/// reaper calls it per completion, where the whole extent arriving is the common case.
+#[inline]
+pub(crate) fn step(
+    ext: &Extent,
+    direct: impl FnOnce() -> bool,
+    done: u32,
+    res: i64,
+    attempts: &mut u32,
+) -> Step {
     if res < 0 {
         let errno = (-res) as i32;
         if (errno == libc::EINTR || errno == libc::EAGAIN) && *attempts < MAX_RETRIES {
@@ -289,7 +297,7 @@ pub(crate) fn step(ext: &Extent, direct: bool, done: u32, res: i64, attempts: &m
     if total >= u64::from(ext.need) {
         return Step::Done;
     }
-    let next = if direct { total & !511 } else { total };
+    let next = if direct() { total & !511 } else { total };
     // A direct read that ended inside its first block made no aligned progress: read that
     // block again, a bounded number of times.
     if res > 0 && next <= u64::from(done) && *attempts < MAX_RETRIES {

@@ -39,7 +39,7 @@ pub(crate) fn read_extent(
         if let Some(fault) = inner.fault() {
             res = fault.apply(|row| plan.covers(ext, row), res);
         }
-        match step(ext, direct, done, res, &mut attempts) {
+        match step(ext, || direct, done, res, &mut attempts) {
             Step::Done => return Ok(()),
             Step::Again { done: d } => done = d,
             Step::Failed(e) => return Err(e),

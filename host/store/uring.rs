@@ -460,15 +460,8 @@ impl Slots {
                 if let Some(fault) = b.inner.fault() {
                     res = fault.apply(|row| plan.covers(ext, row), res);
                 }
-                // The common case without a call: the whole extent (or what the rows need of
-                // it) arrived.
-                let outcome = if res >= 0 && u64::from(s.done) + res as u64 >= u64::from(ext.need) {
-                    Step::Done
-                } else {
-                    let (_, direct) = b.inner.read_fd(ext.file as usize);
-                    step(ext, direct, s.done, res, &mut s.attempts)
-                };
-                match outcome {
+                let direct = || b.inner.read_fd(ext.file as usize).1;
+                match step(ext, direct, s.done, res, &mut s.attempts) {
                     Step::Done => {
                         plan.prefetch_outputs(b.layer, ext, b.out);
                         self.landed.push(slot);
