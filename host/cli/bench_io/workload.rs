@@ -255,6 +255,26 @@ fn probe_ring(
     store.ring_features()
 }
 
+/// A fresh store with `cache_bytes` of row cache, after looking `warm_up` up (uncounted).
+fn warmed_store(
+    args: &BenchIoArgs,
+    base: &StoreOptions,
+    cache_bytes: u64,
+    path: ReadPath,
+    layer: u32,
+    warm_up: &[Vec<i64>],
+) -> fetchahead::Result<RowStore> {
+    let store = RowStore::open(
+        &args.dir,
+        StoreOptions {
+            cache_bytes,
+            ..base.clone()
+        },
+    )?;
+    time_lookups(&store, path, layer, warm_up, false)?;
+    Ok(store)
+}
+
 /// Hit count and timing of the counted part of `trace` on a fresh store with `cache_bytes`.
 fn measure_trace(
     args: &BenchIoArgs,
@@ -265,14 +285,7 @@ fn measure_trace(
     trace: &[Vec<i64>],
     from: usize,
 ) -> fetchahead::Result<(HitCount, Value)> {
-    let store = RowStore::open(
-        &args.dir,
-        StoreOptions {
-            cache_bytes,
-            ..base.clone()
-        },
-    )?;
-    time_lookups(&store, path, layer, &trace[..from], false)?;
+    let store = warmed_store(args, base, cache_bytes, path, layer, &trace[..from])?;
     store.evict_page_cache()?;
     let (before, cpu0) = (store.stats(), cpu_seconds());
     let times = time_lookups(&store, path, layer, &trace[from..], false)?;
@@ -295,14 +308,7 @@ fn measure_advised(
     trace: &[Vec<i64>],
     from: usize,
 ) -> fetchahead::Result<HitCount> {
-    let store = RowStore::open(
-        &args.dir,
-        StoreOptions {
-            cache_bytes,
-            ..base.clone()
-        },
-    )?;
-    time_lookups(&store, path, layer, &trace[..from], false)?;
+    let store = warmed_store(args, base, cache_bytes, path, layer, &trace[..from])?;
     let before = store.stats();
     let dim = store.dim();
     let longest = trace.iter().map(Vec::len).max().unwrap_or(0);
