@@ -5,7 +5,8 @@
 //! - [`ReadPath`]: io_uring O_DIRECT batches, a preadv thread pool, mmap + WILLNEED, buffered.
 //! - [`tune`]: `Auto`'s measured choice of path by batch size.
 //! - [`make`]: writing generated tables; [`measure`]: timing lookups and raw reads.
-//! - [`sketch`]: the frequency sketch of the row cache's admission; [`belady`], [`zipf`]: the
+//! - [`sketch`]: a TinyLFU frequency sketch, which the policy replay (`examples/cache_policies`)
+//!   tried as the row cache's admission (the cache does not use it); [`belady`], [`zipf`]: the
 //!   optimum it is measured against and the workload.
 //! - [`LayerRows`]: one layer of a store as a [`RowLookup`](crate::prefetch::lookup::RowLookup).
 //!
