@@ -5,9 +5,9 @@
 //! - [`ReadPath`]: io_uring O_DIRECT batches, a preadv thread pool, mmap + WILLNEED, buffered.
 //! - [`tune`]: `Auto`'s measured choice of path by batch size.
 //! - [`make`]: writing generated tables; [`measure`]: timing lookups and raw reads.
+//! - [`belady`], [`zipf`]: the optimum the row cache is measured against, and the workload.
 //! - [`sketch`]: a TinyLFU frequency sketch, which the policy replay (`examples/cache_policies`)
-//!   tried as the row cache's admission (the cache does not use it); [`belady`], [`zipf`]: the
-//!   optimum it is measured against and the workload.
+//!   tried as the row cache's admission (the cache does not use it).
 //! - [`LayerRows`]: one layer of a store as a [`RowLookup`](crate::prefetch::lookup::RowLookup).
 //!
 //! The guide below (this folder's `README.md`) shows it in use.
