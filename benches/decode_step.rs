@@ -18,7 +18,8 @@
 //!
 //! Knobs: FETCHAHEAD_BENCH_DIR (where the table is written; point it at the NVMe),
 //! FETCHAHEAD_BENCH_ROWS (rows per Engram layer, default 2^19), FETCHAHEAD_BENCH_SAMPLES (timed
-//! steps per configuration, default 20).
+//! steps per configuration, default 20), FETCHAHEAD_BENCH_LOOKUPS and FETCHAHEAD_BENCH_CONFIGS
+//! (comma lists narrowing the run: `cold,warm`; configuration ids such as `floor,floor_plan`).
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -278,7 +279,17 @@ fn decode_step(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(100))
         .measurement_time(Duration::from_millis(500))
         .nresamples(1000);
+    // FETCHAHEAD_BENCH_LOOKUPS and FETCHAHEAD_BENCH_CONFIGS (comma lists: cold,warm and the
+    // configurations' ids, e.g. floor,floor_plan) narrow the run; both default to all.
+    let picked = |name: &str, id: &str| {
+        std::env::var(name)
+            .map(|v| v.split(',').any(|x| x.trim() == id))
+            .unwrap_or(true)
+    };
     for lookups in [&cold, &warm] {
+        if !picked("FETCHAHEAD_BENCH_LOOKUPS", lookups.label) {
+            continue;
+        }
         let stream = gpu.ctx.new_stream().expect("a stream");
         let mut s = DecodeStep::with_join(
             kernels.clone(),
@@ -293,6 +304,9 @@ fn decode_step(c: &mut Criterion) {
         let mut runs: Runs = BTreeMap::new();
         let mut graphs_work = true;
         for config in StepConfig::ALL {
+            if !picked("FETCHAHEAD_BENCH_CONFIGS", config.id()) {
+                continue;
+            }
             for graph in [false, true] {
                 let exec = if graph { "graph" } else { "eager" };
                 let name = format!("{} {exec} {}", lookups.label, config.name());
@@ -411,19 +425,21 @@ fn decode_step(c: &mut Criterion) {
     );
     println!(
         "\nreaders on this device (median of {READER_REPS}, event-timed behind a 20 us idle \
-         collective): cold after an L2 flush / warm right after the same launch"
+         collective): cold with L2 full of other, clean lines / warm right after the same \
+         launch; eager, and replayed from a graph"
     );
     for t in &times {
         println!(
-            "  {:<20} [{} x {}] {:>6.1} MiB: cold {:.2} us, warm {:.2} us ({:.0} GB/s of the \
-             difference)",
+            "  {:<20} [{} x {}] {:>6.1} MiB: eager cold {:.2} us, warm {:.2} us; replayed cold \
+             {:.2} us, warm {:.2} us",
             t.matrix.name,
             t.matrix.rows,
             t.matrix.k,
             t.matrix.bytes() as f64 / (1u64 << 20) as f64,
             t.cold_us,
             t.warm_us,
-            t.matrix.bytes() as f64 / ((t.cold_us - t.warm_us).max(1e-3) * 1e3)
+            t.replay_cold_us,
+            t.replay_warm_us,
         );
     }
     println!();

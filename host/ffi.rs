@@ -964,20 +964,23 @@ pub unsafe extern "C" fn fetchahead_l2_plan_create_with_replay(
             return Err(null("out"));
         }
         let replay = if replay.is_null() {
-            crate::l2_plan::Replay::Auto
+            None
         } else {
             // SAFETY: the caller passes a NUL-terminated string.
             let name = unsafe { std::ffi::CStr::from_ptr(replay) }.to_string_lossy();
-            crate::l2_plan::Replay::named(&name)?
+            Some(crate::l2_plan::Replay::named(&name)?)
         };
         let ordinal =
             usize::try_from(device).map_err(|_| Error::invalid("device", format!("{device}")))?;
         let kernels = kernels_for(ordinal)?;
-        let mut config = crate::l2_plan::PlanConfig::for_l2(kernels.gpu().l2_bytes);
+        // The device's defaults and the FETCHAHEAD_L2_* settings; the arguments win.
+        let mut config = crate::l2_plan::PlanConfig::from_env(kernels.gpu().l2_bytes)?;
         if budget_per_window > 0 {
             config.budget_per_window = budget_per_window;
         }
-        config.replay = replay;
+        if let Some(replay) = replay {
+            config.replay = replay;
+        }
         // SAFETY: the caller's contract.
         let main = unsafe { borrowed_stream(&kernels, stream) };
         let plan = crate::l2_plan::L2Plan::new(kernels.clone(), main, config)?;
@@ -1023,6 +1026,50 @@ pub unsafe extern "C" fn fetchahead_l2_plan_begin_forward(
 pub unsafe extern "C" fn fetchahead_l2_plan_collective(p: *mut L2PlanHandle) -> c_int {
     // SAFETY: the caller's contract.
     guard(|| unsafe { l2_plan(p)? }.plan.collective())
+}
+
+/// [`fetchahead_l2_plan_collective`] for a collective of `kind`: 0 all-reduce, 1 all-gather,
+/// 2 other. With all-gather windows switched off (`fetchahead_l2_plan_set_all_gather` or
+/// `FETCHAHEAD_L2_ALL_GATHER=0`) an all-gather's window is counted but not warmed.
+///
+/// # Safety
+/// `p` is a live plan.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_l2_plan_collective_kind(
+    p: *mut L2PlanHandle,
+    kind: u32,
+) -> c_int {
+    guard(|| {
+        let kind = crate::l2_plan::CollectiveKind::from_code(kind)?;
+        // SAFETY: the caller's contract.
+        unsafe { l2_plan(p)? }.plan.collective_of(kind)
+    })
+}
+
+/// Whether all-gather windows are warmed (`enabled` nonzero, the default) or only counted.
+///
+/// # Safety
+/// `p` is a live plan.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_l2_plan_set_all_gather(
+    p: *mut L2PlanHandle,
+    enabled: c_int,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { l2_plan(p)? }.plan.set_all_gather(enabled != 0))
+}
+
+/// Bytes a window may warm at most, for plans learned from now on (a multiple of 16 is kept).
+///
+/// # Safety
+/// `p` is a live plan.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_l2_plan_set_budget(
+    p: *mut L2PlanHandle,
+    budget_per_window: u64,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { l2_plan(p)? }.plan.set_budget(budget_per_window))
 }
 
 /// A kernel after the latest collective reads `bytes` of weights at device address `address`

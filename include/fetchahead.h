@@ -256,6 +256,13 @@ int fetchahead_l2_plan_create_with_replay(int device, fetchahead_stream stream,
 int fetchahead_l2_plan_begin_forward(fetchahead_l2_plan *plan, uint64_t signature,
                                      fetchahead_stream stream);
 int fetchahead_l2_plan_collective(fetchahead_l2_plan *plan);
+/* As fetchahead_l2_plan_collective, naming the collective's kind: 0 all-reduce, 1 all-gather,
+ * 2 other. With all-gather windows off (fetchahead_l2_plan_set_all_gather(plan, 0), or
+ * FETCHAHEAD_L2_ALL_GATHER=0 at create) an all-gather's window is counted, not warmed. */
+int fetchahead_l2_plan_collective_kind(fetchahead_l2_plan *plan, uint32_t kind);
+int fetchahead_l2_plan_set_all_gather(fetchahead_l2_plan *plan, int enabled);
+/* Bytes a window may warm at most, for plans learned from now on. */
+int fetchahead_l2_plan_set_budget(fetchahead_l2_plan *plan, uint64_t budget_per_window);
 int fetchahead_l2_plan_consume(fetchahead_l2_plan *plan, uint64_t address, uint64_t bytes);
 int fetchahead_l2_plan_end_forward(fetchahead_l2_plan *plan, fetchahead_l2_forward_summary *out);
 int fetchahead_l2_plan_counters(fetchahead_l2_plan *plan, fetchahead_l2_counters *out);

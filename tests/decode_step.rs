@@ -110,6 +110,8 @@ fn the_spark_projection_follows_its_model() {
         matrix: m,
         cold_us: 9.0,
         warm_us: 6.0,
+        replay_cold_us: 8.0,
+        replay_warm_us: 6.0,
     }];
     // Two 30 us windows; 4 MiB of each warmed here.
     let windows: Vec<ModelWindow> = (0..2)
@@ -128,8 +130,20 @@ fn the_spark_projection_follows_its_model() {
         plan: 10.0 - 0.0015,
         both: 9.0 - 0.0015,
     };
-    let p = SparkModel::project(GB10, &windows, &times, measured).unwrap();
+    let p = SparkModel::project(GB10, &windows, &times, measured, false).unwrap();
     let bw = GB10.dram_bytes_per_s;
+    assert!((p.share_of_ideal() - 0.5).abs() < 1e-6);
+    assert!((p.share_of_eager_ideal() - 0.5).abs() < 1e-6);
+    // Replayed: the ideal from the replayed times, 2 x 2 us x 4/8 = 2 us; 1.5 us is 0.75 of it
+    // and still 0.5 of the eager ideal.
+    let g = SparkModel::project(GB10, &windows, &times, measured, true).unwrap();
+    assert!(
+        (g.ideal_here_ms - 0.002).abs() < 1e-9,
+        "{}",
+        g.ideal_here_ms
+    );
+    assert!((g.share_of_ideal() - 0.75).abs() < 1e-6);
+    assert!((g.share_of_eager_ideal() - 0.5).abs() < 1e-6);
     assert_eq!(p.budget, default_budget(24 << 20));
     assert!((p.realized - 0.5).abs() < 1e-6, "{}", p.realized);
     let shift_ms = 2.0 * (6.0 + bytes / bw * 1e6 - 9.0) / 1e3;
@@ -146,7 +160,7 @@ fn the_spark_projection_follows_its_model() {
         readers: vec![m],
         warmed_here: 0,
     }];
-    let p = SparkModel::project(GB10, &short, &times, measured).unwrap();
+    let p = SparkModel::project(GB10, &short, &times, measured, false).unwrap();
     assert!(
         p.warmed.abs_diff((1.25 * 2e-6 * bw) as u64) <= 1,
         "{}",
@@ -159,7 +173,7 @@ fn the_spark_projection_follows_its_model() {
         readers: vec![other],
         warmed_here: 0,
     }];
-    assert!(SparkModel::project(GB10, &missing, &times, measured).is_err());
+    assert!(SparkModel::project(GB10, &missing, &times, measured, false).is_err());
     assert!(SparkModel::assumptions(&GB10).len() >= 4);
 }
 
@@ -318,6 +332,8 @@ fn the_report_reads_every_configuration() {
         matrix: m,
         cold_us: 9.0,
         warm_us: 6.0,
+        replay_cold_us: 8.0,
+        replay_warm_us: 6.0,
     }];
     let windows = [ModelWindow {
         ns: 30_000,
@@ -326,8 +342,9 @@ fn the_report_reads_every_configuration() {
     }];
     let lines = spark_lines("cold", true, &runs, &windows, &times).unwrap();
     lines.iter().for_each(|l| println!("{l}"));
-    assert_eq!(lines.len(), 3);
-    assert!(lines[2].contains("origin story's +7%"));
+    assert_eq!(lines.len(), 4);
+    assert!(lines[1].contains("of the graph ideal") && lines[1].contains("goal 0.8"));
+    assert!(lines[3].contains("origin story's +7%"));
     // No runs: a line saying so, no panic.
     assert_eq!(report("cold", false, &Runs::new()).len(), 1);
 }

@@ -834,8 +834,62 @@ fn prefetch_kernel_runs_clean() -> Result<()> {
     Ok(())
 }
 
+/// The `FETCHAHEAD_L2_*` settings: each replaces its default, a malformed one is an error
+/// naming the variable, and the launch placement follows the capture by default.
+fn reads_its_settings_from_the_environment() {
+    let vars = |pairs: &'static [(&'static str, &'static str)]| {
+        move |name: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    let none = PlanConfig::from_vars(60 * MIB, vars(&[])).unwrap();
+    assert_eq!(none, PlanConfig::for_l2(60 * MIB));
+    assert_eq!(none.launch, PrefetchLaunch::Auto);
+    assert!(none.fit);
+    let set = PlanConfig::from_vars(
+        60 * MIB,
+        vars(&[
+            ("FETCHAHEAD_L2_BUDGET_MB", "2.5"),
+            ("FETCHAHEAD_L2_REPLAY", "l2_prefetch"),
+            ("FETCHAHEAD_L2_LAUNCH", "before"),
+            ("FETCHAHEAD_L2_FIT", "0"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(set.budget_per_window, 5 * MIB / 2);
+    assert_eq!(
+        set.replay,
+        Replay::Prefetch {
+            variant: l2_prefetch::BULK_VARIANT
+        }
+    );
+    assert_eq!(set.launch, PrefetchLaunch::BeforeCollective);
+    assert!(!set.fit);
+    for (name, value) in [
+        ("FETCHAHEAD_L2_BUDGET_MB", "0"),
+        ("FETCHAHEAD_L2_BUDGET_MB", "-1"),
+        ("FETCHAHEAD_L2_BUDGET_MB", "six"),
+        ("FETCHAHEAD_L2_REPLAY", "l2_prefetch_nope"),
+        ("FETCHAHEAD_L2_LAUNCH", "sometimes"),
+        ("FETCHAHEAD_L2_FIT", "yes"),
+    ] {
+        let pairs: &'static [(&'static str, &'static str)] =
+            Box::leak(vec![(name, value)].into_boxed_slice());
+        let e = PlanConfig::from_vars(60 * MIB, vars(pairs)).unwrap_err();
+        assert!(e.to_string().contains(name), "{name}={value}: {e}");
+    }
+    assert!(PrefetchLaunch::Auto.before_collective(true));
+    assert!(!PrefetchLaunch::Auto.before_collective(false));
+    assert!(PrefetchLaunch::BeforeCollective.before_collective(false));
+    assert!(!PrefetchLaunch::AfterCollective.before_collective(true));
+}
+
 common::harness::tests! {
     cpu: [
+        reads_its_settings_from_the_environment,
         learns_windows_in_consumption_order,
         trims_each_window_to_the_budget,
         cuts_large_weights_into_pieces,

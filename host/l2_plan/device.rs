@@ -12,7 +12,7 @@ use crate::error::CudaCall;
 use crate::kernels::Kernels;
 use crate::l2_plan::access_policy::PersistingL2;
 use crate::l2_plan::planner::{
-    Counters, ForwardSummary, Learned, PlanConfig, Planner, PrefetchLaunch, Replay, Signature,
+    CollectiveKind, Counters, ForwardSummary, Learned, PlanConfig, Planner, Replay, Signature,
     auto_variant, no_forward,
 };
 use crate::l2_plan::segments::{SEGMENT_ALIGN, SegmentTable};
@@ -40,6 +40,8 @@ pub struct L2Plan {
     tables: HashMap<Signature, Arc<SegmentTable>>,
     /// A prefetch branch forked and not yet joined back into `main`.
     branch_open: bool,
+    /// Whether the current forward is being captured (read from the stream at its start).
+    captured: bool,
     persisting: Option<PersistingL2>,
     policy_window_set: bool,
     /// Learned byte caps that end each window's prefetch with its window.
@@ -48,7 +50,7 @@ pub struct L2Plan {
     timing: Vec<WindowTiming>,
     /// A prefetched window whose end is recorded at its first `consume`.
     awaiting: Option<Measure>,
-    /// A prefetch forked but not launched yet ([`PrefetchLaunch::AfterCollective`]).
+    /// A prefetch forked but not launched yet (launched at the first `consume`).
     deferred: Option<Deferred>,
     /// Windows with all three events recorded, not yet read.
     pending: Vec<Measure>,
@@ -117,6 +119,7 @@ impl L2Plan {
             config,
             tables: HashMap::new(),
             branch_open: false,
+            captured: false,
             persisting,
             policy_window_set: false,
             fit: WindowFit::default(),
@@ -163,6 +166,13 @@ impl L2Plan {
         Ok(())
     }
 
+    /// Whether all-gather windows are warmed ([`PlanConfig::all_gather`]), from the next
+    /// collective on.
+    pub fn set_all_gather(&mut self, enabled: bool) -> Result<()> {
+        self.config.all_gather = enabled;
+        Ok(())
+    }
+
     /// Changes the budget per window for plans learned from now on.
     pub fn set_budget(&mut self, budget_per_window: u64) -> Result<()> {
         self.planner.set_budget(budget_per_window)?;
@@ -178,12 +188,19 @@ impl L2Plan {
             // The events are re-recorded from here on: what has not completed is dropped.
             self.read_measures(true)?;
         }
-        self.planner.begin(signature, captured)
+        self.planner.begin(signature, captured)?;
+        // Read once a forward: a forward is captured whole or not at all, and `collective` is
+        // called once a window, so it asks the driver nothing it need not.
+        self.captured = captured;
+        Ok(())
     }
 
     /// The cap learned for window `k` of `signature` (bytes its prefetch keeps), if measured.
     pub fn window_cap(&self, signature: Signature, k: usize) -> Option<u64> {
-        self.fit.cap(signature, k)
+        self.config
+            .fit
+            .then(|| self.fit.cap(signature, k))
+            .flatten()
     }
 
     /// Call before launching each collective on the main stream: joins the previous window's
@@ -194,6 +211,12 @@ impl L2Plan {
     /// forward on, caps the window's bytes to what its prefetch issues within it
     /// (`WindowFit`); a captured forward uses the caps learned so far.
     pub fn collective(&mut self) -> Result<()> {
+        self.collective_of(CollectiveKind::AllReduce)
+    }
+
+    /// [`L2Plan::collective`] for a collective of `kind`: with [`PlanConfig::all_gather`] off,
+    /// an all-gather's window is counted but not warmed.
+    pub fn collective_of(&mut self, kind: CollectiveKind) -> Result<()> {
         // The last window's prefetch goes out if its reader never came; it is not joined here.
         // A prefetch writes nothing the main stream reads, and the side stream runs the windows'
         // prefetches in order, so the branch is joined once, at `end_forward`: inside a replayed
@@ -203,8 +226,11 @@ impl L2Plan {
         // A window whose reader never reported its weights is not measured.
         self.awaiting = None;
         let signature = self.planner.current().ok_or_else(no_forward)?;
-        let captured = capturing(&self.main)?;
+        let captured = self.captured;
         let (k, _) = self.planner.collective()?;
+        if kind == CollectiveKind::AllGather && !self.config.all_gather {
+            return Ok(());
+        }
         let Some(span) = self
             .planner
             .plan(signature)
@@ -239,7 +265,12 @@ impl L2Plan {
                 let Some(first) = window.first() else {
                     return Ok(());
                 };
-                let n = match self.fit.cap(signature, k) {
+                let cap = self
+                    .config
+                    .fit
+                    .then(|| self.fit.cap(signature, k))
+                    .flatten();
+                let n = match cap {
                     Some(cap) => WindowFit::prefix_within(window.iter().map(|s| s.bytes), cap),
                     None => span.len,
                 };
@@ -256,12 +287,13 @@ impl L2Plan {
                     self.config.threads,
                 );
                 let measure =
-                    (!captured && self.fit.wants_measure(signature, k)).then_some(Measure {
-                        signature,
-                        k,
-                        issued,
-                        floor: first.bytes,
-                    });
+                    (!captured && self.config.fit && self.fit.wants_measure(signature, k))
+                        .then_some(Measure {
+                            signature,
+                            k,
+                            issued,
+                            floor: first.bytes,
+                        });
                 if measure.is_some() {
                     let ctx = self.main.context();
                     while self.timing.len() <= k {
@@ -295,7 +327,7 @@ impl L2Plan {
                     issued,
                     measure,
                 });
-                if self.config.launch == PrefetchLaunch::BeforeCollective {
+                if self.config.launch.before_collective(captured) {
                     self.launch_deferred()?;
                 }
             }
@@ -355,7 +387,6 @@ impl L2Plan {
                 .call("cuEventRecord")?;
             self.awaiting = Some(measure);
         }
-        self.join.record(&self.side).call("cuEventRecord")?;
         self.branch_open = true;
         self.planner.count_prefetch(d.issued);
         Ok(())
@@ -452,6 +483,8 @@ impl L2Plan {
     fn join_branch(&mut self) -> Result<()> {
         self.launch_deferred()?;
         if self.branch_open {
+            // The side stream runs the windows in order: its last point joins them all.
+            self.join.record(&self.side).call("cuEventRecord")?;
             self.main.wait(&self.join).call("cuStreamWaitEvent")?;
             self.branch_open = false;
         }
@@ -465,6 +498,7 @@ impl Drop for L2Plan {
     fn drop(&mut self) {
         if self.branch_open {
             let ctx = self.main.context();
+            ctx.record_err(self.join.record(&self.side));
             ctx.record_err(self.main.wait(&self.join));
         }
     }

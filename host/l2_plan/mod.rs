@@ -35,7 +35,8 @@ pub(crate) mod window_fit;
 pub use access_policy::{AccessWindow, PersistingL2};
 pub use device::{ForwardOutcome, L2Plan};
 pub use planner::{
-    Counters, ForwardSummary, Learned, PlanConfig, Planner, PrefetchLaunch, Replay, SEGMENT_PIECE,
-    Signature, Windows, auto_variant, default_budget, read_limit,
+    CollectiveKind, Counters, ForwardSummary, Learned, PLAN_ENV_SETTINGS, PlanConfig, Planner,
+    PrefetchLaunch, Replay, SEGMENT_PIECE, Signature, Windows, auto_variant, default_budget,
+    read_limit,
 };
 pub use segments::{SEGMENT_ALIGN, SegmentTable, aligned_segment, check_segment};

@@ -102,7 +102,73 @@ pub struct PlanConfig {
     pub replay: Replay,
     /// When the host launches a window's prefetch (it runs alongside the collective either way).
     pub launch: PrefetchLaunch,
+    /// Whether eager forwards time each window and cut its bytes to what fits in it
+    /// (`window_fit`); off, every window warms its whole budget.
+    pub fit: bool,
+    /// Whether windows announced as all-gathers ([`CollectiveKind::AllGather`]) are warmed;
+    /// off, they are counted (the windows keep their numbers) but nothing is prefetched in them.
+    pub all_gather: bool,
 }
+
+/// What kind of collective a window runs, as the caller announces it
+/// (`L2Plan::collective_of`); only [`PlanConfig::all_gather`] tells kinds apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CollectiveKind {
+    #[default]
+    AllReduce,
+    AllGather,
+    /// Any other collective (reduce-scatter, all-to-all, a custom op).
+    Other,
+}
+
+impl CollectiveKind {
+    /// `all_reduce`, `all_gather` or `other` (the C ABI's 0, 1 and 2).
+    pub fn named(name: &str) -> Result<Self> {
+        match name {
+            "all_reduce" => Ok(CollectiveKind::AllReduce),
+            "all_gather" => Ok(CollectiveKind::AllGather),
+            "other" => Ok(CollectiveKind::Other),
+            _ => Err(Error::invalid(
+                "collective kind",
+                format!("`{name}`; want all_reduce, all_gather or other"),
+            )),
+        }
+    }
+
+    /// The C ABI's number: 0 all-reduce, 1 all-gather, 2 other.
+    pub fn from_code(code: u32) -> Result<Self> {
+        match code {
+            0 => Ok(CollectiveKind::AllReduce),
+            1 => Ok(CollectiveKind::AllGather),
+            2 => Ok(CollectiveKind::Other),
+            _ => Err(Error::invalid(
+                "collective kind",
+                format!("{code}; want 0 (all-reduce), 1 (all-gather) or 2 (other)"),
+            )),
+        }
+    }
+}
+
+/// The `FETCHAHEAD_L2_*` settings [`PlanConfig::from_env`] reads, each with what it takes.
+pub const PLAN_ENV_SETTINGS: [(&str, &str); 5] = [
+    (
+        "FETCHAHEAD_L2_BUDGET_MB",
+        "budget_per_window: MiB a window may warm at most (a decimal number, > 0)",
+    ),
+    (
+        "FETCHAHEAD_L2_REPLAY",
+        "replay: auto, access_policy or an L2 prefetch variant's name",
+    ),
+    (
+        "FETCHAHEAD_L2_LAUNCH",
+        "launch: auto (the default), after or before",
+    ),
+    ("FETCHAHEAD_L2_FIT", "fit: 1 (the default) or 0"),
+    (
+        "FETCHAHEAD_L2_ALL_GATHER",
+        "all_gather: 1 (the default: all-gather windows warmed too) or 0",
+    ),
+];
 
 /// When the host launches a window's prefetch on the side stream. The side stream always waits
 /// for the main stream's point before the collective, so the prefetch runs alongside it either
@@ -113,14 +179,32 @@ pub enum PrefetchLaunch {
     BeforeCollective,
     /// At the first `consume()` after the collective (the caller has launched it by then), or
     /// at the next `collective()` / `end_forward()` when nothing was consumed. In a captured
-    /// graph the collective's node is then created first; on the H200 a prefetch node created
-    /// first delayed the collective's start by about 1.8 us in replay.
+    /// graph the collective's node is then created first.
     AfterCollective,
+    /// The default: before the collective in a captured forward, after it in an eager one.
+    /// Replayed on the H200 (2026-12-01, the decode-step bench, a prefetch of 96 bytes a window
+    /// so that only the branch counts), a branch whose prefetch node came after the collective's
+    /// cost the step 0.082 ms over its 138 windows, one whose node came first 0.025 ms; eagerly
+    /// the two placements saved the same, and launching at `consume` keeps `collective` cheap
+    /// for a host-bound caller.
+    Auto,
+}
+
+impl PrefetchLaunch {
+    /// Whether the prefetch launches at `collective()`, in a forward captured or not.
+    pub fn before_collective(self, captured: bool) -> bool {
+        match self {
+            PrefetchLaunch::BeforeCollective => true,
+            PrefetchLaunch::AfterCollective => false,
+            PrefetchLaunch::Auto => captured,
+        }
+    }
 }
 
 impl PlanConfig {
     /// The defaults for a device with `l2_bytes` of L2: [`default_budget`], [`Replay::Auto`],
-    /// and for bulk prefetches 16 KiB chunks and `min(n, 8)` blocks of 64 threads.
+    /// [`PrefetchLaunch::Auto`], windows fitted, and for bulk prefetches 16 KiB chunks and
+    /// `min(n, 8)` blocks of 64 threads.
     pub fn for_l2(l2_bytes: u64) -> PlanConfig {
         PlanConfig {
             budget_per_window: default_budget(l2_bytes),
@@ -128,8 +212,59 @@ impl PlanConfig {
             max_blocks: l2_prefetch::DEFAULT_MAX_BLOCKS,
             threads: l2_prefetch::DEFAULT_THREADS,
             replay: Replay::Auto,
-            launch: PrefetchLaunch::AfterCollective,
+            launch: PrefetchLaunch::Auto,
+            fit: true,
+            all_gather: true,
         }
+    }
+
+    /// [`PlanConfig::for_l2`] with each `FETCHAHEAD_L2_*` variable of [`PLAN_ENV_SETTINGS`]
+    /// that is set replacing its field; fields set on the result afterwards win over the
+    /// environment. A malformed value is an error naming the variable.
+    pub fn from_env(l2_bytes: u64) -> Result<PlanConfig> {
+        PlanConfig::from_vars(l2_bytes, |name| std::env::var(name).ok())
+    }
+
+    /// [`PlanConfig::from_env`] with the variables read through `var`.
+    pub fn from_vars(l2_bytes: u64, var: impl Fn(&str) -> Option<String>) -> Result<PlanConfig> {
+        let mut config = PlanConfig::for_l2(l2_bytes);
+        let bad = |name: &'static str, value: &str, want: &str| {
+            Error::invalid(name, format!("`{value}`; want {want}"))
+        };
+        let [budget, replay, launch, fit, all_gather] = PLAN_ENV_SETTINGS.map(|(name, _)| name);
+        if let Some(v) = var(budget) {
+            let mib: f64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|m: &f64| m.is_finite() && *m > 0.0 && *m <= (1u64 << 24) as f64)
+                .ok_or_else(|| bad(budget, &v, "MiB, a number above 0, e.g. 6 or 2.5"))?;
+            let bytes = (mib * (1u64 << 20) as f64) as u64;
+            config.budget_per_window = (bytes - bytes % SEGMENT_ALIGN).max(SEGMENT_ALIGN);
+        }
+        if let Some(v) = var(replay) {
+            config.replay = Replay::named(v.trim()).map_err(|e| bad(replay, &v, &e.to_string()))?;
+        }
+        if let Some(v) = var(launch) {
+            config.launch = match v.trim() {
+                "auto" => PrefetchLaunch::Auto,
+                "after" => PrefetchLaunch::AfterCollective,
+                "before" => PrefetchLaunch::BeforeCollective,
+                _ => return Err(bad(launch, &v, "auto, after or before")),
+            };
+        }
+        let switch = |name: &'static str, v: &str| match v.trim() {
+            "1" => Ok(true),
+            "0" => Ok(false),
+            _ => Err(bad(name, v, "1 or 0")),
+        };
+        if let Some(v) = var(fit) {
+            config.fit = switch(fit, &v)?;
+        }
+        if let Some(v) = var(all_gather) {
+            config.all_gather = switch(all_gather, &v)?;
+        }
+        Ok(config)
     }
 }
 

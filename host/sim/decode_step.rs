@@ -21,14 +21,17 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead_gpu::gemv::Reduce;
-use fetchahead_gpu::params::GemvParams;
+use fetchahead_gpu::l2_prefetch;
+use fetchahead_gpu::params::{GemvParams, PrefetchParams, Segment};
 use half::bf16;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
 use crate::error::CudaCall;
 use crate::kernels::Kernels;
 use crate::l2_plan::window_fit::{MEASURES, TAIL, WindowFit};
-use crate::l2_plan::{L2Plan, PlanConfig, Signature, default_budget};
+use crate::l2_plan::{
+    CollectiveKind, L2Plan, PlanConfig, SEGMENT_PIECE, SegmentTable, Signature, default_budget,
+};
 use crate::prefetch::prefetcher::{Completion, Join, PrefetcherConfig, Stats};
 use crate::sim::forward::{
     EngramLayers, FlagLanes, ForwardShape, GatherPath, LayerTable, StepClock, StepTime,
@@ -702,7 +705,7 @@ impl DecodeStep {
         let plan = L2Plan::new(
             kernels.clone(),
             main.clone(),
-            PlanConfig::for_l2(kernels.gpu().l2_bytes),
+            PlanConfig::from_env(kernels.gpu().l2_bytes)?,
         )?;
         let compute_ns = (1..=shape.layers)
             .map(|l| {
@@ -769,7 +772,12 @@ impl DecodeStep {
                 unsafe { self.kernels.launch_spin(s, compute_ns)? };
                 spun = true;
                 if plan {
-                    self.plan.collective()?;
+                    let kind = if window.role.is_all_reduce() {
+                        CollectiveKind::AllReduce
+                    } else {
+                        CollectiveKind::AllGather
+                    };
+                    self.plan.collective_of(kind)?;
                 }
                 // SAFETY: no flag is polled.
                 unsafe {
@@ -917,6 +925,15 @@ impl DecodeStep {
         let Some(windows) = self.plan.planner().plan(self.signature) else {
             return 0;
         };
+        let skipped = !self.plan.config().all_gather
+            && self
+                .weights
+                .windows()
+                .get(w)
+                .is_some_and(|x| !x.role.is_all_reduce());
+        if skipped {
+            return 0;
+        }
         let segments = windows.window(w);
         let n = match self.plan.window_cap(self.signature, w) {
             Some(cap) => WindowFit::prefix_within(segments.iter().map(|s| s.bytes), cap),
@@ -944,13 +961,28 @@ pub const GB10: TargetDevice = TargetDevice {
     multiprocessors: 48,
 };
 
-/// One reader matrix's times measured on the measuring device, microseconds: cold (after an
-/// L2 flush) and warm (right after the same launch), each behind an idle collective.
+/// One reader matrix's times measured on the measuring device, microseconds: cold (L2 full of
+/// other, clean lines) and warm (right after the same launch), each behind an idle collective,
+/// launched eagerly and replayed from a graph ([`reader_times`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ReaderTime {
     pub matrix: Matrix,
     pub cold_us: f64,
     pub warm_us: f64,
+    /// Replayed from a graph: the graph's time less the same graph without the reader.
+    pub replay_cold_us: f64,
+    pub replay_warm_us: f64,
+}
+
+impl ReaderTime {
+    /// (cold, warm) of one execution mode.
+    pub fn of_mode(&self, graph: bool) -> (f64, f64) {
+        if graph {
+            (self.replay_cold_us, self.replay_warm_us)
+        } else {
+            (self.cold_us, self.warm_us)
+        }
+    }
 }
 
 /// The measured mean step times, milliseconds, of one execution mode (eager or graph).
@@ -992,19 +1024,25 @@ pub struct SparkModel {
     /// The share of the ideal saving (warm bytes at the cold rate) the measuring device's plan
     /// realized, applied to the target.
     pub realized: f64,
-    /// The ideal saving on the measuring device, ms (warmed bytes x (cold - warm) per byte).
+    /// The ideal saving on the measuring device, ms (warmed bytes x (cold - warm) per byte),
+    /// from the readers' times in the measured execution mode.
     pub ideal_here_ms: f64,
+    /// The same from the readers' eager times.
+    pub ideal_eager_ms: f64,
+    /// The plan's saving on the measuring device, ms, with the rows resident.
+    pub saved_here_ms: f64,
 }
 
 impl SparkModel {
-    /// Projects `measured` (one execution mode's step times on the measuring device) to
-    /// `target` from the windows, the readers' measured times and the measuring device's
-    /// warmed bytes per window.
+    /// Projects `measured` (one execution mode's step times on the measuring device, replayed
+    /// from a graph when `graph`) to `target` from the windows, the readers' measured times and
+    /// the measuring device's warmed bytes per window.
     pub fn project(
         target: TargetDevice,
         windows: &[ModelWindow],
         times: &[ReaderTime],
         measured: MeasuredStep,
+        graph: bool,
     ) -> Result<SparkModel> {
         let budget = default_budget(target.l2_bytes);
         let bw = target.dram_bytes_per_s;
@@ -1016,6 +1054,7 @@ impl SparkModel {
                 .ok_or_else(|| Error::invalid("Spark model", format!("no time for {}", m.name)))
         };
         let (mut shift_us, mut ideal_here_us, mut warmed, mut saving_us) = (0.0, 0.0, 0u64, 0.0);
+        let mut ideal_eager_us = 0.0;
         for w in windows {
             let bytes: u64 = w.readers.iter().map(Matrix::bytes).sum();
             // The window's cut there: a prefetch reading at the DRAM rate may run a quarter of
@@ -1032,8 +1071,10 @@ impl SparkModel {
                 shift_us += t.warm_us + m.bytes() as f64 / bw * 1e6 - t.cold_us;
                 let warm_here = here_left.min(m.bytes());
                 here_left -= warm_here;
-                ideal_here_us +=
-                    (t.cold_us - t.warm_us).max(0.0) * warm_here as f64 / m.bytes().max(1) as f64;
+                let share = warm_here as f64 / m.bytes().max(1) as f64;
+                let (cold, warm) = t.of_mode(graph);
+                ideal_here_us += (cold - warm).max(0.0) * share;
+                ideal_eager_us += (t.cold_us - t.warm_us).max(0.0) * share;
             }
         }
         // The plan's saving with the rows resident: no lookup's spread in it.
@@ -1065,7 +1106,28 @@ impl SparkModel {
             warmed,
             realized,
             ideal_here_ms,
+            ideal_eager_ms: ideal_eager_us / 1e3,
+            saved_here_ms,
         })
+    }
+
+    /// The plan's saving here as a share of the measured mode's ideal (unclamped).
+    pub fn share_of_ideal(&self) -> f64 {
+        if self.ideal_here_ms > 0.0 {
+            self.saved_here_ms / self.ideal_here_ms
+        } else {
+            0.0
+        }
+    }
+
+    /// The plan's saving here as a share of the eager ideal (the realized share is of the
+    /// measured mode's own ideal).
+    pub fn share_of_eager_ideal(&self) -> f64 {
+        if self.ideal_eager_ms > 0.0 {
+            self.saved_here_ms / self.ideal_eager_ms
+        } else {
+            0.0
+        }
     }
 
     /// The model in one paragraph, then its assumptions, one a line.
@@ -1114,61 +1176,166 @@ impl SparkModel {
     }
 }
 
-/// Median microseconds of each distinct reader matrix of `weights` on `stream`, cold (after a
-/// write of twice the L2 size and a read of the activations) and warm (right after the same launch), each launch behind a
-/// 20 us idle collective and between timing events; `reps` of each.
+/// Median microseconds of each distinct reader matrix of `weights` on `stream`, cold and warm,
+/// launched eagerly and replayed from a CUDA graph; `reps` of each.
+///
+/// Cold: after a write of twice the L2 size that is then read back, so that L2 is full of clean
+/// lines, as a decode step's earlier readers leave it (after the write alone the cold reader
+/// also paid the write-back of the lines it displaced: on the H200 that doubled its cold - warm
+/// difference), and the activations read back into L2 (every reader of the step reads them).
+/// Warm: right after the same launch. Each launch follows a 20 us idle collective. Replayed:
+/// the collective and the reader captured as one graph, timed around its launch, less the same
+/// graph without the reader.
 pub fn reader_times(
     kernels: &Kernels,
     stream: &Arc<CudaStream>,
     weights: &DecodeWeights,
     reps: usize,
 ) -> Result<Vec<ReaderTime>> {
-    let l2 = kernels.gpu().l2_bytes;
-    let flush_bytes = (2 * l2).clamp(64 << 20, 512 << 20) as usize;
-    let flush = stream.alloc_zeros::<u8>(flush_bytes).call("cuMemAlloc")?;
-    let flush_at = flush.device_ptr(stream).0;
+    let flush = CleanFlush::new(kernels, stream)?;
     let clock = StepClock::new(stream)?;
     let s = stream.cu_stream();
+    let collective = || -> Result<()> {
+        // SAFETY: this function's stream; no flag is polled.
+        unsafe { kernels.launch_collective(s, 1, 20_000, 0) }
+    };
+    let capture = |with_reader: Option<&Reader>| -> Result<CudaGraph> {
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        stream.begin_capture(mode).call("cuStreamBeginCapture")?;
+        let enqueued = collective().and_then(|()| match with_reader {
+            Some(gemv) => gemv.launch(kernels, stream),
+            None => Ok(()),
+        });
+        let graph = stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .call("cuStreamEndCapture")?;
+        enqueued?;
+        let graph = graph.ok_or_else(|| Error::invalid("graph", "the capture recorded nothing"))?;
+        graph.upload().call("cuGraphUpload")?;
+        Ok(graph)
+    };
+    let replay_us = |graph: &CudaGraph| -> Result<f64> {
+        let started = clock.begin(kernels, stream, 0)?;
+        graph.launch().call("cuGraphLaunch")?;
+        Ok(clock.finish(stream, started)?.gpu_ms * 1e3)
+    };
+    let idle = capture(None)?;
+    let mut idle_us = Vec::new();
+    for _ in 0..reps.max(1) {
+        idle_us.push(replay_us(&idle)?);
+    }
+    let idle_us = percentile(&mut idle_us, 0.5);
     let mut times: Vec<ReaderTime> = Vec::new();
     for w in 0..weights.windows().len() {
         for (gemv, matrix) in weights.readers(w) {
             if times.iter().any(|t| t.matrix == *matrix) {
                 continue;
             }
-            let timed = |flush_first: bool| -> Result<f64> {
-                if flush_first {
-                    // SAFETY: the flush buffer is this function's own allocation of
-                    // `flush_bytes` bytes.
-                    unsafe {
-                        crate::driver::memory::memset_d8_async(flush_at, 0x5A, flush_bytes, s)
-                    }?;
-                    // The activations back into L2, as in the step (read by every reader).
-                    let p = gemv.params();
-                    let x_bytes = p.m as usize * p.k as usize * 2;
-                    // SAFETY: x is the reader's live activations of m x k bf16; the flush
-                    // buffer, at least 64 MiB, holds them and does not overlap them.
-                    unsafe { crate::driver::memory::memcpy_dtod_async(flush_at, p.x, x_bytes, s) }?;
+            let p = gemv.params();
+            let activations = (p.x, p.m as usize * p.k as usize * 2);
+            let eager = |cold: bool| -> Result<f64> {
+                if cold {
+                    flush.run(activations)?;
                 }
-                // SAFETY: no flag is polled.
-                unsafe { kernels.launch_collective(s, 1, 20_000, 0)? };
+                collective()?;
                 let started = clock.begin(kernels, stream, 0)?;
                 gemv.launch(kernels, stream)?;
                 Ok(clock.finish(stream, started)?.gpu_ms * 1e3)
             };
-            let (mut cold, mut warm) = (Vec::new(), Vec::new());
+            let graph = capture(Some(gemv))?;
+            let replayed = |cold: bool| -> Result<f64> {
+                if cold {
+                    flush.run(activations)?;
+                } else {
+                    replay_us(&graph)?;
+                }
+                Ok(replay_us(&graph)? - idle_us)
+            };
+            let mut t = [(); 4].map(|_| Vec::new());
             for _ in 0..reps.max(1) {
-                cold.push(timed(true)?);
-                warm.push(timed(false)?);
+                t[0].push(eager(true)?);
+                t[1].push(eager(false)?);
+                t[2].push(replayed(true)?);
+                t[3].push(replayed(false)?);
             }
+            let [cold_us, warm_us, replay_cold_us, replay_warm_us] =
+                t.map(|mut v| percentile(&mut v, 0.5));
             times.push(ReaderTime {
                 matrix: *matrix,
-                cold_us: percentile(&mut cold, 0.5),
-                warm_us: percentile(&mut warm, 0.5),
+                cold_us,
+                warm_us,
+                replay_cold_us,
+                replay_warm_us,
             });
         }
     }
-    drop(flush);
     Ok(times)
+}
+
+/// Leaves L2 full of clean lines of a buffer of its own (twice the L2 size, 64-512 MiB): a write
+/// of it, then a read of it by every SM (`l2_prefetch_loads`), then the activations read back.
+struct CleanFlush<'a> {
+    kernels: &'a Kernels,
+    stream: &'a Arc<CudaStream>,
+    buffer: CudaSlice<u8>,
+    table: SegmentTable,
+}
+
+impl<'a> CleanFlush<'a> {
+    fn new(kernels: &'a Kernels, stream: &'a Arc<CudaStream>) -> Result<Self> {
+        let bytes = (2 * kernels.gpu().l2_bytes).clamp(64 << 20, 512 << 20);
+        let buffer = stream
+            .alloc_zeros::<u8>(bytes as usize)
+            .call("cuMemAlloc")?;
+        let base = buffer.device_ptr(stream).0;
+        let segments: Vec<Segment> = (0..bytes)
+            .step_by(SEGMENT_PIECE as usize)
+            .map(|at| Segment {
+                address: base + at,
+                bytes: SEGMENT_PIECE.min(bytes - at),
+            })
+            .collect();
+        let table = SegmentTable::upload(stream, &segments)?;
+        Ok(CleanFlush {
+            kernels,
+            stream,
+            buffer,
+            table,
+        })
+    }
+
+    /// Flushes, then reads the `(address, bytes)` activations back into L2.
+    fn run(&self, (x, x_bytes): (u64, usize)) -> Result<()> {
+        let s = self.stream.cu_stream();
+        let base = self.buffer.device_ptr(self.stream).0;
+        let bytes = self.buffer.len();
+        // SAFETY: the flush buffer is this flush's own allocation of `bytes` bytes.
+        unsafe { crate::driver::memory::memset_d8_async(base, 0x5A, bytes, s) }?;
+        let n = self.table.len() as u32;
+        let gpu = self.kernels.gpu();
+        let (blocks, threads) = l2_prefetch::launch_shape(
+            l2_prefetch::LOADS_VARIANT,
+            n,
+            gpu.multiprocessors,
+            l2_prefetch::DEFAULT_MAX_BLOCKS,
+            l2_prefetch::DEFAULT_THREADS,
+        );
+        let params = PrefetchParams {
+            segments: self.table.address_of(0),
+            n: n as u64,
+            chunk: l2_prefetch::DEFAULT_CHUNK,
+            _pad: 0,
+        };
+        // SAFETY: the table holds the flush buffer's pieces, live while this flush lives.
+        unsafe {
+            self.kernels
+                .launch_l2_prefetch(s, l2_prefetch::LOADS_VARIANT, params, blocks, threads)
+        }?;
+        // SAFETY: x is a reader's live activations of `x_bytes`; the flush buffer, at least
+        // 64 MiB, holds them and does not overlap them. The copy's writes are the activations'
+        // bytes again, as a collective's output would leave them in L2.
+        unsafe { crate::driver::memory::memcpy_dtod_async(base, x, x_bytes, s) }
+    }
 }
 
 /// The `q` quantile (0..=1, nearest rank) of `v`, NaN when empty.
@@ -1379,6 +1546,9 @@ pub fn model_windows(step: &DecodeStep) -> Vec<ModelWindow> {
         .collect()
 }
 
+/// The share of its ideal the L2 plan's saving should reach, in either execution mode.
+pub const PLAN_GOAL: f64 = 0.8;
+
 /// The projection's lines for one execution mode's runs.
 pub fn spark_lines(
     label: &str,
@@ -1397,23 +1567,33 @@ pub fn spark_lines(
         plan: mean(StepConfig::Plan),
         both: mean(StepConfig::Both),
     };
-    let m = SparkModel::project(GB10, windows, times, measured)?;
+    let m = SparkModel::project(GB10, windows, times, measured, graph)?;
     let share = |t: f64| 100.0 * (m.neither - t) / m.neither;
     let gain = m.neither / m.plan - 1.0;
+    let verdict = |x: f64| if x >= PLAN_GOAL { "met" } else { "NOT MET" };
     Ok(vec![
         format!(
             "{} projected from the {label} lookups' {mode} steps: budget {:.2} MiB a window, \
              {:.1} MiB warmed a step, readers cold {:.2} ms a step, realized share {:.2} (here, rows \
              resident, the plan saved {:.3} ms of an ideal {:.3} ms = {:.2}% of the step: its \
-             warmed bytes x the readers' (cold - warm) time per byte)",
+             warmed bytes x the readers' (cold - warm) time per byte, {mode})",
             m.target.name,
             m.budget as f64 / MIB,
             m.warmed as f64 / MIB,
             m.readers_cold_ms,
             m.realized,
-            measured.floor - measured.floor_plan,
+            m.saved_here_ms,
             m.ideal_here_ms,
             100.0 * m.ideal_here_ms / measured.floor
+        ),
+        format!(
+            "  L2 plan, {mode}: {:.2} of the {mode} ideal ({}), {:.2} of the eager ideal {:.3} ms \
+             ({}); goal {PLAN_GOAL} of each",
+            m.share_of_ideal(),
+            verdict(m.share_of_ideal()),
+            m.share_of_eager_ideal(),
+            m.ideal_eager_ms,
+            verdict(m.share_of_eager_ideal()),
         ),
         format!(
             "  step ms: neither {:.3}, Engram prefetcher only {:.3} ({:.2}%), L2 plan only {:.3} \

@@ -543,6 +543,9 @@ class Prefetcher:
         self._prefetcher = None
 
 
+_COLLECTIVE_KINDS = {"all_reduce": 0, "all_gather": 1, "other": 2}
+
+
 class L2Plan:
     """Learns which weights the kernels after each collective read, and in later forwards warms
     them into L2 while the collective runs (a cache hint: outputs stay bit-identical).
@@ -576,10 +579,21 @@ class L2Plan:
         batch's token count) on the current stream."""
         self._plan.begin_forward(signature, _torch_ops().stream_of(self._device))
 
-    def collective(self) -> None:
-        """Call right before launching each collective (all-reduce, custom op) on the current
-        stream."""
-        self._plan.collective()
+    def collective(self, kind: str = "all_reduce") -> None:
+        """Call right before launching each collective on the current stream. ``kind`` is
+        ``"all_reduce"`` (the default), ``"all_gather"`` or ``"other"``; with all-gather windows
+        switched off (``set_all_gather(False)`` or ``FETCHAHEAD_L2_ALL_GATHER=0``) an
+        all-gather's window is counted but not warmed."""
+        code = _COLLECTIVE_KINDS.get(kind)
+        if code is None:
+            raise InvalidArgumentError(
+                f"invalid collective kind: {kind!r}; want one of {sorted(_COLLECTIVE_KINDS)}"
+            )
+        self._plan.collective(code)
+
+    def set_all_gather(self, enabled: bool) -> None:
+        """Whether all-gather windows are warmed (the default) or only counted."""
+        self._plan.set_all_gather(bool(enabled))
 
     def consume(self, tensor: "torch.Tensor", nbytes: Optional[int] = None) -> None:
         """A kernel after the latest collective reads ``tensor`` (a live CUDA weight; its first

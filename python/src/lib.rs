@@ -10,7 +10,7 @@ use fetchahead::device_abi::params::{DequantParams, GatherParams, IdStatus};
 use fetchahead::device_abi::{dequant, gather};
 use fetchahead::kernels::Kernels;
 use fetchahead::l2_plan::segments::SegmentTable;
-use fetchahead::l2_plan::{L2Plan as RustL2Plan, PlanConfig, Replay, Signature};
+use fetchahead::l2_plan::{CollectiveKind, L2Plan as RustL2Plan, PlanConfig, Replay, Signature};
 use fetchahead::prefetch::flag_worker::FlagLane as RustFlagLane;
 use fetchahead::prefetch::lookup::{MemoryRows, RowLookup};
 use fetchahead::prefetch::prefetcher::{
@@ -831,7 +831,8 @@ impl L2Plan {
         replay: Option<&str>,
     ) -> PyRes<Self> {
         let kernels = device.kernels.clone();
-        let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
+        // The device's defaults and the FETCHAHEAD_L2_* settings; the arguments win.
+        let mut config = done(py, PlanConfig::from_env(kernels.gpu().l2_bytes))?;
         if let Some(b) = budget_per_window {
             config.budget_per_window = b;
         }
@@ -857,8 +858,15 @@ impl L2Plan {
         done(py, r)
     }
 
-    fn collective(&self, py: Python<'_>) -> PyRes<()> {
-        let r = lock(&self.inner).collective();
+    /// `kind`: 0 all-reduce (the default), 1 all-gather, 2 other.
+    #[pyo3(signature = (kind=0))]
+    fn collective(&self, py: Python<'_>, kind: u32) -> PyRes<()> {
+        let r = CollectiveKind::from_code(kind).and_then(|k| lock(&self.inner).collective_of(k));
+        done(py, r)
+    }
+
+    fn set_all_gather(&self, py: Python<'_>, enabled: bool) -> PyRes<()> {
+        let r = lock(&self.inner).set_all_gather(enabled);
         done(py, r)
     }
 
