@@ -22,6 +22,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead_gpu::gemv::Reduce;
 use fetchahead_gpu::params::GemvParams;
+use fetchahead_gpu::timeline::NO_LABEL;
 use half::bf16;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
@@ -393,6 +394,7 @@ impl Reader {
             n,
             k,
             splits,
+            timeline: fetchahead_gpu::params::TimelineParams::OFF,
         };
         Ok(Reader {
             _w: w,
@@ -741,6 +743,10 @@ impl DecodeStep {
         &self.plan
     }
 
+    pub fn kernels(&self) -> &Arc<Kernels> {
+        &self.kernels
+    }
+
     /// Writes the next step's tokens (at most `shape.tokens`).
     pub fn set_tokens(&mut self, tokens: &[u32]) -> Result<()> {
         self.engram.set_tokens(&self.main, tokens)
@@ -757,6 +763,7 @@ impl DecodeStep {
         if plan {
             self.plan.begin_forward(self.signature)?;
         }
+        self.kernels.set_timeline_label(NO_LABEL);
         // SAFETY: `s` is this step's own stream, given to every call of the step.
         unsafe { self.engram.enqueue_head(path, n_tokens, s)? };
         let mut w = 0;
@@ -765,6 +772,8 @@ impl DecodeStep {
             let compute_ns = self.compute_ns[l as usize - 1];
             let mut spun = false;
             while let Some(window) = windows.get(w).filter(|x| x.layer == l) {
+                // The device timeline labels the window's launches (and the next gather) with it.
+                self.kernels.set_timeline_label(w as u32);
                 // SAFETY: this step's stream.
                 unsafe { self.kernels.launch_spin(s, compute_ns)? };
                 spun = true;
@@ -796,6 +805,7 @@ impl DecodeStep {
         }
         // SAFETY: this step's stream, given to its gathers.
         unsafe { self.engram.finish(path, s)? };
+        self.kernels.set_timeline_label(NO_LABEL);
         if plan {
             self.plan.end_forward()?;
         }

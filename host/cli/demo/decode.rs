@@ -13,6 +13,7 @@ use fetchahead::sim::decode_step::{
     StepConfig, StepOutputs, model_windows, reader_times, report, spark_lines,
 };
 use fetchahead::sim::forward::LayerTable;
+use fetchahead::sim::trace::{FULL_STEP_CAPACITY, TRACED, trace_decode_step};
 use fetchahead::{Error, Result};
 use rand::rngs::SmallRng;
 
@@ -187,6 +188,10 @@ pub fn run(
         for line in spark_lines("demo", graph, &runs, &model, &times)? {
             println!("{line}");
         }
+    }
+    if let Some(out) = &args.timeline {
+        let trace = trace_decode_step(&mut step, &TRACED, 1, FULL_STEP_CAPACITY)?;
+        crate::cli::trace::write(&trace, out, args.force)?;
     }
     Ok(differences.is_empty() && step.engram_stats().lookup_errors == 0)
 }
