@@ -245,3 +245,201 @@ impl Trace {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ring of `capacity` records after `head` reservations, reservation `r` of `records`
+    /// written into its slot (later reservations over earlier ones, as on the device).
+    fn ring(capacity: u64, records: &[TimelineRecord]) -> Vec<u64> {
+        let mut words = vec![0u64; HEADER_WORDS + capacity as usize * RECORD_WORDS];
+        words[0] = records.len() as u64;
+        words[1] = capacity;
+        for (r, rec) in records.iter().enumerate() {
+            let at = HEADER_WORDS + (r as u64 & (capacity - 1)) as usize * RECORD_WORDS;
+            words[at] = rec.start_ns;
+            words[at + 1] = rec.end_ns;
+            words[at + 2] = rec.kernel as u64 | (rec.label as u64) << 32;
+            words[at + 3] = rec.block as u64 | (rec.sm as u64) << 32;
+        }
+        words
+    }
+
+    fn record(start_ns: u64, end_ns: u64, kernel: u32, block: u32, sm: u32) -> TimelineRecord {
+        TimelineRecord {
+            start_ns,
+            end_ns,
+            kernel,
+            label: 7,
+            block,
+            sm,
+        }
+    }
+
+    fn id_of(name: &str) -> u32 {
+        fetchahead_gpu::all_kernels()
+            .position(|e| e.name == name)
+            .unwrap() as u32
+    }
+
+    #[test]
+    fn records_come_back_sorted_by_start() {
+        let recs = [
+            record(5_000, 6_000, 1, 0, 3),
+            record(1_000, 9_000, 2, 1, 0),
+            record(3_000, 3_500, 1, 2, 1),
+        ];
+        let c = Capture::from_ring_words(&ring(8, &recs)).unwrap();
+        assert_eq!((c.lost, c.unfinished), (0, 0));
+        let starts: Vec<u64> = c.records.iter().map(|r| r.start_ns).collect();
+        assert_eq!(starts, [1_000, 3_000, 5_000]);
+        assert_eq!(c.records[0], recs[1], "every field read back");
+    }
+
+    #[test]
+    fn a_wrapped_ring_keeps_the_newest_and_counts_the_lost() {
+        // Six reservations into four slots: the first two were overwritten.
+        let recs: Vec<TimelineRecord> = (0..6)
+            .map(|i| record(100 * (i + 1), 100 * (i + 1) + 50, 0, i as u32, 0))
+            .collect();
+        let c = Capture::from_ring_words(&ring(4, &recs)).unwrap();
+        assert_eq!(c.lost, 2);
+        assert_eq!(c.unfinished, 0);
+        let blocks: Vec<u32> = c.records.iter().map(|r| r.block).collect();
+        assert_eq!(blocks, [2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn an_unfinished_block_is_counted_not_drawn() {
+        let recs = [record(1_000, 0, 0, 0, 0), record(2_000, 2_100, 0, 1, 0)];
+        let c = Capture::from_ring_words(&ring(4, &recs)).unwrap();
+        assert_eq!((c.records.len(), c.unfinished), (1, 1));
+        // Reserved but not yet started: counted too.
+        let mut words = ring(4, &recs);
+        words[0] = 3;
+        let c = Capture::from_ring_words(&words).unwrap();
+        assert_eq!((c.records.len(), c.unfinished), (1, 2));
+    }
+
+    #[test]
+    fn a_bad_ring_is_an_error_not_a_panic() {
+        assert!(Capture::from_ring_words(&[]).is_err());
+        assert!(Capture::from_ring_words(&[0, 3, 0, 0, 0, 0]).is_err());
+        assert!(
+            Capture::from_ring_words(&[1, 4, 0, 0, 0, 0]).is_err(),
+            "short"
+        );
+        assert!(Capture::from_ring_words(&[0, 1 << 63]).is_err(), "huge");
+        assert!(
+            Capture::from_ring_words(&ring(2, &[]))
+                .unwrap()
+                .records
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn the_trace_is_chrome_json_with_eager_and_replayed_side_by_side() {
+        let (prefetch, reader) = (id_of("l2_prefetch_loads"), id_of("gemv_bf16_m8_cluster"));
+        let eager = [
+            record(10_000, 14_000, prefetch, 0, 5),
+            record(12_000, 13_000, reader, 3, 9),
+        ];
+        let replayed = [record(90_000, 91_500, reader, 1, 2)];
+        let mut trace = Trace::new();
+        trace.add_step(
+            "eager step 1",
+            Capture::from_ring_words(&ring(4, &eager)).unwrap(),
+        );
+        let mut words = ring(1, &replayed);
+        words[0] = 3; // two blocks lost to the wrap
+        trace.add_step("replayed step 1", Capture::from_ring_words(&words).unwrap());
+        let text = serde_json::to_string(&trace.to_json()).unwrap();
+        let back: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, trace.to_json(), "round trip");
+        let events = back["traceEvents"].as_array().unwrap();
+        let spans: Vec<&Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+        assert_eq!(spans.len(), 3);
+        // Times in microseconds from each step's first block.
+        assert_eq!(spans[0]["ts"], 0.0);
+        assert_eq!(spans[0]["dur"], 4.0);
+        assert_eq!(spans[1]["ts"], 2.0);
+        assert_eq!(spans[2]["ts"], 0.0, "the replayed step starts at 0 too");
+        assert_eq!(spans[0]["name"], "l2_prefetch_loads (window 7)");
+        assert_eq!(spans[0]["cat"], "l2 prefetch");
+        assert_eq!(spans[1]["cat"], "reader");
+        assert_eq!(spans[0]["tid"], 5, "tid is the SM");
+        assert_eq!(spans[1]["args"]["block"], 3);
+        assert_eq!(spans[1]["args"]["window"], 7);
+        assert_ne!(spans[0]["pid"], spans[2]["pid"], "one process a step");
+        let name_of = |pid: &Value| {
+            events
+                .iter()
+                .find(|e| e["ph"] == "M" && e["name"] == "process_name" && &e["pid"] == pid)
+                .map(|e| e["args"]["name"].clone())
+        };
+        assert_eq!(name_of(&spans[0]["pid"]), Some(json!("eager step 1")));
+        assert_eq!(name_of(&spans[2]["pid"]), Some(json!("replayed step 1")));
+        assert_eq!(back["otherData"]["records"]["replayed step 1"]["lost"], 2);
+        let losses: Vec<_> = trace.losses().collect();
+        assert_eq!(losses, [("eager step 1", 0, 0), ("replayed step 1", 2, 0)]);
+    }
+
+    #[test]
+    fn an_unlabelled_launch_is_named_by_its_kernel_alone() {
+        let mut r = record(1, 2, id_of("spin"), 0, 0);
+        r.label = NO_LABEL;
+        let mut trace = Trace::new();
+        trace.add_step("s", Capture::from_ring_words(&ring(1, &[r])).unwrap());
+        let json = trace.to_json();
+        let span = json["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["ph"] == "X")
+            .unwrap()
+            .clone();
+        assert_eq!(span["name"], "spin");
+        assert_eq!(span["cat"], "spin");
+        assert_eq!(span["args"]["window"], Value::Null);
+    }
+
+    #[test]
+    fn every_instrumented_kernel_has_a_kind() {
+        for name in ["l2_prefetch", "collective_spin", "gemv_bf16_m8", "spin"] {
+            assert_ne!(kind_of(name), "other", "{name}");
+        }
+        assert_eq!(kind_of("staged_dequant_tagged"), "engram gather");
+        assert_eq!(kind_of("gather_dequant_packed"), "engram gather");
+        assert_eq!(kind_of("hash_ngrams"), "other");
+        assert_eq!(kernel_name(u32::MAX), format!("kernel {}", u32::MAX));
+    }
+
+    #[test]
+    fn writing_replaces_nothing_without_force_and_never_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut trace = Trace::new();
+        trace.add_step(
+            "s",
+            Capture::from_ring_words(&ring(2, &[record(1, 5, 0, 0, 0)])).unwrap(),
+        );
+        let out = dir.path().join("t.json");
+        trace.write(&out, false).unwrap();
+        let text = fs::read_to_string(&out).unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&text).unwrap(),
+            trace.to_json()
+        );
+        assert!(trace.write(&out, false).is_err(), "exists, no force");
+        trace.write(&out, true).unwrap();
+        let target = dir.path().join("other");
+        fs::write(&target, "not mine").unwrap();
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(trace.write(&link, true).is_err());
+        assert_eq!(fs::read_to_string(&target).unwrap(), "not mine");
+        let left: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 3, "no temporary file left behind");
+    }
+}
