@@ -60,7 +60,7 @@ struct Launches {
 impl Launches {
     fn new(stream: &Arc<CudaStream>) -> Result<Launches> {
         let bytes: Vec<u8> = (0..ROWS * ROW_BYTES as u64)
-            .map(|i| (i * 2654435761 >> 7) as u8)
+            .map(|i| ((i * 2654435761) >> 7) as u8)
             .collect();
         let table = RowTable::from_bytes(stream, &bytes, ROW_BYTES, Placement::Device)?;
         let ids: Vec<i64> = (0..GATHERED as i64)
