@@ -34,9 +34,10 @@ use fetchahead::sim::decode_step::{
     StepConfig, StepOutputs, model_windows, reader_times, report, spark_lines,
 };
 use fetchahead::sim::forward::LayerTable;
-use fetchahead::sim::trace::{FULL_STEP_CAPACITY, TRACED, trace_decode_step};
+use fetchahead::sim::trace::{TRACED, trace_decode_step};
 use fetchahead::store::make::{TableSpec, write_table};
 use fetchahead::store::{LayerRows, ReadPath, RowStore, StoreOptions};
+use fetchahead::timeline::DEFAULT_CAPACITY;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
 const DIM: usize = 256;
@@ -368,7 +369,7 @@ fn decode_step(c: &mut Criterion) {
         if let Some(out) =
             std::env::var_os("FETCHAHEAD_BENCH_TIMELINE").filter(|_| lookups.label == cold.label)
         {
-            let traced = trace_decode_step(&mut s, &TRACED, 1, FULL_STEP_CAPACITY)
+            let traced = trace_decode_step(&mut s, &TRACED, 1, DEFAULT_CAPACITY)
                 .and_then(|t| t.write(Path::new(&out), false).map(|()| t));
             match traced {
                 Ok(t) => println!(

@@ -47,10 +47,6 @@ pub fn memory_tables(shape: &DecodeShape, rows: u64) -> Result<Vec<Arc<dyn Layer
         .collect()
 }
 
-/// Records a ring of a whole DeepSeek-scale step needs (its readers' clusters are most of its
-/// blocks): 128 MiB of device memory.
-pub const FULL_STEP_CAPACITY: u64 = 1 << 22;
-
 /// Records `steps` steps of each of `configs` eagerly, then as many replays of a graph of each
 /// captured with the timeline on. Warms the plan first (those steps are not recorded). The
 /// timeline, if off, is turned on with a ring of `capacity` records (kept by the kernels) and
