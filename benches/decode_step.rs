@@ -19,7 +19,9 @@
 //! Knobs: FETCHAHEAD_BENCH_DIR (where the table is written; point it at the NVMe),
 //! FETCHAHEAD_BENCH_ROWS (rows per Engram layer, default 2^19), FETCHAHEAD_BENCH_SAMPLES (timed
 //! steps per configuration, default 20), FETCHAHEAD_BENCH_LOOKUPS and FETCHAHEAD_BENCH_CONFIGS
-//! (comma lists narrowing the run: `cold,warm`; configuration ids such as `floor,floor_plan`).
+//! (comma lists narrowing the run: `cold,warm`; configuration ids such as `floor,floor_plan`),
+//! FETCHAHEAD_BENCH_TIMELINE (a file: the step recorded on the device timeline, rows resident,
+//! plan off and on, eager and replayed, as a Chrome trace).
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -34,8 +36,10 @@ use fetchahead::sim::decode_step::{
     StepConfig, StepOutputs, model_windows, reader_times, report, spark_lines,
 };
 use fetchahead::sim::forward::LayerTable;
+use fetchahead::sim::trace::{TRACED, trace_decode_step};
 use fetchahead::store::make::{TableSpec, write_table};
 use fetchahead::store::{LayerRows, ReadPath, RowStore, StoreOptions};
+use fetchahead::timeline::DEFAULT_CAPACITY;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
 const DIM: usize = 256;
@@ -374,6 +378,21 @@ fn decode_step(c: &mut Criterion) {
                     },
                 }
                 drop(captured);
+            }
+        }
+        // The timeline of the step (rows resident, plan off and on, eager and replayed), once.
+        if let Some(out) =
+            std::env::var_os("FETCHAHEAD_BENCH_TIMELINE").filter(|_| lookups.label == cold.label)
+        {
+            let traced = trace_decode_step(&mut s, &TRACED, 1, DEFAULT_CAPACITY)
+                .and_then(|t| t.write(Path::new(&out), false).map(|()| t));
+            match traced {
+                Ok(t) => println!(
+                    "timeline: {} blocks written to {}",
+                    t.records(),
+                    Path::new(&out).display()
+                ),
+                Err(e) => failures.push(format!("timeline: {e}")),
             }
         }
         let errors = s.engram_stats().lookup_errors;

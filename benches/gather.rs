@@ -494,6 +494,7 @@ fn gather_params(table: (u64, u64), ids: u64, out: u64, status: u64, n: u64) -> 
         rows: table.1,
         row_bytes: DIM as u32,
         _pad: 0,
+        timeline: fetchahead::device_abi::params::TimelineParams::OFF,
     }
 }
 
@@ -515,6 +516,7 @@ fn dequant_params(
         rows: table.2,
         dim: DIM as u32,
         _pad: 0,
+        timeline: fetchahead::device_abi::params::TimelineParams::OFF,
     }
 }
 

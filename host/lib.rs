@@ -15,6 +15,8 @@
 //! - `sim` (feature `simulation`, on by default): the simulation the demo, benches and tests use
 //!   (bf16 GEMV reader, simulated forward, collective, hash and spin kernels' launches, decode
 //!   step, CPU reference, self-check). An engine may build with `default-features = false`.
+//! - [`timeline`]: the device-side timeline (each instrumented kernel's blocks, start and end)
+//!   and its Chrome trace.
 //! - [`error`], [`logging`], [`memory`]: the one error type, the stderr logger of the CLI and the
 //!   C library (`FETCHAHEAD_LOG`), allocations sized by input, checked and fallible.
 //!
@@ -32,6 +34,7 @@ pub mod prefetch;
 pub mod sim;
 pub mod store;
 pub mod tables;
+pub mod timeline;
 
 pub use error::{Error, Result};
 pub use fetchahead_gpu as device_abi;

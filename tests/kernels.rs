@@ -337,6 +337,7 @@ fn launches_refuse_bad_shapes_with_an_error() {
         rows: 10,
         row_bytes: 256,
         _pad: 0,
+        timeline: fetchahead::device_abi::params::TimelineParams::OFF,
     };
     let cases = [
         (

@@ -821,6 +821,7 @@ fn prefetch_kernel_runs_clean() -> Result<()> {
                 n: table.len() as u64,
                 chunk,
                 _pad: 0,
+                timeline: fetchahead::device_abi::params::TimelineParams::OFF,
             };
             // SAFETY: the table holds checked segments inside `buffer`, alive past the sync.
             unsafe { kernels.launch_l2_prefetch(stream.cu_stream(), variant, p, blocks, threads) }?;

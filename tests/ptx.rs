@@ -91,3 +91,23 @@ fn kernels_declare_at_most_one_shared_buffer() {
         );
     }
 }
+
+/// The device timeline: every kernel the brief instruments (L2 prefetches, gathers, the
+/// simulation's collective, readers and spin) declares its timeline word exactly once (a
+/// duplicated `begin` would declare it twice and fail to load) and reads `%smid`; the others
+/// carry none of it.
+#[test]
+fn instrumented_kernels_declare_their_timeline_word_once() {
+    let untimed = ["gather_empty", "hash_ngrams", "check_equal"];
+    for built in ptx::BUILT {
+        for body in built.text.split(".entry ").skip(1) {
+            let name = body.split('(').next().unwrap_or("?").trim();
+            let declared = body
+                .matches(".shared .align 8 .b8 fa_timeline_slot[8];")
+                .count();
+            let want = usize::from(!untimed.contains(&name));
+            assert_eq!(declared, want, "{} {name}", built.arch);
+            assert_eq!(body.contains("%smid"), want == 1, "{} {name}", built.arch);
+        }
+    }
+}

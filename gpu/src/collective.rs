@@ -20,6 +20,12 @@ mod kernels {
     /// Per block: thread 0 polls until the time is up; nothing is written.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn collective_spin(p: CollectiveParams) {
+        // SAFETY: the host passes a live flag or 0.
+        timed!(p, unsafe { poll(&p) })
+    }
+
+    #[inline(always)]
+    unsafe fn poll(p: &CollectiveParams) {
         if thread_in_block() != 0 {
             return;
         }

@@ -654,3 +654,42 @@ pub unsafe fn store_i64(addr: u64, v: i64) {
              options(nostack, preserves_flags));
     }
 }
+
+/// `*addr += v` at device scope on a u64, returning the old value.
+///
+/// # Safety
+/// `addr` is a writable, 8-byte aligned global address.
+#[inline(always)]
+pub unsafe fn atomic_add_u64(addr: u64, v: u64) -> u64 {
+    let old: u64;
+    // SAFETY: the caller guarantees a writable, aligned address.
+    unsafe {
+        asm!("atom.global.add.u64 {0}, [{1}], {2};", out(reg64) old, in(reg64) addr, in(reg64) v,
+             options(nostack, preserves_flags));
+    }
+    old
+}
+
+/// Two u32 stored as one 8-byte access.
+///
+/// # Safety
+/// `addr` is a writable, 8-byte aligned global address no other thread writes.
+#[inline(always)]
+pub unsafe fn store_v2_u32(addr: u64, v: [u32; 2]) {
+    // SAFETY: the caller guarantees a writable, aligned address owned by this thread.
+    unsafe {
+        asm!("st.global.v2.u32 [{0}], {{{1}, {2}}};", in(reg64) addr, in(reg32) v[0],
+             in(reg32) v[1], options(nostack, preserves_flags));
+    }
+}
+
+/// The multiprocessor this thread runs on (`%smid`).
+#[inline(always)]
+pub fn sm_id() -> u32 {
+    let sm: u32;
+    // SAFETY: reading a special register has no preconditions.
+    unsafe {
+        asm!("mov.u32 {0}, %smid;", out(reg32) sm, options(nomem, nostack, preserves_flags));
+    }
+    sm
+}

@@ -892,6 +892,13 @@ mod kernels {
     /// Declared in [`VARIANTS`](super::VARIANTS) as `hand_written`.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_warp_row(p: GatherParams) {
+        // SAFETY: the host validated `p` (launch_gather).
+        timed!(p, unsafe { warp_row(&p) })
+    }
+
+    #[inline(always)]
+    unsafe fn warp_row(p: &GatherParams) {
+        let p = *p;
         let chunks = p.row_bytes / CHUNK_BYTES;
         let lane = (global_thread() % 32) as u32;
         let warps = grid_threads() / 32;

@@ -38,6 +38,19 @@ macro_rules! variants {
     };
 }
 
+/// Wraps a kernel body in `timeline::device::begin` and `end` on `$p.timeline`: every
+/// instrumented entry (the [`variants!`] ones and the hand-written ones) records its blocks.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! timed {
+    ($p:ident, $body:expr) => {{
+        // SAFETY: the host passes 0 or a live ring it allocated with a power-of-two capacity.
+        unsafe { $crate::timeline::device::begin(&$p.timeline) };
+        $body;
+        // SAFETY: every thread reaches this after its body, and `begin` ran above.
+        unsafe { $crate::timeline::device::end(&$p.timeline) };
+    }};
+}
+
 /// One entry of [`variants!`]. A `hand_written { .. }` variant has only its row here: its entry
 /// is written beside its helpers under the same name (build.rs fails the build if it is not an
 /// entry of the PTX), for a body that no parameter of the row feeds.
@@ -49,7 +62,7 @@ macro_rules! variant_entry {
         #[unsafe(no_mangle)]
         pub unsafe extern "gpu-kernel" fn $name(p: crate::params::$params) {
             // SAFETY: the host launches an entry only with parameters it validated.
-            unsafe { $body!(p, $kind { $($arg)* }) }
+            timed!(p, unsafe { $body!(p, $kind { $($arg)* }) })
         }
     };
 }
@@ -153,6 +166,7 @@ pub mod mxfp8;
 pub mod params;
 pub mod spin;
 pub mod staged;
+pub mod timeline;
 
 #[cfg(target_arch = "nvptx64")]
 mod cluster;

@@ -1,6 +1,9 @@
 //! Launch parameters: one `#[repr(C)]` struct per kernel family, passed by value as the kernel's
 //! only argument. Addresses are plain `u64` device addresses (device memory, or pinned host memory
-//! mapped for the device) so that the structs are `Copy` and identical on both sides.
+//! mapped for the device) so that the structs are `Copy` and identical on both sides. The kernels that
+//! the device timeline records end theirs with a [`TimelineParams`].
+
+pub use crate::timeline::TimelineParams;
 
 /// Bytes every gather moves per vector access; row widths are multiples of it.
 pub const CHUNK_BYTES: u32 = 16;
@@ -45,6 +48,8 @@ pub struct GatherParams {
     /// A multiple of [`CHUNK_BYTES`].
     pub row_bytes: u32,
     pub _pad: u32,
+    /// The device timeline (`TimelineParams::OFF`: not recorded).
+    pub timeline: TimelineParams,
 }
 
 /// `out[i] = bf16(e4m3(weights[ids[i]]) * 2^(scales[ids[i]] - 127))`, MX block of 32.
@@ -66,6 +71,8 @@ pub struct DequantParams {
     /// Elements per row, a multiple of [`MX_BLOCK`].
     pub dim: u32,
     pub _pad: u32,
+    /// The device timeline (`TimelineParams::OFF`: not recorded).
+    pub timeline: TimelineParams,
 }
 
 /// The prefetcher's gather of staged rows that waits for them (`staged::KERNEL`): staged row `i`
@@ -92,6 +99,8 @@ pub struct StagedParams {
     /// Elements per row, a multiple of [`MX_BLOCK`].
     pub dim: u32,
     pub _pad: u32,
+    /// The device timeline (`TimelineParams::OFF`: not recorded).
+    pub timeline: TimelineParams,
 }
 
 /// One span of memory to pull into L2: `bytes` from `address`, both multiples of 16.
@@ -111,6 +120,8 @@ pub struct PrefetchParams {
     pub n: u64,
     pub chunk: u32,
     pub _pad: u32,
+    /// The device timeline (`TimelineParams::OFF`: not recorded).
+    pub timeline: TimelineParams,
 }
 
 /// The device record of a check-mode comparison: how many compared pairs of buffers differed.
@@ -170,7 +181,8 @@ pub const MAX_NGRAM: u32 = 8;
 #[derive(Clone, Copy, Debug)]
 pub struct SpinParams {
     pub nanos: u64,
-    pub _pad: u64,
+    /// The device timeline (`TimelineParams::OFF`: not recorded).
+    pub timeline: TimelineParams,
 }
 
 /// `y[m, n] = sum_k x[m, k] * w[n, k]` (bf16 in, f32 accumulate and out), for `m <= 16`.
@@ -200,6 +212,8 @@ pub struct GemvParams {
     /// A multiple of `GEMV_K_STEP * splits`.
     pub k: u32,
     pub splits: u32,
+    /// The device timeline (`TimelineParams::OFF`: not recorded).
+    pub timeline: TimelineParams,
 }
 
 /// Weight rows one warp's tensor-core tile covers.
@@ -215,4 +229,6 @@ pub struct CollectiveParams {
     pub ns: u64,
     /// `*const u32` polled every iteration (0: poll nothing, just the timer).
     pub flag: u64,
+    /// The device timeline (`TimelineParams::OFF`: not recorded).
+    pub timeline: TimelineParams,
 }

@@ -12,7 +12,9 @@ mod kernels {
     /// Per thread: reads the clock until `nanos` have passed; touches no memory.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn spin(p: SpinParams) {
-        let begin = global_timer_ns();
-        while global_timer_ns().wrapping_sub(begin) < p.nanos {}
+        timed!(p, {
+            let begin = global_timer_ns();
+            while global_timer_ns().wrapping_sub(begin) < p.nanos {}
+        })
     }
 }

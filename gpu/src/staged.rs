@@ -47,6 +47,13 @@ mod kernels {
 
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn staged_dequant_tagged(p: StagedParams) {
+        // SAFETY: the host validated `p` (launch_staged_dequant).
+        timed!(p, unsafe { tagged(&p) })
+    }
+
+    #[inline(always)]
+    unsafe fn tagged(p: &StagedParams) {
+        let p = *p;
         let units = Units::new(p.dim);
         let split = |u: u64| units.split(u);
         let scales_per_row = (p.dim / MX_BLOCK) as u64;

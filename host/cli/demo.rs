@@ -101,6 +101,11 @@ pub struct DemoArgs {
     /// the fastest measured for the device's arch.
     #[arg(long, value_name = "NAME")]
     pub variant: Option<String>,
+    /// After the decode-step section, record its step (rows resident, the L2 plan off and on,
+    /// eager and replayed) on the device timeline and write it to FILE as a Chrome trace
+    /// (replaced only with --force).
+    #[arg(long, value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
 }
 
 impl DemoArgs {

@@ -9,6 +9,7 @@ mod demo;
 mod inspect;
 mod kernels;
 mod make_table;
+pub(crate) mod trace;
 mod tune;
 
 #[derive(Subcommand)]
@@ -37,6 +38,9 @@ pub enum Command {
     Tune(tune::TuneArgs),
     /// Benchmark every read path cold and warm beside a raw io_uring QD64 baseline.
     BenchIo(bench_io::BenchIoArgs),
+    /// Record a short simulated decode step (rows resident, the L2 plan off and on, eager and
+    /// replayed from a CUDA graph) on the device timeline and write it as a Chrome trace JSON.
+    Trace(trace::TraceArgs),
 }
 
 impl Default for Command {
@@ -55,5 +59,6 @@ pub fn run(command: Command) -> fetchahead::Result<ExitCode> {
         Command::Inspect(args) => inspect::run(&args),
         Command::Tune(args) => tune::run(&args),
         Command::BenchIo(args) => bench_io::run(&args),
+        Command::Trace(args) => trace::run(&args),
     }
 }

@@ -19,6 +19,7 @@ use crate::driver;
 use crate::error::CudaCall;
 use crate::kernels::gpu::Gpu;
 use crate::kernels::ptx::{self, BuiltPtx};
+use crate::timeline::TimelineSwitch;
 use crate::{Error, Result};
 
 /// A loaded kernel and how many of its blocks fit on one multiprocessor.
@@ -26,6 +27,8 @@ use crate::{Error, Result};
 pub(crate) struct Loaded {
     pub(crate) function: CudaFunction,
     blocks_per_sm: u32,
+    /// Its index in `fetchahead_gpu::all_kernels()`: the kernel id its timeline records carry.
+    pub(crate) id: u32,
 }
 
 /// Every kernel of the variant tables in `gpu/`, loaded for one device (the simulation's hash,
@@ -49,6 +52,8 @@ pub struct Kernels {
     pub(crate) hash: Loaded,
     #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
     pub(crate) spin: Loaded,
+    /// The device timeline: off unless enabled (`crate::timeline`).
+    pub(crate) timeline: TimelineSwitch,
 }
 
 impl Kernels {
@@ -68,13 +73,17 @@ impl Kernels {
                 .occupancy_max_active_blocks_per_multiprocessor(block_threads, 0, None)
                 .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?
                 .max(1);
+            let id = fetchahead_gpu::all_kernels()
+                .position(|e| e.name == name)
+                .unwrap_or(usize::MAX) as u32;
             Ok(Loaded {
                 function,
                 blocks_per_sm,
+                id,
             })
         };
         let load = |name: &str| load_blocks_of(name, gather::BLOCK_THREADS);
-        Ok(Kernels {
+        let kernels = Kernels {
             gather: gather::VARIANTS
                 .iter()
                 .map(|v| load_blocks_of(v.name, v.shape.block_threads()))
@@ -100,7 +109,12 @@ impl Kernels {
             _module: module,
             ptx,
             gpu: gpu.clone(),
-        })
+            timeline: TimelineSwitch::off(),
+        };
+        if crate::timeline::enabled_by_env() {
+            kernels.enable_timeline(crate::timeline::DEFAULT_CAPACITY)?;
+        }
+        Ok(kernels)
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -146,16 +160,13 @@ impl Kernels {
         p: GatherParams,
     ) -> Result<()> {
         let (threads, block_threads) = gather_threads(variant, &p, self.gpu.multiprocessors)?;
+        let kernel = pick(&self.gather, variant.index(), "gather")?;
+        let p = GatherParams {
+            timeline: self.timeline.params(kernel.id),
+            ..p
+        };
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
-        unsafe {
-            self.launch(
-                pick(&self.gather, variant.index(), "gather")?,
-                threads,
-                stream,
-                p,
-                block_threads,
-            )
-        }
+        unsafe { self.launch(kernel, threads, stream, p, block_threads) }
     }
 
     /// Launches the empty kernel with exactly the grid gather `variant` would get for `p`.
@@ -173,6 +184,7 @@ impl Kernels {
         let empty = Loaded {
             function: self.empty.function.clone(),
             blocks_per_sm: own.blocks_per_sm,
+            id: self.empty.id,
         };
         // SAFETY: the empty kernel touches no memory.
         unsafe { self.launch(&empty, threads, stream, p, block_threads) }
@@ -194,6 +206,7 @@ impl Kernels {
         let empty = Loaded {
             function: self.empty.function.clone(),
             blocks_per_sm: own.blocks_per_sm,
+            id: self.empty.id,
         };
         let unused = GatherParams {
             table: 0,
@@ -204,6 +217,7 @@ impl Kernels {
             rows: 0,
             row_bytes: 0,
             _pad: 0,
+            timeline: fetchahead_gpu::params::TimelineParams::OFF,
         };
         let threads = shape.threads(p.n, p.dim);
         if let dequant::Shape::Units8 { one_pass: true, .. } = shape {
@@ -242,6 +256,10 @@ impl Kernels {
         check_chunk_count(p.n * (p.dim / 8) as u64)?;
         let threads = shape.threads(p.n, p.dim);
         let kernel = pick(&self.dequant, variant.index(), "gather_dequant")?;
+        let p = DequantParams {
+            timeline: self.timeline.params(kernel.id),
+            ..p
+        };
         if let dequant::Shape::Units8 { one_pass: true, .. } = shape {
             // Below 2^32 / 8 * 32 / 256 blocks, since units < 2^32: inside the grid limit.
             let blocks = threads.div_ceil(gather::BLOCK_THREADS as u64) as u32;
@@ -271,6 +289,10 @@ impl Kernels {
         check_aligned_to("tags", p.tags, 8)?;
         check_chunk_count(p.n * (p.dim / 8) as u64)?;
         let threads = staged::threads(p.n, p.dim);
+        let p = fetchahead_gpu::params::StagedParams {
+            timeline: self.timeline.params(self.staged.id),
+            ..p
+        };
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
         unsafe { self.launch(&self.staged, threads, stream, p, gather::BLOCK_THREADS) }
     }
@@ -306,6 +328,10 @@ impl Kernels {
         }
         check_aligned_to("segments", p.segments, 16)?;
         let kernel = pick(&self.prefetch, variant.index(), "l2_prefetch")?;
+        let p = PrefetchParams {
+            timeline: self.timeline.params(kernel.id),
+            ..p
+        };
         // SAFETY: the caller guarantees the segments; the checks above bound the launch.
         unsafe { self.launch_exact(&kernel.function, blocks, threads, stream, p) }
     }
@@ -503,6 +529,7 @@ mod tests {
             rows: 10,
             row_bytes: 256,
             _pad: 0,
+            timeline: fetchahead_gpu::params::TimelineParams::OFF,
         };
         // 1000 rows of 256 bytes fill 31.25 tiles of 8 KiB: 32 blocks of one warp.
         assert_eq!(gather_threads(variant, &p, 132).unwrap(), (32 * 32, 32));

@@ -321,6 +321,7 @@ impl L2Plan {
                         n: n as u64,
                         chunk: self.config.chunk,
                         _pad: 0,
+                        timeline: fetchahead_gpu::params::TimelineParams::OFF,
                     },
                     blocks,
                     threads,

@@ -226,6 +226,7 @@ impl StagingBuffers {
             rows: self.layout.capacity as u64,
             dim: self.layout.dim as u32,
             _pad: 0,
+            timeline: fetchahead_gpu::params::TimelineParams::OFF,
         }
     }
 
@@ -243,6 +244,7 @@ impl StagingBuffers {
             timeout_ns,
             dim: self.layout.dim as u32,
             _pad: 0,
+            timeline: fetchahead_gpu::params::TimelineParams::OFF,
         }
     }
 

@@ -23,6 +23,7 @@ use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead_gpu::gemv::Reduce;
 use fetchahead_gpu::l2_prefetch;
 use fetchahead_gpu::params::{GemvParams, PrefetchParams, Segment};
+use fetchahead_gpu::timeline::NO_LABEL;
 use half::bf16;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
@@ -396,6 +397,7 @@ impl Reader {
             n,
             k,
             splits,
+            timeline: fetchahead_gpu::params::TimelineParams::OFF,
         };
         Ok(Reader {
             _w: w,
@@ -744,6 +746,10 @@ impl DecodeStep {
         &self.plan
     }
 
+    pub fn kernels(&self) -> &Arc<Kernels> {
+        &self.kernels
+    }
+
     /// Writes the next step's tokens (at most `shape.tokens`).
     pub fn set_tokens(&mut self, tokens: &[u32]) -> Result<()> {
         self.engram.set_tokens(&self.main, tokens)
@@ -760,6 +766,7 @@ impl DecodeStep {
         if plan {
             self.plan.begin_forward(self.signature)?;
         }
+        self.kernels.set_timeline_label(NO_LABEL);
         // SAFETY: `s` is this step's own stream, given to every call of the step.
         unsafe { self.engram.enqueue_head(path, n_tokens, s)? };
         let mut w = 0;
@@ -768,6 +775,8 @@ impl DecodeStep {
             let compute_ns = self.compute_ns[l as usize - 1];
             let mut spun = false;
             while let Some(window) = windows.get(w).filter(|x| x.layer == l) {
+                // The device timeline labels the window's launches (and the next gather) with it.
+                self.kernels.set_timeline_label(w as u32);
                 // SAFETY: this step's stream.
                 unsafe { self.kernels.launch_spin(s, compute_ns)? };
                 spun = true;
@@ -804,6 +813,7 @@ impl DecodeStep {
         }
         // SAFETY: this step's stream, given to its gathers.
         unsafe { self.engram.finish(path, s)? };
+        self.kernels.set_timeline_label(NO_LABEL);
         if plan {
             self.plan.end_forward()?;
         }
@@ -1325,6 +1335,7 @@ impl<'a> CleanFlush<'a> {
             n: n as u64,
             chunk: l2_prefetch::DEFAULT_CHUNK,
             _pad: 0,
+            timeline: fetchahead_gpu::params::TimelineParams::OFF,
         };
         // SAFETY: the table holds the flush buffer's pieces, live while this flush lives.
         unsafe {

@@ -430,6 +430,7 @@ impl EngramLayers {
                     rows: self.rows,
                     dim: self.dim as u32,
                     _pad: 0,
+                    timeline: fetchahead_gpu::params::TimelineParams::OFF,
                 };
                 // SAFETY: the layer's resident table holds `rows` rows, `ids` n ids, `out` n
                 // rows.

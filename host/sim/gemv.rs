@@ -114,6 +114,7 @@ impl Gemv {
             n,
             k,
             splits,
+            timeline: fetchahead_gpu::params::TimelineParams::OFF,
         };
         Ok(Gemv {
             x,

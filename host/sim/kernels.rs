@@ -49,7 +49,10 @@ impl Kernels {
     /// `stream` is a valid stream of this device's context.
     pub unsafe fn launch_spin(&self, stream: sys::CUstream, nanos: u64) -> Result<()> {
         let threads = self.gpu.multiprocessors as u64 * gather::BLOCK_THREADS as u64;
-        let p = SpinParams { nanos, _pad: 0 };
+        let p = SpinParams {
+            nanos,
+            timeline: self.timeline.params(self.spin.id),
+        };
         // SAFETY: the spin kernel touches no memory.
         unsafe { self.launch(&self.spin, threads, stream, p, gather::BLOCK_THREADS) }
     }
@@ -154,6 +157,10 @@ impl Kernels {
     ) -> Result<()> {
         let v = Kernels::gemv_variant_at(variant)?;
         check_gemv(&p, v.reduce)?;
+        let p = GemvParams {
+            timeline: self.timeline.params(self.gemv[variant].id),
+            ..p
+        };
         if p.m > v.max_m {
             return Err(Error::invalid(
                 "gemv",
@@ -222,7 +229,11 @@ impl Kernels {
                 format!("{flag:#x} is not 4-byte aligned"),
             ));
         }
-        let p = CollectiveParams { ns, flag };
+        let p = CollectiveParams {
+            ns,
+            flag,
+            timeline: self.timeline.params(self.collective.id),
+        };
         let (function, threads) = (&self.collective.function, collective::BLOCK_THREADS);
         // SAFETY: the caller guarantees `flag`; the checks above bound the launch.
         unsafe { self.launch_exact(function, blocks, threads, stream, p) }

@@ -13,6 +13,8 @@
 //!   projection to the DGX Spark.
 //! - [`reference`](mod@reference): the CPU reference every kernel is checked against.
 //! - [`selfcheck`]: runs every kernel against the reference on this machine's GPU.
+//! - [`trace`]: decode steps recorded on the device timeline, eager and replayed, for
+//!   `fetchahead trace`, the demo and the decode-step bench.
 
 pub mod decode_step;
 pub mod forward;
@@ -20,5 +22,6 @@ pub mod gemv;
 pub mod kernels;
 pub mod reference;
 pub mod selfcheck;
+pub mod trace;
 
 pub use kernels::{GEMV_MAX_SPLITS, GEMV_WARPS_PER_SM};

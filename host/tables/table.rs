@@ -152,6 +152,7 @@ impl RowTable {
             rows: self.rows,
             row_bytes: self.row_bytes,
             _pad: 0,
+            timeline: fetchahead_gpu::params::TimelineParams::OFF,
         };
         // SAFETY: every address belongs to an allocation of the size the kernel reads or writes,
         // all of which outlive the launch's stream order (the slices record their use).
@@ -231,6 +232,7 @@ impl Mxfp8Table {
             rows: self.rows,
             dim: self.dim,
             _pad: 0,
+            timeline: fetchahead_gpu::params::TimelineParams::OFF,
         };
         // SAFETY: every address belongs to an allocation of the size the kernel reads or writes.
         unsafe { kernels.launch_gather_dequant(stream.cu_stream(), variant, p) }

@@ -256,6 +256,7 @@ impl Device {
             rows,
             row_bytes,
             _pad: 0,
+            timeline: fetchahead::device_abi::params::TimelineParams::OFF,
         };
         let r = GatherVariant::at(variant)
             .ok_or_else(|| fetchahead::Error::Invalid {
@@ -304,6 +305,7 @@ impl Device {
             rows,
             dim,
             _pad: 0,
+            timeline: fetchahead::device_abi::params::TimelineParams::OFF,
         };
         let r = DequantVariant::at(variant)
             .ok_or_else(|| fetchahead::Error::Invalid {

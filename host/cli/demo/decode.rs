@@ -13,6 +13,8 @@ use fetchahead::sim::decode_step::{
     StepConfig, StepOutputs, model_windows, reader_times, report, spark_lines,
 };
 use fetchahead::sim::forward::LayerTable;
+use fetchahead::sim::trace::{TRACED, trace_decode_step};
+use fetchahead::timeline::DEFAULT_CAPACITY;
 use fetchahead::{Error, Result};
 use rand::rngs::SmallRng;
 
@@ -187,6 +189,10 @@ pub fn run(
         for line in spark_lines("demo", graph, &runs, &model, &times)? {
             println!("{line}");
         }
+    }
+    if let Some(out) = &args.timeline {
+        let trace = trace_decode_step(&mut step, &TRACED, 1, DEFAULT_CAPACITY)?;
+        crate::cli::trace::write(&trace, out, args.force)?;
     }
     Ok(differences.is_empty() && step.engram_stats().lookup_errors == 0)
 }
