@@ -45,7 +45,9 @@ typedef struct fetchahead_prefetcher fetchahead_prefetcher;
 typedef struct fetchahead_flag_lane fetchahead_flag_lane;
 
 /* The calling thread's last error message, NUL-terminated into buf (len bytes, truncated);
- * returns the message's full length. */
+ * returns the message's full length. Every call that returns a status (and fetchahead_lookup)
+ * clears it when it succeeds: after a success the message is "" (length 0). A NUL inside a
+ * message (from a file name) is written as the two characters \0. */
 size_t fetchahead_last_error(char *buf, size_t len);
 
 /* ---- tables ---------------------------------------------------------------------------- */
