@@ -1005,6 +1005,22 @@ fn issue21_item4_options_are_bounded_whichever_way_they_arrive() {
     let ok = StoreOptions::from_vars(|n| (n == "FETCHAHEAD_PREADV_THREADS").then(|| "1024".into()))
         .unwrap();
     assert!(ok.validate().is_ok());
+    // And a flag's, named as the flag.
+    let Some(bin) = cli() else { return };
+    let t = table.to_str().unwrap();
+    for depth in ["0", "5000"] {
+        let (code, err) = run_cli(
+            &bin,
+            &["bench-io", t, "--uring-depth", depth],
+            &[],
+            Duration::from_secs(60),
+        );
+        assert_ne!(code, 0, "--uring-depth {depth}");
+        assert!(
+            err.contains("--uring-depth") && err.contains("1 to 4096"),
+            "{err}"
+        );
+    }
 }
 
 /// Item 9: a shard rewritten in place (same size) under an open store fails the next lookup
@@ -1302,6 +1318,21 @@ fn issue21_item17_another_users_table_falls_back_from_noatime_quietly() {
                 // or similar, not a table. Run the check only as root.
                 panic!("run this test as root (it needs a table owned by another user)");
             }
+            // The case arises: the kernel refuses O_NOATIME on this table now.
+            let shard = std::fs::read_dir(&table)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .unwrap();
+            let refused = {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOATIME)
+                    .open(&shard)
+                    .unwrap_err()
+            };
+            assert_eq!(refused.raw_os_error(), Some(libc::EPERM), "{refused}");
             for _ in 0..2 {
                 RowStore::open(&table, StoreOptions::default()).unwrap();
             }
