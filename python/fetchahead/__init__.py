@@ -553,6 +553,11 @@ class Prefetcher:
         lane: Optional[FlagLane] = None,
         rank: int = 0,
     ) -> None:
+        # Checked before torch or a device is touched.
+        layer = _int_arg("layer", layer, 0, _U32)
+        capacity = _int_arg("capacity", capacity, 1, _U64)
+        check_log_ms = _int_arg("check_log_ms", check_log_ms, 0, _U64)
+        rank = _int_arg("rank", rank, 0, _U32)
         t = _torch_ops()
         self._device = t.cuda_device(device)
         native_source = source._store if isinstance(source, RowStore) else source._table

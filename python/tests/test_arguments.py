@@ -127,6 +127,17 @@ def test_a_bad_layer_is_an_argument_error(table, layer):
         store.advise(layer, [1])
 
 
+@pytest.mark.parametrize(
+    "kwargs,argument",
+    [({"layer": -1}, "layer"), ({"layer": 2**40}, "layer"), ({"capacity": 0}, "capacity"),
+     ({"rank": -1}, "rank")],
+)
+def test_a_prefetchers_integers_are_checked_before_any_device(kwargs, argument):
+    with pytest.raises(fetchahead.InvalidArgumentError) as e:
+        fetchahead.Prefetcher(fetchahead.MemoryTable(16), **kwargs)
+    assert e.value.argument == argument
+
+
 def test_bad_memory_table_and_make_table_integers_name_their_argument(tmp_path):
     with pytest.raises(fetchahead.InvalidArgumentError) as e:
         fetchahead.MemoryTable(-1)
