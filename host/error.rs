@@ -83,6 +83,9 @@ pub enum Error {
     #[error("{}: bad safetensors header: {why}", file.display())]
     TableHeader { file: PathBuf, why: String },
 
+    #[error("{}: bad table index: {why}", file.display())]
+    TableIndex { file: PathBuf, why: String },
+
     #[error("{}: tensor {tensor} is missing", file.display())]
     MissingTensor { file: PathBuf, tensor: String },
 
@@ -133,6 +136,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+
+    #[error(
+        "{}: the shard changed since the store opened ({why}); a table rewritten in place under \
+         an open store would serve new weights beside old scales, so this lookup's outputs are \
+         not valid: reopen the store to read the new table",
+        file.display()
+    )]
+    ShardChanged { file: PathBuf, why: String },
 
     #[error("read path {path} is not available here: {why}")]
     ReadPathUnavailable { path: &'static str, why: String },

@@ -55,11 +55,13 @@ fn code(e: &Error) -> c_int {
         | Error::InjectedFault { .. }
         | Error::LookupPanicked(_)
         | Error::RowsOutOfRange { .. }
-        | Error::RowRead { .. } => FETCHAHEAD_ERR_LOOKUP,
+        | Error::RowRead { .. }
+        | Error::ShardChanged { .. } => FETCHAHEAD_ERR_LOOKUP,
         Error::IdsOutOfRange { .. } | Error::Invalid { .. } => FETCHAHEAD_ERR_INVALID,
         // Opening a row store: a table that is missing, malformed or unreadable.
         Error::Io { .. }
         | Error::TableHeader { .. }
+        | Error::TableIndex { .. }
         | Error::MissingTensor { .. }
         | Error::BadTensor { .. }
         | Error::TruncatedShard { .. }
@@ -76,8 +78,23 @@ fn code(e: &Error) -> c_int {
     }
 }
 
+/// `message` as C reads it whole: a NUL (a file name can hold one) would end the C string
+/// there, so it is written as `\0`.
+fn c_message(message: String) -> String {
+    if message.contains('\0') {
+        message.replace('\0', "\\0")
+    } else {
+        message
+    }
+}
+
 fn set_last_error(message: String) {
-    LAST_ERROR.with(|m| *m.borrow_mut() = message);
+    LAST_ERROR.with(|m| *m.borrow_mut() = c_message(message));
+}
+
+/// A call that succeeded leaves no message behind: `fetchahead_last_error` then gives "".
+fn clear_last_error() {
+    LAST_ERROR.with(|m| m.borrow_mut().clear());
 }
 
 /// Runs `body`, turning an error or a panic into a status code and the thread's last message.
@@ -85,7 +102,10 @@ fn set_last_error(message: String) {
 fn guard(body: impl FnOnce() -> Result<()>) -> c_int {
     crate::logging::init_stderr();
     match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => FETCHAHEAD_OK,
+        Ok(Ok(())) => {
+            clear_last_error();
+            FETCHAHEAD_OK
+        }
         Ok(Err(e)) => {
             set_last_error(e.to_string());
             code(&e)
@@ -118,7 +138,9 @@ unsafe fn copy_message(message: &str, buf: *mut c_char, len: usize) {
 }
 
 /// The calling thread's last error message, copied NUL-terminated into `buf` (`len` bytes,
-/// truncated); returns its full length in bytes. An empty message means no error yet.
+/// truncated); returns its full length in bytes. Every call that returns a status clears it
+/// when it succeeds: an empty message means the last such call on this thread succeeded (a NUL
+/// inside a message, from a file name, is written as `\0`).
 ///
 /// # Safety
 /// `buf` is null or writable for `len` bytes.
@@ -340,7 +362,7 @@ pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
         // Every failure leaves its own message: on this thread, and on the table when there is
         // one (the host function runs on the driver's thread, where the engine cannot ask).
         let fail = |work: &mut Work, e: Error| {
-            let message = format!("fetchahead_lookup: {e}");
+            let message = c_message(format!("fetchahead_lookup: {e}"));
             if let Some(table) = table {
                 *table
                     .lookup_error
@@ -396,7 +418,10 @@ pub unsafe extern "C" fn fetchahead_lookup(work: *mut c_void) {
             }
         };
         match lookup_or_zero(&*table.store, ids, weights, scales) {
-            Ok(()) => work.status = FETCHAHEAD_OK,
+            Ok(()) => {
+                clear_last_error();
+                work.status = FETCHAHEAD_OK;
+            }
             Err(e) => fail(work, e),
         }
     }));

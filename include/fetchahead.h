@@ -45,12 +45,15 @@ typedef struct fetchahead_prefetcher fetchahead_prefetcher;
 typedef struct fetchahead_flag_lane fetchahead_flag_lane;
 
 /* The calling thread's last error message, NUL-terminated into buf (len bytes, truncated);
- * returns the message's full length. */
+ * returns the message's full length. Every call that returns a status (and fetchahead_lookup)
+ * clears it when it succeeds: after a success the message is "" (length 0). A NUL inside a
+ * message (from a file name) is written as the two characters \0. */
 size_t fetchahead_last_error(char *buf, size_t len);
 
 /* ---- tables ---------------------------------------------------------------------------- */
 
-/* A table of `rows` MXFP8 rows of `dim` elements (a multiple of 32) generated in RAM from `seed`:
+/* A table of `rows` (at least 1) MXFP8 rows of `dim` elements (a multiple of 32 from 32 to 8192,
+ * the row store's limits) generated in RAM from `seed`:
  * FP8-E4M3 weights (never NaN) and E8M0 scales in 120..134. Deterministic per seed. A table
  * larger than the memory available fails with FETCHAHEAD_ERR_INVALID (never an abort). */
 int fetchahead_open_memory_table(uint64_t rows, uint32_t dim, uint64_t seed, fetchahead_table **out);
@@ -58,7 +61,9 @@ int fetchahead_open_memory_table(uint64_t rows, uint32_t dim, uint64_t seed, fet
 /* One Engram layer of an on-disk table (a model directory with model.safetensors.index.json, or
  * one .safetensors file): rows row_start .. row_start + num_rows (num_rows 0: every row from
  * row_start), read by the row store with its defaults (read path chosen by `fetchahead tune`,
- * scales resident in DRAM, O_DIRECT where allowed, no DRAM row cache). Lookups of ids outside
+ * scales resident in DRAM, O_DIRECT where allowed, no DRAM row cache; the FETCHAHEAD_* variables
+ * override them, with the bounds every entry point has, and a value out of bounds fails here
+ * with a message naming the variable). Lookups of ids outside
  * those rows fail with FETCHAHEAD_ERR_LOOKUP; a malformed table fails here with
  * FETCHAHEAD_ERR_INVALID and a message naming the file and tensor: so do a FIFO or device in
  * place of a shard, index or tune file (refused without blocking), layers of different row

@@ -934,3 +934,441 @@ fn the_cli_rejects_what_a_user_gets_wrong() {
         );
     }
 }
+
+// ---- issue 21: options, messages and limits (items 4, 9-17) --------------------------------
+
+/// Item 4: every option has one set of bounds, whichever way it arrives, and the error names it.
+#[test]
+fn issue21_item4_options_are_bounded_whichever_way_they_arrive() {
+    let tmp = tempfile::tempdir().unwrap();
+    let table = tmp.path().join("t");
+    make(&table, 4096, &[1], 1, 1);
+    let start = std::time::Instant::now();
+    for (options, name) in [
+        (
+            StoreOptions {
+                preadv_threads: 10_000,
+                ..StoreOptions::default()
+            },
+            "preadv_threads",
+        ),
+        (
+            StoreOptions {
+                preadv_threads: 0,
+                ..StoreOptions::default()
+            },
+            "preadv_threads",
+        ),
+        (
+            StoreOptions {
+                uring_depth: 0,
+                ..StoreOptions::default()
+            },
+            "uring_depth",
+        ),
+        (
+            StoreOptions {
+                uring_depth: u32::MAX,
+                ..StoreOptions::default()
+            },
+            "uring_depth",
+        ),
+        (
+            StoreOptions {
+                uring_rings: 1000,
+                ..StoreOptions::default()
+            },
+            "uring_rings",
+        ),
+    ] {
+        let e = match RowStore::open(&table, options.clone()) {
+            Ok(_) => panic!("{options:?} opened"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(name), "{e}");
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "refusals took long"
+    );
+    // The environment's bounds are the same table's.
+    for (var, value) in [
+        ("FETCHAHEAD_PREADV_THREADS", "10000"),
+        ("FETCHAHEAD_URING_DEPTH", "4294967295"),
+        ("FETCHAHEAD_URING_DEPTH", "0"),
+    ] {
+        let e = StoreOptions::from_vars(|n| (n == var).then(|| value.to_string()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(var) && e.contains("1 to"), "{e}");
+    }
+    let ok = StoreOptions::from_vars(|n| (n == "FETCHAHEAD_PREADV_THREADS").then(|| "1024".into()))
+        .unwrap();
+    assert!(ok.validate().is_ok());
+    // And a flag's, named as the flag.
+    let Some(bin) = cli() else { return };
+    let t = table.to_str().unwrap();
+    for depth in ["0", "5000"] {
+        let (code, err) = run_cli(
+            &bin,
+            &["bench-io", t, "--uring-depth", depth],
+            &[],
+            Duration::from_secs(60),
+        );
+        assert_ne!(code, 0, "--uring-depth {depth}");
+        assert!(
+            err.contains("--uring-depth") && err.contains("1 to 4096"),
+            "{err}"
+        );
+    }
+}
+
+/// Item 9: a shard rewritten in place (same size) under an open store fails the next lookup
+/// instead of serving new weights beside stale resident scales.
+#[test]
+fn issue21_item9_a_shard_rewritten_in_place_fails_the_lookup() {
+    use std::io::{Seek, SeekFrom, Write};
+    let tmp = tempfile::tempdir().unwrap();
+    let table = tmp.path().join("t");
+    let shards = make(&table, 4096, &[1], 1, 1);
+    let store = RowStore::open(&table, StoreOptions::default()).unwrap();
+    let (mut w, mut s) = outputs(&store, 2);
+    store.lookup(1, &[3, 4000], &mut w, &mut s).unwrap();
+    // Past the filesystem's timestamp granularity, then new bytes over the weights, same size.
+    std::thread::sleep(Duration::from_millis(50));
+    let len = std::fs::metadata(&shards[0]).unwrap().len();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shards[0])
+        .unwrap();
+    f.seek(SeekFrom::Start(len / 2)).unwrap();
+    f.write_all(&vec![0x55u8; 64 << 10]).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(std::fs::metadata(&shards[0]).unwrap().len(), len);
+    for path in common::paths(&store) {
+        let e = store
+            .lookup_with(path, 1, &[5, 4001], &mut w, &mut s)
+            .expect_err("a lookup over a rewritten shard succeeded");
+        assert!(matches!(e, Error::ShardChanged { .. }), "{path}: {e}");
+        assert!(e.to_string().contains("reopen"), "{e}");
+    }
+}
+
+/// Item 10: a tune file that does not parse is a hint ignored with a warning; the table opens
+/// and `tune --force` (save_with force) replaces it.
+#[test]
+fn issue21_item10_a_bad_tune_file_is_ignored_and_replaceable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let table = tmp.path().join("t");
+    make(&table, 4096, &[1], 1, 1);
+    let tune = tune_file(&table);
+    std::fs::write(&tune, b"{ not json").unwrap();
+    let store = RowStore::open(&table, StoreOptions::default()).expect("a bad tune file");
+    assert!(store.tuning().ranges.is_empty());
+    assert!(Tuning::load(&tune).unwrap().is_none());
+    // Not one tune wrote: replaced only with force.
+    assert!(Tuning::default().save(&tune).is_err());
+    let tuned = Tuning {
+        ranges: vec![TunedRange {
+            max_batch: u64::MAX,
+            path: ReadPath::Preadv,
+            p50_us: 1.0,
+        }],
+    };
+    tuned.save_with(&tune, true).unwrap();
+    assert_eq!(Tuning::load(&tune).unwrap(), Some(tuned));
+}
+
+/// Item 11: a `FETCHAHEAD_LOG` that is not a level logs at the default level and says so; a
+/// `FETCHAHEAD_*` name nothing reads is warned about.
+#[test]
+fn issue21_item11_a_bad_log_level_or_unknown_variable_is_said() {
+    for good in [
+        "warn",
+        "INFO",
+        "off",
+        "fetchahead=debug",
+        "warn,fetchahead::store=trace",
+    ] {
+        assert!(fetchahead::logging::is_log_filter(good), "{good}");
+    }
+    for bad in ["", " ", "garbage", "wran", "9", "fetchahead=loud", "=warn"] {
+        assert!(!fetchahead::logging::is_log_filter(bad), "{bad:?}");
+    }
+    assert_eq!(
+        fetchahead::store::unknown_env_names(
+            [
+                "FETCHAHEAD_CACHE_BYTE",
+                "FETCHAHEAD_CACHE_BYTES",
+                "FETCHAHEAD_LOG",
+                "FETCHAHEAD_BENCH_ROWS",
+                "PATH"
+            ]
+            .map(String::from)
+        ),
+        vec!["FETCHAHEAD_CACHE_BYTE".to_string()]
+    );
+    let Some(bin) = cli() else { return };
+    for level in ["", "garbage", "wran", "9"] {
+        let (code, err) = run_cli(
+            &bin,
+            &["kernels"],
+            &[("FETCHAHEAD_LOG", level), ("FETCHAHEAD_CACHE_BYTE", "1G")],
+            Duration::from_secs(60),
+        );
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            err.contains("FETCHAHEAD_LOG") && err.contains("not a log level"),
+            "FETCHAHEAD_LOG={level:?}: {err}"
+        );
+        assert!(err.contains("FETCHAHEAD_CACHE_BYTE is set"), "{err}");
+    }
+}
+
+/// Item 14: one set of limits and one meaning of 0 rows across memory tables, the store and C.
+#[test]
+fn issue21_item14_one_set_of_limits_and_one_meaning_of_zero() {
+    use fetchahead::prefetch::lookup::MemoryRows;
+    for (rows, dim, name) in [(4, 1usize << 31, "dim"), (4, 8224, "dim"), (0, 256, "rows")] {
+        let e = match MemoryRows::generate(rows, dim, 1) {
+            Ok(_) => panic!("a memory table of {rows} rows of dim {dim}"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(name) && e.contains("want"), "{e}");
+        let mut t = ptr::null_mut();
+        // SAFETY: `t` is writable.
+        let rc = unsafe { fetchahead_open_memory_table(rows, dim as u32, 1, &mut t) };
+        assert_ne!(rc, FETCHAHEAD_OK, "C: {rows} rows of dim {dim}");
+    }
+    assert!(MemoryRows::generate(4, 8192, 1).is_ok());
+    let tmp = tempfile::tempdir().unwrap();
+    let table = tmp.path().join("t");
+    make(&table, 4096, &[1], 1, 1);
+    // 0 rows means to the end of the table, as in C.
+    let store = RowStore::open(
+        &table,
+        StoreOptions {
+            row_start: 96,
+            num_rows: Some(0),
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(store.row_range(), 96..4096);
+}
+
+/// Item 16: an unparsable index is called an index, not a safetensors header.
+#[test]
+fn issue21_item16_index_errors_name_the_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let table = tmp.path().join("t");
+    make(&table, 4096, &[1], 1, 1);
+    std::fs::write(table.join("model.safetensors.index.json"), b"[1, 2").unwrap();
+    let e = match RowStore::open(&table, StoreOptions::default()) {
+        Ok(_) => panic!("a garbage index opened"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("index") && !e.contains("safetensors header"),
+        "{e}"
+    );
+}
+
+/// Item 16: `layers.01` and `layers.+1` are reported as what they are, not as a missing
+/// `layers.1`.
+#[test]
+fn issue21_item16_a_non_canonical_layer_number_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    for layer in ["01", "+1"] {
+        let file = tmp.path().join(format!("t{layer}.safetensors"));
+        let weight = format!("layers.{layer}.engram.embed.weight");
+        let scale = format!("layers.{layer}.engram.embed.scale");
+        write_tensors(
+            &file,
+            vec![
+                (&weight, Dtype::F8_E4M3, vec![64, 256]),
+                (&scale, Dtype::U8, vec![64, 8]),
+            ],
+        );
+        let e = match RowStore::open(&file, StoreOptions::default()) {
+            Ok(_) => panic!("layers.{layer} opened"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains(&format!("layers.{layer}.")) && !e.contains("is missing"),
+            "{e}"
+        );
+    }
+}
+
+/// Item 16: a NUL in an index's file name does not cut the C message.
+#[test]
+fn issue21_item16_a_nul_in_an_index_file_name_does_not_cut_the_c_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    let table = tmp.path().join("t");
+    make(&table, 4096, &[1], 1, 1);
+    let index = serde_json::json!({"weight_map": {
+        "layers.1.engram.embed.weight": "a\u{0}tail.safetensors",
+        "layers.1.engram.embed.scale": "a\u{0}tail.safetensors",
+    }});
+    std::fs::write(
+        table.join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    let (rc, _) = open_store(&table, 1);
+    assert_eq!(rc, FETCHAHEAD_ERR_INVALID);
+    let e = last_error();
+    assert!(e.contains("tail.safetensors"), "{e}");
+}
+
+/// Item 16: a cache budget refused for the memory there is names the variable it came from.
+#[test]
+fn issue21_item16_a_refused_cache_budget_names_its_variable() {
+    let e = StoreOptions::from_vars(|n| (n == "FETCHAHEAD_CACHE_BYTES").then(|| "1024T".into()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("FETCHAHEAD_CACHE_BYTES=1024T"), "{e}");
+    let e = StoreOptions {
+        cache_bytes: 1 << 50,
+        ..StoreOptions::default()
+    }
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("cache_bytes"), "{e}");
+}
+
+/// Item 17: `fetchahead_last_error` is cleared by a call that succeeds.
+#[test]
+fn issue21_item17_last_error_is_cleared_by_a_success() {
+    let mut t = ptr::null_mut();
+    // SAFETY: `t` is writable.
+    let rc = unsafe { fetchahead_open_memory_table(16, 33, 1, &mut t) };
+    assert_eq!(rc, FETCHAHEAD_ERR_INVALID);
+    assert!(!last_error().is_empty());
+    // SAFETY: as above.
+    let rc = unsafe { fetchahead_open_memory_table(16, 256, 1, &mut t) };
+    assert_eq!(rc, FETCHAHEAD_OK);
+    assert_eq!(last_error(), "", "a stale message after a success");
+    // SAFETY: `t` is a table just opened.
+    unsafe { fetchahead_table_close(t) };
+}
+
+/// Item 17: `tune` checks that it can write its file before measuring anything.
+#[test]
+fn issue21_item17_tune_checks_its_file_before_measuring() {
+    let Some(bin) = cli() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let table = tmp.path().join("t");
+    make(&table, 4096, &[1], 1, 1);
+    std::fs::write(tune_file(&table), b"my notes").unwrap();
+    let out = Command::new(&bin)
+        .args(["tune", table.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(stderr.contains("--force"), "{stderr}");
+    assert!(
+        !stdout.contains("cold batches"),
+        "tune measured before finding it cannot write:\n{stdout}"
+    );
+    assert_eq!(std::fs::read(tune_file(&table)).unwrap(), b"my notes");
+}
+
+/// Item 17: a table of another user is opened without O_NOATIME quietly (the kernel allows it
+/// to the owner only), not with a warning on every open.
+#[test]
+fn issue21_item17_another_users_table_falls_back_from_noatime_quietly() {
+    use std::os::unix::fs::PermissionsExt;
+    in_child(
+        "issue21_item17_another_users_table_falls_back_from_noatime_quietly",
+        || {
+            static WARNINGS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+            struct Capture;
+            impl log::Log for Capture {
+                fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+                    true
+                }
+                fn log(&self, r: &log::Record<'_>) {
+                    if r.level() <= log::Level::Warn {
+                        WARNINGS.lock().unwrap().push(r.args().to_string());
+                    }
+                }
+                fn flush(&self) {}
+            }
+            log::set_logger(&Capture).unwrap();
+            log::set_max_level(log::LevelFilter::Trace);
+            let tmp = tempfile::tempdir().unwrap();
+            std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+            let table = tmp.path().join("t");
+            make(&table, 4096, &[1], 1, 1);
+            // SAFETY: getuid has no preconditions.
+            let me = unsafe { libc::getuid() };
+            if me == 0 {
+                // Root owns the files; become another user, as a shared model directory's
+                // reader is (the effective capabilities go with the uid).
+                // SAFETY: plain syscall.
+                assert_eq!(unsafe { libc::seteuid(65534) }, 0, "seteuid(nobody)");
+            } else {
+                // Not root: the same case needs a file of another user; one is /etc/hostname
+                // or similar, not a table. Run the check only as root.
+                panic!("run this test as root (it needs a table owned by another user)");
+            }
+            // The case arises: the kernel refuses O_NOATIME on this table now.
+            let shard = std::fs::read_dir(&table)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .unwrap();
+            let refused = {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOATIME)
+                    .open(&shard)
+                    .unwrap_err()
+            };
+            assert_eq!(refused.raw_os_error(), Some(libc::EPERM), "{refused}");
+            for _ in 0..2 {
+                RowStore::open(&table, StoreOptions::default()).unwrap();
+            }
+            let warnings = WARNINGS.lock().unwrap();
+            assert!(
+                !warnings.iter().any(|w| w.contains("O_NOATIME")),
+                "{warnings:?}"
+            );
+        },
+    );
+}
+
+/// Item 17: every kernel the PTX holds is listed with a description.
+#[test]
+fn issue21_item17_every_kernel_has_a_description() {
+    for built in fetchahead::ptx::BUILT {
+        for entry in fetchahead::ptx::entries(built.text) {
+            let about = fetchahead::device_abi::all_kernels()
+                .find(|k| k.name == entry)
+                .map_or("", |k| k.about);
+            assert!(
+                !about.is_empty(),
+                "{}: {entry} has no description",
+                built.arch
+            );
+        }
+    }
+}
+
+/// Item 17: `check --rows 0` is refused without a GPU, before any device is opened.
+#[test]
+fn issue21_item17_check_rows_zero_is_refused_without_a_gpu() {
+    let Some(bin) = cli() else { return };
+    for args in [&["check", "--rows", "0"][..], &["check", "--n", "0"]] {
+        let (code, err) = run_cli(&bin, args, &[], Duration::from_secs(60));
+        assert_ne!(code, 0, "{args:?}: {err}");
+        assert!(err.contains(args[1]), "{args:?}: {err}");
+    }
+}

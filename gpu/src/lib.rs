@@ -228,6 +228,12 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
                 "simulated collective: 1-8 CTAs poll a flag for T ns",
             ),
             entry(
+                staged::KERNEL,
+                size_of::<params::StagedParams>(),
+                "gather + dequant of staged rows that waits in the kernel for each row's tag \
+                 (the prefetcher's Join::Tags)",
+            ),
+            entry(
                 check::KERNEL,
                 size_of::<params::CheckParams>(),
                 "counts launches whose two bf16 buffers differ (the prefetcher's check mode)",

@@ -127,9 +127,8 @@ fn validate(args: &BenchIoArgs) -> fetchahead::Result<()> {
     if args.prefill_rows == 0 {
         return Err(Error::invalid("--prefill-rows", "0: want at least 1"));
     }
-    if args.uring_depth == 0 {
-        return Err(Error::invalid("--uring-depth", "0: want at least 1"));
-    }
+    // The store's own bounds, named as the flag.
+    fetchahead::store::URING_DEPTH.check("--uring-depth", u64::from(args.uring_depth))?;
     if args.cold_rounds == 0 {
         return Err(Error::invalid("--cold-rounds", "0: want at least 1"));
     }

@@ -7,7 +7,7 @@ use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::{Gpu, REQUIRE_GPU_ENV, gpu_required};
 use fetchahead::sim::selfcheck;
 
-#[derive(Args, Default)]
+#[derive(Args)]
 pub struct CheckArgs {
     /// Rows in the generated table (256-byte rows).
     #[arg(long, default_value_t = 1 << 18)]
@@ -23,17 +23,30 @@ pub struct CheckArgs {
     pub variant: Option<String>,
 }
 
+impl Default for CheckArgs {
+    /// The command line's defaults.
+    fn default() -> Self {
+        CheckArgs {
+            rows: 1 << 18,
+            n: 1 << 16,
+            seed: None,
+            variant: None,
+        }
+    }
+}
+
 pub fn run(args: &CheckArgs) -> fetchahead::Result<ExitCode> {
     run_with(args, gpu_required())
 }
 
 /// `require_gpu`: no device is a failure (`FETCHAHEAD_REQUIRE_GPU=1`), not a listing.
 fn run_with(args: &CheckArgs, require_gpu: bool) -> fetchahead::Result<ExitCode> {
-    let (rows, n) = if args.rows == 0 {
-        (1 << 18, 1 << 16)
-    } else {
-        (args.rows, args.n)
-    };
+    // Checked before any device is opened, as a machine without a GPU would run them.
+    let (rows, n) = (args.rows, args.n);
+    fetchahead::store::layout::check_rows(rows).map_err(|why| Error::invalid("--rows", why))?;
+    if n == 0 {
+        return Err(Error::invalid("--n", "0 ids per launch; want at least 1"));
+    }
     // The host copies of the table and of the expected outputs are sized by the arguments.
     fetchahead::memory::check_fits(
         rows.saturating_mul(264)

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use fetchahead::store::tune::{measure, tune_file};
-use fetchahead::store::{ReadPath, RowStore, StoreOptions};
+use fetchahead::store::{ReadPath, RowStore, StoreOptions, Tuning};
 
 #[derive(Args)]
 pub struct TuneArgs {
@@ -21,6 +21,8 @@ pub struct TuneArgs {
 
 pub fn run(args: &TuneArgs) -> fetchahead::Result<ExitCode> {
     let store = RowStore::open(&args.dir, StoreOptions::default())?;
+    let file = tune_file(store.path());
+    Tuning::check_can_save(&file, args.force)?;
     if let Err(why) = store.direct_io() {
         println!("WARNING: O_DIRECT is off ({why}); reads go through the page cache");
     }
@@ -45,7 +47,6 @@ pub fn run(args: &TuneArgs) -> fetchahead::Result<ExitCode> {
             }
         );
     })?;
-    let file = tune_file(&args.dir);
     tuning.save_with(&file, args.force)?;
     println!("Auto's choice, written to {}:", file.display());
     for r in &tuning.ranges {

@@ -80,12 +80,9 @@ pub struct MemoryRows {
 impl MemoryRows {
     /// A table of `rows` rows of `dim` elements generated from `seed`.
     pub fn generate(rows: u64, dim: usize, seed: u64) -> Result<MemoryRows> {
-        if dim == 0 || !dim.is_multiple_of(MX_BLOCK as usize) {
-            return Err(Error::invalid(
-                "dim",
-                format!("{dim} is not a positive multiple of 32"),
-            ));
-        }
+        // The store's limits: a table in memory takes the rows a table on disk could hold.
+        crate::store::layout::check_dim(dim as u64).map_err(|why| Error::invalid("dim", why))?;
+        crate::store::layout::check_rows(rows).map_err(|why| Error::invalid("rows", why))?;
         let bytes = usize::try_from(rows)
             .ok()
             .and_then(|r| r.checked_mul(dim))

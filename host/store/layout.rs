@@ -16,6 +16,28 @@ pub const PAGE: u64 = 4096;
 pub const MX_BLOCK: usize = fetchahead_gpu::params::MX_BLOCK as usize;
 /// The widest row the read plan handles (a row plus its page padding fits one read slot).
 pub const MAX_DIM: usize = 8192;
+/// The most rows a table may have: row ids are `i64`.
+pub const MAX_ROWS: u64 = i64::MAX as u64;
+
+/// The row width every table must have, whichever kind (shards, an in-memory table) and entry
+/// point (Rust, C, Python, the CLI): a multiple of 32 from 32 to [`MAX_DIM`]. Err says why not.
+pub fn check_dim(dim: u64) -> std::result::Result<(), String> {
+    if dim == 0 || !dim.is_multiple_of(MX_BLOCK as u64) || dim > MAX_DIM as u64 {
+        return Err(format!(
+            "{dim}; want a multiple of {MX_BLOCK} from {MX_BLOCK} to {MAX_DIM}"
+        ));
+    }
+    Ok(())
+}
+
+/// The rows every table must have: 1 to [`MAX_ROWS`]. Err says why not.
+pub fn check_rows(rows: u64) -> std::result::Result<(), String> {
+    if rows == 0 || rows > MAX_ROWS {
+        return Err(format!("{rows}; want 1 to {MAX_ROWS} rows"));
+    }
+    Ok(())
+}
+
 /// The index file of a sharded model directory.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 /// safetensors refuses headers over 100 MB; so do we, before allocating.
@@ -110,14 +132,19 @@ impl TableLayout {
         let index = path.join(INDEX_FILE);
         if std::fs::symlink_metadata(&index).is_ok() {
             let bytes = read_small(&index, MAX_INDEX)?;
-            let weight_map = parse_index(&bytes).map_err(|why| Error::TableHeader {
+            let weight_map = parse_index(&bytes).map_err(|why| Error::TableIndex {
                 file: index.clone(),
                 why,
             })?;
             let mut files: Vec<PathBuf> = Vec::new();
             let mut owner = BTreeMap::new();
             for (tensor, file) in weight_map {
-                if !is_engram_tensor(&tensor) {
+                let layer = engram_layer_checked(&tensor).map_err(|why| Error::BadTensor {
+                    file: index.clone(),
+                    tensor: tensor.clone(),
+                    why,
+                })?;
+                if layer.is_none() {
                     continue;
                 }
                 let full = path.join(&file);
@@ -189,7 +216,12 @@ impl TableLayout {
             None => {
                 for (i, metadata) in headers.iter().enumerate() {
                     for name in metadata.names() {
-                        if is_engram_tensor(name) {
+                        let layer = engram_layer_checked(name).map_err(|why| Error::BadTensor {
+                            file: paths[i].clone(),
+                            tensor: name.clone(),
+                            why,
+                        })?;
+                        if layer.is_some() {
                             location.insert(name.clone(), i);
                         }
                     }
@@ -228,12 +260,8 @@ impl TableLayout {
                 ));
             }
             let d = weight.row_bytes as usize;
-            if d == 0 || !d.is_multiple_of(MX_BLOCK) || d > MAX_DIM {
-                return Err(bad(
-                    &wfile,
-                    &weight.name,
-                    format!("row width {d}, want a multiple of {MX_BLOCK} up to {MAX_DIM}"),
-                ));
+            if let Err(why) = check_dim(d as u64) {
+                return Err(bad(&wfile, &weight.name, format!("row width {why}")));
             }
             if scale.row_bytes as usize != d / MX_BLOCK || scale.rows != weight.rows {
                 return Err(bad(
@@ -487,6 +515,11 @@ pub fn parse_index(bytes: &[u8]) -> std::result::Result<BTreeMap<String, String>
         let file = file
             .as_str()
             .ok_or_else(|| format!("weight_map[{tensor}] is not a file name"))?;
+        if file.contains('\0') {
+            return Err(format!(
+                "weight_map[{tensor:?}] = {file:?} holds a NUL byte, which no file name can"
+            ));
+        }
         if file.contains('/') || file.contains("..") {
             return Err(format!(
                 "weight_map[{tensor}] = {file:?} leaves the model directory"
@@ -497,15 +530,33 @@ pub fn parse_index(bytes: &[u8]) -> std::result::Result<BTreeMap<String, String>
     Ok(out)
 }
 
-fn is_engram_tensor(name: &str) -> bool {
-    engram_layer(name).is_some()
-}
-
 /// `layers.{L}.engram.embed.{weight,scale}` → L.
 fn engram_layer(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix("layers.")?;
-    let (layer, tail) = rest.split_once('.')?;
-    matches!(tail, "engram.embed.weight" | "engram.embed.scale")
-        .then(|| layer.parse().ok())
-        .flatten()
+    engram_layer_checked(name).ok().flatten()
+}
+
+/// [`engram_layer`], or why a name shaped as an Engram tensor's has no layer number: only the
+/// plain decimal form names a layer (`layers.01` and `layers.+1` are not `layers.1`, which a
+/// lookup of layer 1 would ask for).
+fn engram_layer_checked(name: &str) -> std::result::Result<Option<u32>, String> {
+    let Some((layer, tail)) = name
+        .strip_prefix("layers.")
+        .and_then(|rest| rest.split_once('.'))
+    else {
+        return Ok(None);
+    };
+    if !matches!(tail, "engram.embed.weight" | "engram.embed.scale") {
+        return Ok(None);
+    }
+    match layer.parse::<u32>() {
+        Ok(l) if l.to_string() == layer => Ok(Some(l)),
+        Ok(l) => Err(format!(
+            "layer `{layer}` is not written as a plain decimal number (layer {l} is named \
+             layers.{l}.{tail})"
+        )),
+        Err(_) => Err(format!(
+            "layer `{layer}` is not a layer number (0 to {})",
+            u32::MAX
+        )),
+    }
 }

@@ -65,6 +65,9 @@ const MAX_IDLE_RINGS: usize = 64;
 const SCALES_AHEAD: usize = 8;
 /// Reads per ring below which a batch stays on one ring.
 const MULTI_RING_MIN: usize = 8192;
+/// A shard's size and mtime are checked at most this often (an fstat costs 0.3-1.6 us, a
+/// tenth of a small page-cache batch), by the first batch that reads it after the interval.
+const SHARD_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// How a lookup reads the rows that miss the DRAM cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -131,24 +134,27 @@ impl FromStr for ReadPath {
     }
 }
 
-/// How to open a store.
+/// How to open a store. Every way an option arrives (a field here, a Python keyword, a
+/// `FETCHAHEAD_*` variable, a CLI flag) goes through [`StoreOptions::validate`] when the store
+/// opens, with the bounds of [`OPTION_BOUNDS`].
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
     /// First row this rank owns.
     pub row_start: u64,
-    /// Rows this rank owns; `None`: to the end of the table.
+    /// Rows this rank owns; `None` or `Some(0)`: to the end of the table (0 means the same in
+    /// every entry point: the C ABI's `num_rows` and Python's `num_rows=0`).
     pub num_rows: Option<u64>,
     pub read_path: ReadPath,
     /// DRAM row cache budget; 0 turns the cache off.
     pub cache_bytes: u64,
     /// Hold the owned rows' scales in DRAM, so that a cold row costs one read.
     pub resident_scales: bool,
-    /// Threads of the preadv pool (its queue depth).
+    /// Threads of the preadv pool (its queue depth), 1 to 1024.
     pub preadv_threads: usize,
-    /// Reads in flight per io_uring ring (rounded up to a power of two).
+    /// Reads in flight per io_uring ring (rounded up to a power of two), 1 to 4096.
     pub uring_depth: u32,
     /// Rings (each on its own thread) a large io_uring batch is spread over, at most one per
-    /// 8192 reads; 1 keeps every batch on the calling thread's ring.
+    /// 8192 reads; 1 keeps every batch on the calling thread's ring. 1 to 64.
     pub uring_rings: usize,
     /// Use O_DIRECT where the filesystem allows it.
     pub direct_io: bool,
@@ -170,6 +176,67 @@ impl Default for StoreOptions {
     }
 }
 
+/// The bounds of one numeric option of [`StoreOptions`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptionBounds {
+    /// The field (and Python keyword).
+    pub field: &'static str,
+    /// The `FETCHAHEAD_*` variable that sets it, if any.
+    pub env: Option<&'static str>,
+    pub min: u64,
+    pub max: u64,
+}
+
+impl OptionBounds {
+    /// `value` when it is within the bounds, else an error naming the option as `what` (the
+    /// field, the variable or the flag the value came from).
+    pub fn check(&self, what: &'static str, value: u64) -> Result<u64> {
+        if (self.min..=self.max).contains(&value) {
+            Ok(value)
+        } else {
+            Err(Error::invalid(
+                what,
+                format!("{value}; want {} to {}", self.min, self.max),
+            ))
+        }
+    }
+
+    /// [`check`](Self::check) of a text value (a variable or a flag).
+    pub fn parse(&self, what: &'static str, value: &str) -> Result<u64> {
+        let v = value.trim().parse::<u64>().map_err(|_| {
+            Error::invalid(
+                what,
+                format!("`{value}`; want a number from {} to {}", self.min, self.max),
+            )
+        })?;
+        self.check(what, v)
+    }
+}
+
+/// `preadv_threads`: more threads than this only thrash (10000 took a minute to start).
+pub const PREADV_THREADS: OptionBounds = OptionBounds {
+    field: "preadv_threads",
+    env: Some("FETCHAHEAD_PREADV_THREADS"),
+    min: 1,
+    max: 1024,
+};
+/// `uring_depth`: reads in flight per ring.
+pub const URING_DEPTH: OptionBounds = OptionBounds {
+    field: "uring_depth",
+    env: Some("FETCHAHEAD_URING_DEPTH"),
+    min: 1,
+    max: 4096,
+};
+/// `uring_rings`: threads a large io_uring batch is spread over.
+pub const URING_RINGS: OptionBounds = OptionBounds {
+    field: "uring_rings",
+    env: None,
+    min: 1,
+    max: 64,
+};
+/// Every numeric option's bounds, the one table every entry point checks against.
+pub const OPTION_BOUNDS: [OptionBounds; 3] = [PREADV_THREADS, URING_DEPTH, URING_RINGS];
+
 /// The variables [`StoreOptions::from_env`] reads, each overriding one default.
 pub const ENV_SETTINGS: [(&str, &str); 5] = [
     (
@@ -182,21 +249,75 @@ pub const ENV_SETTINGS: [(&str, &str); 5] = [
     ),
     (
         "FETCHAHEAD_URING_DEPTH",
-        "uring_depth: reads in flight per io_uring lookup",
+        "uring_depth: reads in flight per io_uring lookup, 1 to 4096",
     ),
     (
         "FETCHAHEAD_PREADV_THREADS",
-        "preadv_threads: threads of the preadv pool",
+        "preadv_threads: threads of the preadv pool, 1 to 1024",
     ),
     ("FETCHAHEAD_DIRECT_IO", "direct_io: 1 or 0"),
 ];
+
+/// Every other `FETCHAHEAD_*` variable fetchahead or its tests, benches and build read; any
+/// name outside these (and [`ENV_SETTINGS`]) is warned about once, as a likely typo.
+const OTHER_ENV: [&str; 6] = [
+    crate::logging::LOG_ENV,
+    "FETCHAHEAD_REQUIRE_GPU",
+    "FETCHAHEAD_ARCHS",
+    "FETCHAHEAD_TMPFS",
+    "FETCHAHEAD_GAP_REPS",
+    "FETCHAHEAD_WINNERS_OUT",
+];
+/// Prefixes of the benches' and tests' own variables.
+const OTHER_ENV_PREFIXES: [&str; 2] = ["FETCHAHEAD_BENCH_", "FETCHAHEAD_TEST_"];
+
+/// The `FETCHAHEAD_*` names among `names` that no part of fetchahead reads.
+pub fn unknown_env_names(names: impl IntoIterator<Item = String>) -> Vec<String> {
+    names
+        .into_iter()
+        .filter(|n| n.starts_with("FETCHAHEAD_"))
+        .filter(|n| {
+            !ENV_SETTINGS.iter().any(|(k, _)| k == n)
+                && !OTHER_ENV.contains(&n.as_str())
+                && !OTHER_ENV_PREFIXES.iter().any(|p| n.starts_with(p))
+        })
+        .collect()
+}
+
+/// Warns once per process about each `FETCHAHEAD_*` variable set here that nothing reads.
+pub(crate) fn warn_unknown_env() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let names = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
+        for name in unknown_env_names(names) {
+            log::warn!(
+                "fetchahead: {name} is set but is not a fetchahead variable (a typo?); the \
+                 store's are {}, and {}",
+                ENV_SETTINGS.map(|(k, _)| k).join(", "),
+                crate::logging::LOG_ENV
+            );
+        }
+    });
+}
 
 impl StoreOptions {
     /// The defaults, with each `FETCHAHEAD_*` variable of [`ENV_SETTINGS`] that is set replacing
     /// its field; set fields on the result to override the environment. A malformed value is an
     /// error naming the variable.
     pub fn from_env() -> Result<StoreOptions> {
-        StoreOptions::from_vars(|name| std::env::var(name).ok())
+        StoreOptions::from_env_except(&[])
+    }
+
+    /// [`StoreOptions::from_env`] without reading the variables named in `explicit` (those of
+    /// options the caller passes itself: an explicit argument wins, and the variable is not
+    /// even parsed).
+    pub fn from_env_except(explicit: &[&str]) -> Result<StoreOptions> {
+        warn_unknown_env();
+        StoreOptions::from_vars(|name| {
+            (!explicit.contains(&name))
+                .then(|| std::env::var(name).ok())
+                .flatten()
+        })
     }
 
     /// [`StoreOptions::from_env`] with the variables read through `var`.
@@ -215,22 +336,14 @@ impl StoreOptions {
         if let Some(v) = var(cache) {
             options.cache_bytes =
                 parse_bytes(&v).ok_or_else(|| bad(cache, &v, "bytes, e.g. 1073741824 or 1G"))?;
+            // Checked here too, so that a refusal names the variable the budget came from.
+            check_cache_budget(options.cache_bytes, &format!("{cache}={}", v.trim()))?;
         }
         if let Some(v) = var(depth) {
-            options.uring_depth = v
-                .trim()
-                .parse()
-                .ok()
-                .filter(|d| (1..=4096).contains(d))
-                .ok_or_else(|| bad(depth, &v, "1 to 4096"))?;
+            options.uring_depth = URING_DEPTH.parse(depth, &v)? as u32;
         }
         if let Some(v) = var(threads) {
-            options.preadv_threads = v
-                .trim()
-                .parse()
-                .ok()
-                .filter(|t| (1..=1024).contains(t))
-                .ok_or_else(|| bad(threads, &v, "1 to 1024"))?;
+            options.preadv_threads = PREADV_THREADS.parse(threads, &v)? as usize;
         }
         if let Some(v) = var(direct) {
             options.direct_io = match v.trim() {
@@ -241,6 +354,25 @@ impl StoreOptions {
         }
         Ok(options)
     }
+
+    /// Checks every option against its bounds ([`OPTION_BOUNDS`]; the cache budget against the
+    /// memory there is); an error names the option. [`RowStore::open`] calls it.
+    pub fn validate(&self) -> Result<()> {
+        PREADV_THREADS.check(PREADV_THREADS.field, self.preadv_threads as u64)?;
+        URING_DEPTH.check(URING_DEPTH.field, u64::from(self.uring_depth))?;
+        URING_RINGS.check(URING_RINGS.field, self.uring_rings as u64)?;
+        check_cache_budget(self.cache_bytes, "cache_bytes")
+    }
+}
+
+/// A row cache budget past the memory there is is refused: the cache sizes its index from the
+/// budget up front, and that allocation would fail (an abort), not just never fill. `source`
+/// says where the budget came from.
+fn check_cache_budget(bytes: u64, source: &str) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    crate::memory::check_fits(bytes, &format!("the DRAM row cache's budget ({source})"))
 }
 
 /// `123`, `64K`, `512M`, `2G` (powers of 1024; an optional trailing `iB` or `B`).
@@ -319,6 +451,41 @@ struct ShardIo {
     buffered: File,
     direct: Option<File>,
     map: Mmap,
+    /// Size and mtime when the store opened: a batch that read the shard checks them after its
+    /// reads, so that a shard rewritten in place fails the lookup instead of mixing tables.
+    opened: ShardStamp,
+    /// When the stamp was last checked (ns since the store opened; 0: never).
+    checked_at: AtomicU64,
+    /// Set once a check found the shard changed: every later batch reading it fails.
+    changed: std::sync::atomic::AtomicBool,
+}
+
+/// What a shard looked like: its size and modification time (seconds, nanoseconds).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct ShardStamp {
+    len: u64,
+    mtime: (i64, i64),
+}
+
+impl ShardStamp {
+    fn of(file: &File) -> io::Result<ShardStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata()?;
+        Ok(ShardStamp {
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+        })
+    }
+}
+
+impl fmt::Display for ShardStamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} bytes, modified at {}.{:09}",
+            self.len, self.mtime.0, self.mtime.1
+        )
+    }
 }
 
 /// Per-lookup working memory, reused so that a warm lookup allocates nothing.
@@ -332,6 +499,10 @@ struct Scratch {
 }
 
 pub(crate) struct Inner {
+    /// The table's path as opened, made absolute.
+    path: PathBuf,
+    /// When the store opened (the shards' check times count from it).
+    opened_at: std::time::Instant,
     layout: TableLayout,
     layer_ids: Vec<u32>,
     rows: Range<u64>,
@@ -376,11 +547,16 @@ pub struct RowStore {
 impl RowStore {
     /// Opens and validates a table (a model directory or one `.safetensors` file).
     pub fn open(path: &Path, options: StoreOptions) -> Result<Self> {
+        options.validate()?;
+        // Every later use of the path (the tune file) is the one opened, whatever the working
+        // directory becomes.
+        let path =
+            &std::path::absolute(path).map_err(|e| Error::io(path, "resolve the path", e))?;
         let layout = TableLayout::open(path)?;
         let total = layout.rows();
         let end = match options.num_rows {
-            Some(n) => options.row_start.checked_add(n),
-            None => Some(total),
+            Some(n) if n > 0 => options.row_start.checked_add(n),
+            _ => Some(total),
         };
         let rows = match end {
             Some(end) if options.row_start <= end && end <= total => options.row_start..end,
@@ -417,10 +593,14 @@ impl RowStore {
                     }
                 },
             };
+            let opened = ShardStamp::of(&buffered).map_err(|e| Error::io(p, "fstat", e))?;
             shards.push(ShardIo {
                 buffered,
                 direct,
                 map,
+                opened,
+                checked_at: AtomicU64::new(0),
+                changed: std::sync::atomic::AtomicBool::new(false),
             });
         }
         if direct_off.is_some() {
@@ -429,10 +609,7 @@ impl RowStore {
             }
         }
         if let Some(why) = &noatime_off {
-            log::warn!(
-                "fetchahead: shards opened without O_NOATIME ({why}): every read checks the \
-                 access time"
-            );
+            note_noatime_off(&shards, why);
         }
         let (mut block, mut block_why) = (dio::MIN_BLOCK, None);
         for (i, s) in shards.iter().enumerate() {
@@ -477,11 +654,6 @@ impl RowStore {
             scales.push(Some(bytes));
         }
         let tuning = Tuning::load(&tune::tune_file(path))?.unwrap_or_default();
-        if options.cache_bytes > 0 {
-            // The cache sizes its index from the budget up front: a budget past the memory there
-            // is would fail that allocation (an abort), not just never fill.
-            crate::memory::check_fits(options.cache_bytes, "the DRAM row cache's budget")?;
-        }
         let cache = (options.cache_bytes > 0)
             .then(|| RowCache::new(options.cache_bytes, layout.dim + sdim));
         let inner = Arc::new(Inner {
@@ -498,9 +670,11 @@ impl RowStore {
             cache,
             read_path: options.read_path,
             tuning,
-            preadv_threads: options.preadv_threads.max(1),
+            path: path.to_path_buf(),
+            opened_at: std::time::Instant::now(),
+            preadv_threads: options.preadv_threads,
             uring_depth: options.uring_depth,
-            uring_rings: options.uring_rings.clamp(1, 64),
+            uring_rings: options.uring_rings,
             ring_pool: OnceLock::new(),
             pool: OnceLock::new(),
             scratch: Mutex::new(Vec::new()),
@@ -554,6 +728,11 @@ impl RowStore {
                 .fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// The table's path (a directory or one file), made absolute when the store opened.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
     }
 
     /// Bytes of one row's weights (FP8 elements); its scales are `dim() / 32` bytes.
@@ -699,6 +878,27 @@ pub fn cache_bytes_for(rows: u64, dim: usize) -> u64 {
     rows * cache::entry_bytes(dim + dim / MX_BLOCK)
 }
 
+/// Says once per process that the shards are open without O_NOATIME, and only when that is a
+/// surprise: the kernel allows O_NOATIME to a file's owner alone, so a table of another user
+/// (a shared model directory) falls back quietly (a debug record).
+fn note_noatime_off(shards: &[ShardIo], why: &str) {
+    use std::os::unix::fs::MetadataExt;
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let foreign = shards
+        .iter()
+        .any(|s| s.buffered.metadata().is_ok_and(|m| m.uid() != me));
+    if foreign || WARNED.swap(true, Ordering::Relaxed) {
+        log::debug!("fetchahead: shards opened without O_NOATIME ({why})");
+    } else {
+        log::warn!(
+            "fetchahead: shards opened without O_NOATIME ({why}): every read checks the access \
+             time (said once per process)"
+        );
+    }
+}
+
 /// Opens `path` with O_DIRECT (and `extra` flags) and proves it with one aligned read; Err says
 /// why not.
 fn open_direct(path: &Path, extra: libc::c_int) -> std::result::Result<File, String> {
@@ -757,6 +957,37 @@ impl Inner {
 
     fn buffered_fd(&self, file: usize) -> RawFd {
         self.shards.get(file).map_or(-1, |s| s.buffered.as_raw_fd())
+    }
+
+    /// Fails when shard `file`'s size or mtime differs from when the store opened it, checked
+    /// at most once per [`SHARD_CHECK_EVERY`]; once changed, the shard fails every lookup.
+    fn check_unchanged(&self, file: usize) -> Result<()> {
+        let Some(shard) = self.shards.get(file) else {
+            return Ok(());
+        };
+        let path = self.layout.path(file);
+        if !shard.changed.load(Ordering::Relaxed) {
+            // At least 1: 0 means never checked.
+            let now = (self.opened_at.elapsed().as_nanos() as u64).max(1);
+            let last = shard.checked_at.load(Ordering::Relaxed);
+            if last != 0 && now.saturating_sub(last) < SHARD_CHECK_EVERY.as_nanos() as u64 {
+                return Ok(());
+            }
+            shard.checked_at.store(now, Ordering::Relaxed);
+            let stamp = ShardStamp::of(&shard.buffered).map_err(|e| Error::io(path, "fstat", e))?;
+            if stamp == shard.opened {
+                return Ok(());
+            }
+            shard.changed.store(true, Ordering::Relaxed);
+        }
+        let now = match ShardStamp::of(&shard.buffered) {
+            Ok(stamp) => stamp.to_string(),
+            Err(e) => format!("unknown ({e})"),
+        };
+        Err(Error::ShardChanged {
+            file: path.to_path_buf(),
+            why: format!("it was {} and is {now}", shard.opened),
+        })
     }
 
     fn current_len(&self, file: usize) -> io::Result<u64> {
@@ -1082,6 +1313,13 @@ impl Inner {
                 offset: ext.map_or(0, |e| e.offset),
                 source,
             });
+        }
+        // After the reads, at most one fstat per shard the batch read (two shards at most) and
+        // per millisecond: a shard rewritten before or while they ran fails the lookup, before
+        // any row reaches the cache.
+        self.check_unchanged(layer.weight.file)?;
+        if resident.is_none() && layer.scale.file != layer.weight.file {
+            self.check_unchanged(layer.scale.file)?;
         }
         if let Some(byte) = self.fault().and_then(FaultState::scribble) {
             weights_out.fill(byte);

@@ -57,12 +57,23 @@ impl Tuning {
         })
     }
 
-    /// Reads a tune file (`None` when there is none); a FIFO or device there is refused.
+    /// Reads a tune file (`None` when there is none); a FIFO or device there is refused. A tune
+    /// file is a hint: one that does not parse is ignored with a warning (`Auto` then chooses
+    /// as if never tuned), and `fetchahead tune --force` replaces it.
     pub fn load(file: &Path) -> Result<Option<Self>> {
         let Some(bytes) = read_small_optional(file, MAX_TUNE_FILE)? else {
             return Ok(None);
         };
-        Self::parse(file, &bytes).map(Some)
+        match Self::parse(file, &bytes) {
+            Ok(tuning) => Ok(Some(tuning)),
+            Err(e) => {
+                log::warn!(
+                    "fetchahead: ignoring the tune file ({e}); Auto chooses as if never tuned \
+                     (`fetchahead tune --force` replaces it)"
+                );
+                Ok(None)
+            }
+        }
     }
 
     fn parse(file: &Path, bytes: &[u8]) -> Result<Self> {
@@ -104,6 +115,41 @@ impl Tuning {
     /// [`save`](Self::save); `force` replaces whatever is at `file` (a symlink itself, never
     /// what it points at).
     pub fn save_with(&self, file: &Path, force: bool) -> Result<()> {
+        Self::check_replaceable(file, force)?;
+        let ranges: Vec<serde_json::Value> = self
+            .ranges
+            .iter()
+            .map(|r| serde_json::json!({"max_batch": r.max_batch, "path": r.path.name(), "p50_us": r.p50_us}))
+            .collect();
+        let text = serde_json::to_string_pretty(&serde_json::json!({ "ranges": ranges }))
+            .map_err(|e| Error::invalid("tune file", e.to_string()))?;
+        write_replacing(file, text.as_bytes())
+    }
+
+    /// Whether [`save_with`](Self::save_with) could write `file`, checked before measuring so
+    /// that `tune` never measures for seconds to find it cannot keep the result: what is there
+    /// must be a tune file (or `force`), and its directory writable.
+    pub fn check_can_save(file: &Path, force: bool) -> Result<()> {
+        Self::check_replaceable(file, force)?;
+        let dir = match file.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+            .map_err(|_| Error::invalid("tune file", format!("{dir:?} holds a NUL byte")))?;
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
+        if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
+            return Err(Error::io(
+                file,
+                "write (checked before measuring)",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses to replace what is not a tune file (unless `force`).
+    fn check_replaceable(file: &Path, force: bool) -> Result<()> {
         if !force && let Ok(meta) = std::fs::symlink_metadata(file) {
             let ours = meta.file_type().is_file()
                 && read_small_optional(file, MAX_TUNE_FILE)
@@ -125,14 +171,7 @@ impl Tuning {
                 });
             }
         }
-        let ranges: Vec<serde_json::Value> = self
-            .ranges
-            .iter()
-            .map(|r| serde_json::json!({"max_batch": r.max_batch, "path": r.path.name(), "p50_us": r.p50_us}))
-            .collect();
-        let text = serde_json::to_string_pretty(&serde_json::json!({ "ranges": ranges }))
-            .map_err(|e| Error::invalid("tune file", e.to_string()))?;
-        write_replacing(file, text.as_bytes())
+        Ok(())
     }
 }
 

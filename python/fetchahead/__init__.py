@@ -104,6 +104,49 @@ def flush_logs() -> None:
     _native.drain_logs()
 
 
+# ---- arguments ---------------------------------------------------------------------------------
+
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1
+_I64 = (1 << 63) - 1
+
+
+def _int_arg(name: str, value: Any, lo: int, hi: int) -> int:
+    """``value`` as an int in ``lo..=hi``, else :class:`InvalidArgumentError` naming ``name``
+    (never a bare ``OverflowError`` or ``TypeError`` from the native layer)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgumentError(
+            f"invalid {name}: {value!r} ({type(value).__name__}); want an integer",
+            argument=name,
+            why="not an integer",
+        )
+    v = int(value)
+    if not lo <= v <= hi:
+        raise InvalidArgumentError(
+            f"invalid {name}: {v}; want {lo} to {hi}",
+            argument=name,
+            why="out of range",
+        )
+    return v
+
+
+def _opt_int(name: str, value: Any, lo: int, hi: int) -> Optional[int]:
+    return None if value is None else _int_arg(name, value, lo, hi)
+
+
+def _path_arg(name: str, path: Any) -> str:
+    """A ``str``, ``bytes`` or ``os.PathLike`` path as the ``str`` the native layer takes
+    (bytes decoded as the filesystem encodes names, so any name round-trips)."""
+    try:
+        return os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise InvalidArgumentError(
+            f"invalid {name}: {type(path).__name__}; want a str, bytes or os.PathLike path",
+            argument=name,
+            why="not a path",
+        ) from None
+
+
 def variants() -> dict[str, list[tuple[str, str]]]:
     """Every kernel variant by family: ``{"gather": [(name, about), ...], "gather_dequant": ...}``."""
     return _native.variants()
@@ -131,7 +174,14 @@ def make_table(
 ) -> list[str]:
     """Writes a generated Engram table (FP8-E4M3 weights, E8M0 scales) as safetensors shards in
     ``dir``, as ``fetchahead make-table`` does; returns the shard paths."""
-    paths = _native.make_table(os.fspath(dir), rows, list(layers), dim, shards, seed)
+    paths = _native.make_table(
+        _path_arg("dir", dir),
+        _int_arg("rows", rows, 1, _I64),
+        [_int_arg("layers", layer, 0, _U32) for layer in layers],
+        _int_arg("dim", dim, 1, _U32),
+        _int_arg("shards", shards, 1, _U32),
+        _int_arg("seed", seed, 0, _U64),
+    )
     return [os.fspath(p) for p in paths]
 
 
@@ -143,7 +193,8 @@ def _is_torch(x: Any) -> bool:
 
 
 def _host_ids(ids: Any) -> np.ndarray:
-    """Ids as a C-contiguous int64 numpy array (a copy only when needed)."""
+    """Ids as a C-contiguous int64 numpy array (a copy only when needed). Only integers are ids:
+    a float, bool or string id is refused, never truncated."""
     if _is_torch(ids):
         if ids.device.type != "cpu":
             raise InvalidArgumentError(
@@ -152,7 +203,29 @@ def _host_ids(ids: Any) -> np.ndarray:
                 why="not on the CPU",
             )
         ids = ids.numpy()
-    arr = np.ascontiguousarray(ids, dtype=np.int64)
+    arr = np.asarray(ids)
+    if arr.size == 0 and arr.dtype.kind not in "iu":
+        arr = arr.astype(np.int64)  # `[]` is float64 to numpy
+    if arr.dtype.kind not in "iu":
+        raise InvalidArgumentError(
+            f"invalid ids: dtype {arr.dtype}; want integer ids (int64, or any integer dtype)",
+            argument="ids",
+            why="not integers",
+        )
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size:
+        big = arr > np.uint64(_I64)
+        if big.any():
+            first = int(np.argmax(big))
+            raise RowIdError(
+                f"{int(big.sum())} of {arr.size} row ids outside every table's rows (ids are "
+                f"at most {_I64}); the first at position {first} is {int(arr.flat[first])} "
+                "(nothing was read)",
+                row_ids=[int(arr.flat[first])],
+                count=int(big.sum()),
+                n=int(arr.size),
+                first_index=first,
+            )
+    arr = np.ascontiguousarray(arr, dtype=np.int64)
     if arr.ndim != 1:
         raise InvalidArgumentError(
             f"invalid ids: shape {arr.shape}; want one dimension",
@@ -204,11 +277,15 @@ def _host_buffer(x: Any, name: str, nbytes: int) -> int:
 class RowStore:
     """Engram rows of one tensor-parallel rank, read from safetensors shards on NVMe.
 
-    ``path`` is a model directory or one ``.safetensors`` file. Every option left ``None``
+    ``path`` is a model directory or one ``.safetensors`` file (``str``, ``bytes`` or
+    ``os.PathLike``), resolved to an absolute path when the store opens. Every option left ``None``
     takes its ``FETCHAHEAD_*`` environment variable when set (see :func:`env_settings`), else
     the default: ``read_path="auto"`` (chosen by batch size from :meth:`tune`'s figures),
     no DRAM row cache, resident scales, 64 preadv threads, the default io_uring depth, O_DIRECT
-    where the filesystem allows it.
+    where the filesystem allows it. An option passed here wins over its variable, which is then
+    not read. ``num_rows`` 0 (or None) means every row from ``row_start`` (as in C);
+    ``preadv_threads`` is 1 to 1024 and ``uring_depth`` 1 to 4096, whichever way they arrive;
+    an option out of bounds is an :class:`InvalidArgumentError` naming it.
 
     Lookups release the GIL; one store serves many threads at once.
     """
@@ -226,18 +303,20 @@ class RowStore:
         uring_depth: Optional[int] = None,
         direct_io: Optional[bool] = None,
     ) -> None:
-        self.path = os.fspath(path)
         self._store = _native.RowStore(
-            self.path,
-            row_start,
-            num_rows,
+            _path_arg("path", path),
+            _opt_int("row_start", row_start, 0, _I64),
+            _opt_int("num_rows", num_rows, 0, _I64),
             read_path,
-            cache_bytes,
+            _opt_int("cache_bytes", cache_bytes, 0, _U64),
             resident_scales,
-            preadv_threads,
-            uring_depth,
+            _opt_int("preadv_threads", preadv_threads, 0, _U64),
+            _opt_int("uring_depth", uring_depth, 0, _U64),
             direct_io,
         )
+        #: The table's path, made absolute when the store opened (``tune`` writes beside it
+        #: whatever the working directory is later).
+        self.path: str = os.fspath(self._store.path)
 
     @property
     def dim(self) -> int:
@@ -297,6 +376,7 @@ class RowStore:
             weights = np.empty((n, dim), dtype=np.uint8)
         if scales is None:
             scales = np.empty((n, dim // 32), dtype=np.uint8)
+        layer = _int_arg("layer", layer, 0, _U32)
         w = _host_buffer(weights, "weights", n * dim)
         s = _host_buffer(scales, "scales", n * dim // 32)
         self._store.lookup_into(layer, ids_arr.ctypes.data, n, w, s, path)
@@ -305,6 +385,7 @@ class RowStore:
     def advise(self, layer: int, ids: Any) -> None:
         """Starts warming the rows of a coming batch (the next prefill chunk) and returns at
         once: into the row cache when there is one, else into the page cache."""
+        layer = _int_arg("layer", layer, 0, _U32)
         ids_arr = _host_ids(ids)
         self._store.advise(layer, ids_arr.ctypes.data, ids_arr.shape[0])
 
@@ -314,11 +395,13 @@ class RowStore:
         and the ``read_path`` configured, ``direct_io`` and ``uring`` availability."""
         return self._store.stats()
 
-    def tune(self, *, seed: int = 1) -> list[tuple[int, str]]:
+    def tune(self, *, seed: int = 1, force: bool = False) -> list[tuple[int, str]]:
         """Measures each read path on this disk (cold batches of growing size) and writes
         ``auto``'s choice beside the table, as ``fetchahead tune`` does; stores opened later
-        use it. Returns ``[(max_batch, path), ...]``. Takes seconds to minutes."""
-        return self._store.tune(self.path, seed)
+        use it. Returns ``[(max_batch, path), ...]``. Takes seconds to minutes; whether the tune
+        file can be written is checked first. ``force`` replaces a file there that is not a
+        tune file."""
+        return self._store.tune(_int_arg("seed", seed, 0, _U64), bool(force))
 
     def evict_page_cache(self) -> None:
         """Drops the table's pages from the page cache, so that the next reads hit the disk."""
@@ -337,7 +420,11 @@ class MemoryTable:
     a row source for :class:`Prefetcher` in tests and examples."""
 
     def __init__(self, rows: int, dim: int = 256, *, seed: int = 1) -> None:
-        self._table = _native.MemoryTable(rows, dim, seed)
+        self._table = _native.MemoryTable(
+            _int_arg("rows", rows, 0, _U64),
+            _int_arg("dim", dim, 0, _U64),
+            _int_arg("seed", seed, 0, _U64),
+        )
 
     @property
     def rows(self) -> int:
@@ -466,6 +553,11 @@ class Prefetcher:
         lane: Optional[FlagLane] = None,
         rank: int = 0,
     ) -> None:
+        # Checked before torch or a device is touched.
+        layer = _int_arg("layer", layer, 0, _U32)
+        capacity = _int_arg("capacity", capacity, 1, _U64)
+        check_log_ms = _int_arg("check_log_ms", check_log_ms, 0, _U64)
+        rank = _int_arg("rank", rank, 0, _U32)
         t = _torch_ops()
         self._device = t.cuda_device(device)
         native_source = source._store if isinstance(source, RowStore) else source._table

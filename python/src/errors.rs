@@ -113,7 +113,9 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("errno", source.raw_os_error())?;
             "FileError"
         }
-        Error::TableHeader { file, .. } => {
+        Error::TableHeader { file, .. }
+        | Error::TableIndex { file, .. }
+        | Error::ShardChanged { file, .. } => {
             a.set_item("file", file.display().to_string())?;
             "TableError"
         }

@@ -16,7 +16,9 @@ use fetchahead::prefetch::lookup::{MemoryRows, RowLookup};
 use fetchahead::prefetch::prefetcher::{
     Completion, Prefetcher as RustPrefetcher, PrefetcherConfig,
 };
-use fetchahead::store::{LayerRows, ReadPath, RowStore as RustRowStore, StoreOptions};
+use fetchahead::store::{
+    LayerRows, PREADV_THREADS, ReadPath, RowStore as RustRowStore, StoreOptions, URING_DEPTH,
+};
 use fetchahead::{DequantVariant, GatherVariant};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -57,9 +59,22 @@ fn variants(py: Python<'_>) -> PyRes<Bound<'_, PyDict>> {
 #[pyfunction]
 #[pyo3(signature = (family, arch=None))]
 fn default_variant(py: Python<'_>, family: &str, arch: Option<&str>) -> PyRes<&'static str> {
+    use fetchahead::device_abi::defaults::BY_ARCH;
     let d = match arch {
-        Some(arch) => fetchahead::device_abi::defaults::for_arch(arch),
-        None => &fetchahead::device_abi::defaults::BY_ARCH[0],
+        Some(arch) => match BY_ARCH.iter().find(|d| d.arch == arch) {
+            Some(d) => d,
+            None => {
+                let built: Vec<&str> = BY_ARCH.iter().map(|d| d.arch).collect();
+                return done(
+                    py,
+                    Err(fetchahead::Error::UnknownArch {
+                        arch: arch.to_string(),
+                        built: built.join(", "),
+                    }),
+                );
+            }
+        },
+        None => &BY_ARCH[0],
     };
     match family {
         "gather" => Ok(d.gather),
@@ -354,12 +369,23 @@ impl RowStore {
         read_path: Option<String>,
         cache_bytes: Option<u64>,
         resident_scales: Option<bool>,
-        preadv_threads: Option<usize>,
-        uring_depth: Option<u32>,
+        preadv_threads: Option<u64>,
+        uring_depth: Option<u64>,
         direct_io: Option<bool>,
     ) -> PyRes<Self> {
+        // An explicit argument wins over its variable, which is then not even parsed.
+        let explicit: Vec<&str> = [
+            (read_path.is_some(), "FETCHAHEAD_READ_PATH"),
+            (cache_bytes.is_some(), "FETCHAHEAD_CACHE_BYTES"),
+            (uring_depth.is_some(), "FETCHAHEAD_URING_DEPTH"),
+            (preadv_threads.is_some(), "FETCHAHEAD_PREADV_THREADS"),
+            (direct_io.is_some(), "FETCHAHEAD_DIRECT_IO"),
+        ]
+        .into_iter()
+        .filter_map(|(given, name)| given.then_some(name))
+        .collect();
         let r = py.detach(|| {
-            let mut o = StoreOptions::from_env()?;
+            let mut o = StoreOptions::from_env_except(&explicit)?;
             if let Some(v) = row_start {
                 o.row_start = v;
             }
@@ -375,11 +401,13 @@ impl RowStore {
             if let Some(v) = resident_scales {
                 o.resident_scales = v;
             }
+            // Checked against the store's own bounds before narrowing, so that 2^32 is refused
+            // as too many, never wrapped.
             if let Some(v) = preadv_threads {
-                o.preadv_threads = v;
+                o.preadv_threads = PREADV_THREADS.check(PREADV_THREADS.field, v)? as usize;
             }
             if let Some(v) = uring_depth {
-                o.uring_depth = v;
+                o.uring_depth = URING_DEPTH.check(URING_DEPTH.field, v)? as u32;
             }
             if let Some(v) = direct_io {
                 o.direct_io = v;
@@ -500,19 +528,24 @@ impl RowStore {
         Ok(d)
     }
 
-    /// Measures each read path (cold batches) and writes `auto`'s choice beside the table.
-    /// Returns `[(max_batch, path), ...]`; a reopened store uses it.
-    fn tune(
-        &self,
-        py: Python<'_>,
-        path: std::path::PathBuf,
-        seed: u64,
-    ) -> PyRes<Vec<(u64, String)>> {
+    /// The table's path, made absolute when the store opened.
+    #[getter]
+    fn path(&self) -> std::path::PathBuf {
+        self.store.path().to_path_buf()
+    }
+
+    /// Measures each read path (cold batches) and writes `auto`'s choice beside the table (the
+    /// path resolved when the store opened, whatever the working directory is now), having
+    /// checked first that it can. Returns `[(max_batch, path), ...]`; a reopened store uses it.
+    fn tune(&self, py: Python<'_>, seed: u64, force: bool) -> PyRes<Vec<(u64, String)>> {
+        use fetchahead::store::tune::{Tuning, measure, tune_file};
         let store = self.store.clone();
         let r = py.detach(move || {
+            let file = tune_file(store.path());
+            Tuning::check_can_save(&file, force)?;
             let layer = store.layers().first().copied().unwrap_or(0);
-            let tuning = fetchahead::store::tune::measure(&store, layer, seed, |_| {})?;
-            tuning.save(&fetchahead::store::tune::tune_file(&path))?;
+            let tuning = measure(&store, layer, seed, |_| {})?;
+            tuning.save_with(&file, force)?;
             Ok(tuning
                 .ranges
                 .iter()
