@@ -1100,10 +1100,9 @@ fn claim_in_manifest(dir: &Path, name: &str, file: &Path) {
     let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let meta = std::fs::metadata(file).unwrap();
     m["files"].as_array_mut().unwrap().push(name.into());
-    m["written"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({
+    // Manifests before issue 21 have no records: the name alone claimed the file.
+    if let Some(written) = m.get_mut("written").and_then(|w| w.as_array_mut()) {
+        written.push(serde_json::json!({
             "name": name,
             "size": meta.len(),
             "inode": meta.ino(),
@@ -1111,6 +1110,7 @@ fn claim_in_manifest(dir: &Path, name: &str, file: &Path) {
             "head_len": 0,
             "head_fnv1a64": "cbf29ce484222325",
         }));
+    }
     std::fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
 }
 
