@@ -304,6 +304,20 @@ mod tests {
         assert!(off.is_none());
     }
 
+    /// Issue 21, item 16: a temporary file that cannot be created is reported under the name the
+    /// user asked for, never the hidden temporary one.
+    #[test]
+    fn a_failed_create_names_the_target_not_the_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("absent").join("model.safetensors");
+        let msg = TempFile::create(&target).err().unwrap().to_string();
+        assert!(
+            msg.starts_with(&format!("{}: create failed", target.display()))
+                && !msg.contains(TEMP_PREFIX),
+            "{msg}"
+        );
+    }
+
     /// The owner (this test's own file) gets O_NOATIME.
     #[test]
     fn the_owner_opens_with_noatime() {
