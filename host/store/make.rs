@@ -466,8 +466,9 @@ impl Proof {
             Proof::LegacySeed => std::fs::symlink_metadata(dir.join(name)).map_or(0, |m| m.len()),
             Proof::LegacyShard => {
                 let mut prefix = [0u8; 8];
-                let n = std::fs::File::open(dir.join(name))
-                    .and_then(|f| f.read_exact_at(&mut prefix, 0))
+                let n = open_regular(&dir.join(name), libc::O_NOFOLLOW)
+                    .ok()
+                    .and_then(|f| f.read_exact_at(&mut prefix, 0).ok())
                     .map_or(0, |()| u64::from_le_bytes(prefix));
                 8u64.saturating_add(n)
             }
@@ -1132,8 +1133,9 @@ struct WritePlan<'a> {
 
 impl WritePlan<'_> {
     /// The old table's files this writer may replace or remove, each as it is now: whatever of
-    /// the old manifest's files is still the file written. Refuses what `options` does not allow.
-    fn check_dir(&self) -> Result<Vec<WrittenFile>> {
+    /// the old manifest's files is still the file written; and whether the manifest there is
+    /// fetchahead's. Refuses what `options` does not allow.
+    fn check_dir(&self) -> Result<(Vec<WrittenFile>, bool)> {
         let dir = self.dir;
         let state = dir_state(dir)?;
         let refuse = |why: String| {
@@ -1165,8 +1167,9 @@ impl WritePlan<'_> {
             }
             DirState::Absent | DirState::Empty => None,
         };
+        let manifest_ours = !matches!(state, DirState::BadManifest { .. });
         let Some(old) = old else {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), manifest_ours));
         };
         let claimed = proofs(&old);
         let mut owned: Vec<WrittenFile> = Vec::new();
@@ -1178,13 +1181,13 @@ impl WritePlan<'_> {
                 owned.push(w);
             }
         }
-        Ok(owned)
+        Ok((owned, manifest_ours))
     }
 
     fn write(&self, step: &mut impl FnMut(WriteStep)) -> Result<Vec<PathBuf>> {
         let dir = self.dir;
         remove_dead_temps(dir);
-        let owned = self.check_dir()?;
+        let (owned, manifest_ours) = self.check_dir()?;
         step(WriteStep::Checked);
         // Files to remove once the new ones are in: the old table's own that the new one lacks.
         let stale: Vec<&WrittenFile> = owned
@@ -1194,7 +1197,8 @@ impl WritePlan<'_> {
         // With --force, what the new table replaces that is not the old table's: said first.
         for name in self.new_names.iter().chain([&MANIFEST.to_string()]) {
             let present = std::fs::symlink_metadata(dir.join(name)).is_ok();
-            let proven = owned.iter().any(|w| w.name == *name) || name == MANIFEST;
+            let proven =
+                owned.iter().any(|w| w.name == *name) || (name == MANIFEST && manifest_ours);
             if present && !proven {
                 log::warn!(
                     "{}: --force: replacing {}, which fetchahead did not write",
@@ -1273,6 +1277,10 @@ impl WritePlan<'_> {
         sync_dir(dir);
         step(WriteStep::Committed(format!("{MANIFEST} (writing)")));
         for w in stale {
+            // Only table files (and an older demo's seed marker) are ever removed.
+            if !is_table_name(&w.name) && w.name != LEGACY_DEMO_SEED {
+                continue;
+            }
             // Proven again now: the lock keeps writers out, not a user's copy.
             if let Some(why) = Proof::Recorded(w.clone()).refutes(dir, &w.name) {
                 log::warn!(
