@@ -1031,6 +1031,40 @@ fn a_users_file_copied_over_a_table_survives_a_rewrite_that_names_it() {
     assert_eq!(std::fs::read(c.join("model.safetensors")).unwrap(), bytes);
 }
 
+/// A manifest as fetchahead wrote it before issue 21: names, no records.
+fn strip_records(dir: &Path) {
+    let path = dir.join(MANIFEST);
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    m.as_object_mut().unwrap().remove("written").unwrap();
+    std::fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+}
+
+// issue 21, item 1: tables written before the records existed stay the writer's own, proven
+// against their spec (every shard's length and header, the index's bytes).
+#[test]
+fn a_table_whose_manifest_predates_the_records_is_proven_against_its_spec() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path().join("t");
+    write_table(&t, &spec(2048, 2), |_| {}).unwrap();
+    strip_records(&t);
+    assert!(matches!(dir_state(&t).unwrap(), DirState::Ours(m) if m.written.is_empty()));
+    assert_eq!(TableLayout::open(&t).unwrap().rows(), 2048);
+    write_table(&t, &spec(1024, 1), |_| {}).unwrap();
+    assert_eq!(names(&t), set(&["model.safetensors", MANIFEST]));
+    // A shard that is not what the old manifest's spec generates is not the writer's.
+    strip_records(&t);
+    let (theirs, bytes) = users_shard(tmp.path(), 4096, 1, "model.safetensors");
+    std::fs::copy(&theirs, t.join("model.safetensors")).unwrap();
+    let msg = write_table(&t, &spec(1024, 2), |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("model.safetensors") && msg.contains("not the file fetchahead wrote"),
+        "{msg}"
+    );
+    assert_eq!(std::fs::read(t.join("model.safetensors")).unwrap(), bytes);
+}
+
 // issue 21, item 2: --force replaces the new table's names and the old table's own files only.
 #[test]
 fn force_keeps_files_the_new_table_does_not_write_and_lists_what_it_replaces() {
@@ -1242,6 +1276,18 @@ fn a_rewrite_killed_at_any_step_opens_as_the_old_or_new_table_or_is_refused() {
                     let (rc, table) = open_store(&dir, 1);
                     assert!(rc != 0 && table.is_null(), "the C ABI opened it");
                     assert!(last_error().contains("did not finish"), "{}", last_error());
+                    // So does `fetchahead inspect`.
+                    if refused == 0
+                        && let Some(bin) = cli()
+                    {
+                        let (code, err) = run_cli(
+                            &bin,
+                            &["inspect", dir.to_str().unwrap()],
+                            &[],
+                            Duration::from_secs(30),
+                        );
+                        assert!(code != 0 && err.contains("did not finish"), "{err}");
+                    }
                     // Opening one of its shards by name: refused as well.
                     let shard = dir.join("model-00001-of-00002.safetensors");
                     if shard.exists() {

@@ -818,7 +818,7 @@ fn remove_dead_temps(dir: &Path) {
             if std::fs::remove_file(e.path()).is_ok() {
                 log::warn!(
                     "{}: removed {name} ({bytes} bytes), a temporary file of a fetchahead writer \
-                     (pid {pid}) that was killed",
+                     (pid {pid}) that is no longer running",
                     dir.display()
                 );
             }
