@@ -67,8 +67,10 @@ int fetchahead_open_memory_table(uint64_t rows, uint32_t dim, uint64_t seed, fet
  * those rows fail with FETCHAHEAD_ERR_LOOKUP; a malformed table fails here with
  * FETCHAHEAD_ERR_INVALID and a message naming the file and tensor: so do a FIFO or device in
  * place of a shard, index or tune file (refused without blocking), layers of different row
- * counts, and sizes claimed by a header that do not fit the memory available. The default read
- * path never maps the files (no SIGBUS when a shard is truncated under a running engine). */
+ * counts, and sizes claimed by a header that do not fit the memory available. So does a table
+ * whose rewrite by fetchahead did not finish (its fetchahead-table.json says "writing"; the
+ * message gives the command that finishes it). The default read path never maps the files (no
+ * SIGBUS when a shard is truncated under a running engine). */
 int fetchahead_open_store(const char *dir, uint32_t layer, uint64_t row_start, uint64_t num_rows,
                           fetchahead_table **out);
 

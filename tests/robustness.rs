@@ -1372,3 +1372,585 @@ fn issue21_item17_check_rows_zero_is_refused_without_a_gpu() {
         assert!(err.contains(args[1]), "{args:?}: {err}");
     }
 }
+
+// ---- issue 21: writers that can prove what they own, readers that never serve a torn table ----
+
+/// A user's own table file (a real safetensors shard of `rows` rows, not the one fetchahead
+/// writes into the directory under test), and its bytes.
+fn users_shard(root: &Path, rows: u64, shards: usize, name: &str) -> (PathBuf, Vec<u8>) {
+    let dir = root.join(format!("user-{rows}-{shards}"));
+    if !dir.exists() {
+        write_table(
+            &dir,
+            &TableSpec {
+                seed: 77,
+                ..spec(rows, shards)
+            },
+            |_| {},
+        )
+        .unwrap();
+    }
+    let path = dir.join(name);
+    let bytes = std::fs::read(&path).unwrap();
+    (path, bytes)
+}
+
+fn seeded(rows: u64, shards: usize, seed: u64) -> TableSpec {
+    TableSpec {
+        seed,
+        ..spec(rows, shards)
+    }
+}
+
+// issue 21, item 1: a listed name is no proof of ownership.
+#[test]
+fn a_users_file_copied_over_a_table_survives_a_rewrite_that_names_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a");
+    write_table(&a, &spec(4096, 1), |_| {}).unwrap();
+    let (theirs, bytes) = users_shard(tmp.path(), 16384, 1, "model.safetensors");
+    std::fs::copy(&theirs, a.join("model.safetensors")).unwrap();
+    let err = write_table(&a, &seeded(4096, 1, 3), |_| {}).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, Error::WouldOverwrite { .. })
+            && msg.contains("model.safetensors")
+            && msg.contains("not the file fetchahead wrote")
+            && msg.contains("size")
+            && msg.contains("--force"),
+        "{msg}"
+    );
+    assert_eq!(std::fs::read(a.join("model.safetensors")).unwrap(), bytes);
+
+    // Two shards, the second the user's: a one-shard rewrite is refused, both shards stay.
+    let b = tmp.path().join("b");
+    write_table(&b, &spec(4096, 2), |_| {}).unwrap();
+    let first = std::fs::read(b.join("model-00001-of-00002.safetensors")).unwrap();
+    let (theirs, bytes) = users_shard(tmp.path(), 16384, 2, "model-00002-of-00002.safetensors");
+    std::fs::copy(&theirs, b.join("model-00002-of-00002.safetensors")).unwrap();
+    let msg = write_table(&b, &seeded(4096, 1, 3), |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("model-00002-of-00002.safetensors"), "{msg}");
+    assert_eq!(
+        std::fs::read(b.join("model-00001-of-00002.safetensors")).unwrap(),
+        first
+    );
+    assert_eq!(
+        std::fs::read(b.join("model-00002-of-00002.safetensors")).unwrap(),
+        bytes
+    );
+
+    // The same through the demo, over its own table.
+    let Some(bin) = cli() else { return };
+    let c = tmp.path().join("c");
+    let demo = WriteOptions {
+        writer: "demo".into(),
+        force: false,
+    };
+    write_table_with(&c, &spec(4096, 1), &demo, |_| {}).unwrap();
+    let (theirs, bytes) = users_shard(tmp.path(), 16384, 1, "model.safetensors");
+    std::fs::copy(&theirs, c.join("model.safetensors")).unwrap();
+    let args = [
+        "demo",
+        "--data-dir",
+        c.to_str().unwrap(),
+        "--rows",
+        "4096",
+        "--steps",
+        "1",
+    ];
+    let (code, err) = run_cli(&bin, &args, &[], Duration::from_secs(60));
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains("model.safetensors") && err.contains("not the file fetchahead wrote"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(c.join("model.safetensors")).unwrap(), bytes);
+}
+
+/// A manifest as fetchahead wrote it before issue 21: names, no records.
+fn strip_records(dir: &Path) {
+    let path = dir.join(MANIFEST);
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    m.as_object_mut().unwrap().remove("written").unwrap();
+    std::fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+}
+
+// issue 21, item 1: tables written before the records existed stay the writer's own, proven
+// against their spec (every shard's length and header, the index's bytes).
+#[test]
+fn a_table_whose_manifest_predates_the_records_is_proven_against_its_spec() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path().join("t");
+    write_table(&t, &spec(2048, 2), |_| {}).unwrap();
+    strip_records(&t);
+    assert!(matches!(dir_state(&t).unwrap(), DirState::Ours(m) if m.written.is_empty()));
+    assert_eq!(TableLayout::open(&t).unwrap().rows(), 2048);
+    write_table(&t, &spec(1024, 1), |_| {}).unwrap();
+    assert_eq!(names(&t), set(&["model.safetensors", MANIFEST]));
+    // A shard that is not what the old manifest's spec generates is not the writer's.
+    strip_records(&t);
+    let (theirs, bytes) = users_shard(tmp.path(), 4096, 1, "model.safetensors");
+    std::fs::copy(&theirs, t.join("model.safetensors")).unwrap();
+    let msg = write_table(&t, &spec(1024, 2), |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("model.safetensors") && msg.contains("not the file fetchahead wrote"),
+        "{msg}"
+    );
+    assert_eq!(std::fs::read(t.join("model.safetensors")).unwrap(), bytes);
+}
+
+// issue 21, item 2: --force replaces the new table's names and the old table's own files only.
+#[test]
+fn force_keeps_files_the_new_table_does_not_write_and_lists_what_it_replaces() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    let lora: Vec<u8> = (0..5000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::write(d.join("my-lora.safetensors"), &lora).unwrap();
+    std::fs::write(d.join("README.txt"), b"my notes").unwrap();
+    let msg = write_table(&d, &spec(4096, 1), |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("my-lora.safetensors")
+            && msg.contains("README.txt")
+            && msg.contains("--force"),
+        "{msg}"
+    );
+    let forced = WriteOptions {
+        force: true,
+        ..WriteOptions::default()
+    };
+    write_table_with(&d, &spec(4096, 1), &forced, |_| {}).unwrap();
+    assert_eq!(std::fs::read(d.join("my-lora.safetensors")).unwrap(), lora);
+    assert_eq!(std::fs::read(d.join("README.txt")).unwrap(), b"my notes");
+    // The table opens as its manifest says, whatever else is beside it.
+    assert_eq!(TableLayout::open(&d).unwrap().rows(), 4096);
+    // A forced rewrite to shards removes the old table's own shard, and nothing of the user's.
+    write_table_with(&d, &spec(2048, 2), &forced, |_| {}).unwrap();
+    assert!(!d.join("model.safetensors").exists());
+    assert_eq!(std::fs::read(d.join("my-lora.safetensors")).unwrap(), lora);
+    assert_eq!(std::fs::read(d.join("README.txt")).unwrap(), b"my notes");
+    assert_eq!(TableLayout::open(&d).unwrap().rows(), 2048);
+
+    // From the command line, what --force replaces is said before it is replaced.
+    let Some(bin) = cli() else { return };
+    let e = tmp.path().join("e");
+    std::fs::create_dir(&e).unwrap();
+    let (theirs, _) = users_shard(tmp.path(), 1024, 1, "model.safetensors");
+    std::fs::copy(&theirs, e.join("model.safetensors")).unwrap();
+    std::fs::write(e.join("my-lora.safetensors"), &lora).unwrap();
+    let (code, err) = run_cli(
+        &bin,
+        &[
+            "make-table",
+            e.to_str().unwrap(),
+            "--rows",
+            "4096",
+            "--force",
+        ],
+        &[],
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("--force: replacing model.safetensors") && !err.contains("my-lora"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(e.join("my-lora.safetensors")).unwrap(), lora);
+    assert_eq!(TableLayout::open(&e).unwrap().rows(), 4096);
+}
+
+/// Adds `name` to the manifest in `dir`, with a record forged from the file as it is now.
+fn claim_in_manifest(dir: &Path, name: &str, file: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let path = dir.join(MANIFEST);
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let meta = std::fs::metadata(file).unwrap();
+    m["files"].as_array_mut().unwrap().push(name.into());
+    // Manifests before issue 21 have no records: the name alone claimed the file.
+    if let Some(written) = m.get_mut("written").and_then(|w| w.as_array_mut()) {
+        written.push(serde_json::json!({
+            "name": name,
+            "size": meta.len(),
+            "inode": meta.ino(),
+            "mtime_ns": meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+            "head_len": 0,
+            "head_fnv1a64": "cbf29ce484222325",
+        }));
+    }
+    std::fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+}
+
+// issue 21, item 3: a hand-edited manifest never causes a deletion outside the table's files.
+#[test]
+fn a_manifest_listing_other_files_deletes_none_of_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path().join("t");
+    write_table(&t, &spec(4096, 1), |_| {}).unwrap();
+    std::fs::write(t.join("notes.txt"), b"mine").unwrap();
+    claim_in_manifest(&t, "notes.txt", &t.join("notes.txt"));
+    // Unforced: refused, naming it; forced: written, and notes.txt stays.
+    let outcome = write_table(&t, &spec(2048, 2), |_| {});
+    assert_eq!(std::fs::read(t.join("notes.txt")).unwrap(), b"mine");
+    let msg = outcome.unwrap_err().to_string();
+    assert!(msg.contains("notes.txt (4 bytes)"), "{msg}");
+    let forced = WriteOptions {
+        force: true,
+        ..WriteOptions::default()
+    };
+    write_table_with(&t, &spec(2048, 2), &forced, |_| {}).unwrap();
+    assert_eq!(std::fs::read(t.join("notes.txt")).unwrap(), b"mine");
+    assert!(
+        !t.join("model.safetensors").exists(),
+        "the old shard is gone"
+    );
+
+    // A name outside the directory: the table is rewritten, the file outside untouched.
+    let outside = tmp.path().join("x");
+    std::fs::write(&outside, b"outside").unwrap();
+    claim_in_manifest(&t, "../x", &outside);
+    write_table_with(&t, &spec(1024, 1), &forced, |_| {}).unwrap();
+    assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
+    assert_eq!(std::fs::read(t.join("notes.txt")).unwrap(), b"mine");
+    assert_eq!(TableLayout::open(&t).unwrap().rows(), 1024);
+}
+
+/// Rows 0..64 of layers 1 and 14 of the table in `dir`, each layer's weights then scales.
+fn table_rows(dir: &Path) -> fetchahead::Result<Vec<Vec<u8>>> {
+    let store = RowStore::open(dir, StoreOptions::default())?;
+    let ids: Vec<i64> = (0..64).collect();
+    let mut out = Vec::new();
+    for layer in [1, 14] {
+        let mut w = vec![0u8; ids.len() * DIM];
+        let mut s = vec![0u8; ids.len() * DIM / 32];
+        store.lookup(layer, &ids, &mut w, &mut s)?;
+        w.extend_from_slice(&s);
+        out.push(w);
+    }
+    Ok(out)
+}
+
+const KILL_AT_ENV: &str = "FETCHAHEAD_TEST_KILL_AT";
+
+// issue 21, item 5: a rewrite killed between its renames never opens as a mixed table.
+#[test]
+fn a_rewrite_killed_at_any_step_opens_as_the_old_or_new_table_or_is_refused() {
+    const NAME: &str = "a_rewrite_killed_at_any_step_opens_as_the_old_or_new_table_or_is_refused";
+    if std::env::var(CHILD_ENV).as_deref() == Ok(NAME) {
+        let dir = PathBuf::from(std::env::var("FETCHAHEAD_TEST_DIR").unwrap());
+        let kill_at: usize = std::env::var(KILL_AT_ENV).unwrap().parse().unwrap();
+        let shards: usize = std::env::var("FETCHAHEAD_TEST_SHARDS")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mut steps = 0;
+        fetchahead::store::make::write_table_with_steps(
+            &dir,
+            &seeded(1024, shards, 3),
+            &WriteOptions::default(),
+            |step| {
+                if matches!(step, fetchahead::store::make::WriteStep::Data(_)) {
+                    return;
+                }
+                if steps == kill_at {
+                    // SAFETY: kills this child process, as a user's kill -9 (or a power cut) would.
+                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                }
+                steps += 1;
+            },
+        )
+        .unwrap();
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let old_ref = tmp.path().join("old-ref");
+    write_table(&old_ref, &seeded(1024, 2, 1), |_| {}).unwrap();
+    let old_rows = table_rows(&old_ref).unwrap();
+    for new_shards in [2, 3] {
+        let new_ref = tmp.path().join(format!("new-ref-{new_shards}"));
+        write_table(&new_ref, &seeded(1024, new_shards, 3), |_| {}).unwrap();
+        let new_rows = table_rows(&new_ref).unwrap();
+        let (mut refused, mut old, mut new) = (0, 0, 0);
+        for kill_at in 0.. {
+            let dir = tmp.path().join(format!("t-{new_shards}-{kill_at}"));
+            write_table(&dir, &seeded(1024, 2, 1), |_| {}).unwrap();
+            let exe = std::env::current_exe().unwrap();
+            let status = Command::new(exe)
+                .args([NAME, "--exact", "--nocapture"])
+                .env(CHILD_ENV, NAME)
+                .env("FETCHAHEAD_TEST_DIR", &dir)
+                .env(KILL_AT_ENV, kill_at.to_string())
+                .env("FETCHAHEAD_TEST_SHARDS", new_shards.to_string())
+                .output()
+                .unwrap();
+            let finished = status.status.success();
+            assert!(
+                finished || status.status.signal() == Some(libc::SIGKILL),
+                "{}",
+                String::from_utf8_lossy(&status.stderr)
+            );
+            match table_rows(&dir) {
+                Ok(rows) if rows == old_rows => old += 1,
+                Ok(rows) if rows == new_rows => new += 1,
+                Ok(rows) => panic!(
+                    "killed after step {kill_at}: a mixed table opened (layer 1 {}, layer 14 {})",
+                    if rows[0] == new_rows[0] { "new" } else { "old" },
+                    if rows[1] == new_rows[1] { "new" } else { "old" },
+                ),
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(
+                        msg.contains("did not finish")
+                            && msg.contains("fetchahead make-table")
+                            && msg.contains("--seed 3"),
+                        "{msg}"
+                    );
+                    // The C ABI refuses it too, with the same message.
+                    let (rc, table) = open_store(&dir, 1);
+                    assert!(rc != 0 && table.is_null(), "the C ABI opened it");
+                    assert!(last_error().contains("did not finish"), "{}", last_error());
+                    // So does `fetchahead inspect`.
+                    if refused == 0
+                        && let Some(bin) = cli()
+                    {
+                        let (code, err) = run_cli(
+                            &bin,
+                            &["inspect", dir.to_str().unwrap()],
+                            &[],
+                            Duration::from_secs(30),
+                        );
+                        assert!(code != 0 && err.contains("did not finish"), "{err}");
+                    }
+                    // Opening one of its shards by name: refused as well.
+                    let shard = dir.join("model-00001-of-00002.safetensors");
+                    if shard.exists() {
+                        assert!(RowStore::open(&shard, StoreOptions::default()).is_err());
+                    }
+                    refused += 1;
+                }
+            }
+            // The next writer proves the killed one's files its own, and finishes the table.
+            write_table(&dir, &seeded(1024, new_shards, 3), |_| {}).unwrap();
+            assert_eq!(table_rows(&dir).unwrap(), new_rows);
+            assert_eq!(
+                dir_state(&dir).map(|s| matches!(s, DirState::Ours(_))).ok(),
+                Some(true)
+            );
+            if finished {
+                break;
+            }
+        }
+        // Killed before the manifest says writing: the old table; after it says complete, or
+        // not killed: the new one; in between, refused.
+        let between = if new_shards == 2 { 4 } else { 7 };
+        assert!(
+            old == 1 && refused == between && new == 2,
+            "{old} old, {refused} refused, {new} new"
+        );
+    }
+}
+
+// issue 21, item 6: two writers at once.
+#[test]
+fn a_second_writer_fails_at_once_naming_the_first_ones_pid() {
+    const NAME: &str = "a_second_writer_fails_at_once_naming_the_first_ones_pid";
+    if std::env::var(CHILD_ENV).as_deref() == Ok(NAME) {
+        let dir = PathBuf::from(std::env::var("FETCHAHEAD_TEST_DIR").unwrap());
+        let started = dir.with_extension("started");
+        let go = dir.with_extension("go");
+        fetchahead::store::make::write_table_with_steps(
+            &dir,
+            &spec(4096, 1),
+            &WriteOptions::default(),
+            |step| {
+                if step == fetchahead::store::make::WriteStep::Checked {
+                    std::fs::write(&started, b"").unwrap();
+                    let t = std::time::Instant::now();
+                    while !go.exists() && t.elapsed() < Duration::from_secs(60) {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            },
+        )
+        .unwrap();
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("t");
+    let exe = std::env::current_exe().unwrap();
+    let child = Command::new(exe)
+        .args([NAME, "--exact", "--nocapture"])
+        .env(CHILD_ENV, NAME)
+        .env("FETCHAHEAD_TEST_DIR", &dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !dir.with_extension("started").exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the first writer never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = format!("pid {}", child.id());
+    let t = std::time::Instant::now();
+    let err = write_table(&dir, &spec(2048, 1), |_| {}).unwrap_err();
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "waited {:?}",
+        t.elapsed()
+    );
+    let msg = err.to_string();
+    assert!(
+        matches!(err, Error::WouldOverwrite { .. }) && msg.contains(&pid),
+        "{msg}"
+    );
+    if let Some(bin) = cli() {
+        let (code, err) = run_cli(
+            &bin,
+            &["make-table", dir.to_str().unwrap(), "--rows", "1024"],
+            &[],
+            Duration::from_secs(5),
+        );
+        assert!(code != 0 && err.contains(&pid), "{err}");
+    }
+    std::fs::write(dir.with_extension("go"), b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
+    assert_eq!(TableLayout::open(&dir).unwrap().rows(), 4096);
+    assert_eq!(names(&dir), set(&["model.safetensors", MANIFEST]));
+}
+
+// issue 21, item 17: a killed writer's temporary files are removed at the next open too.
+#[test]
+fn stale_temporaries_of_a_dead_writer_are_removed_at_the_next_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path().join("t");
+    write_table(&t, &spec(1024, 1), |_| {}).unwrap();
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let mut running = Command::new("sleep").arg("60").spawn().unwrap();
+    let stale = t.join(format!(".fetchahead-tmp-{dead}-0-model.safetensors"));
+    let live = t.join(format!(
+        ".fetchahead-tmp-{}-0-model.safetensors",
+        running.id()
+    ));
+    std::fs::write(&stale, vec![7u8; 1 << 20]).unwrap();
+    std::fs::write(&live, b"in progress").unwrap();
+    let store = RowStore::open(&t, StoreOptions::default()).unwrap();
+    drop(store);
+    let removed = !stale.exists();
+    let kept = live.exists();
+    let _ = running.kill();
+    let _ = running.wait();
+    assert!(removed, "a dead writer's temporary file is still there");
+    assert!(kept, "a running writer's temporary file was removed");
+    assert_eq!(
+        names(&t),
+        set(&[
+            "model.safetensors",
+            MANIFEST,
+            live.file_name().unwrap().to_str().unwrap()
+        ])
+    );
+    // And it says so.
+    let Some(bin) = cli() else { return };
+    std::fs::write(&stale, vec![7u8; 1 << 20]).unwrap();
+    let (code, err) = run_cli(
+        &bin,
+        &["inspect", t.to_str().unwrap()],
+        &[],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, 0, "{err}");
+    let name = stale.file_name().unwrap().to_str().unwrap();
+    assert!(
+        err.contains("removed") && err.contains(name) && err.contains("1048576 bytes"),
+        "{err}"
+    );
+    assert!(!stale.exists());
+}
+
+// issue 21, item 16: texts that misled.
+#[test]
+fn a_garbage_manifest_is_named_as_such() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path().join("t");
+    write_table(&t, &spec(1024, 1), |_| {}).unwrap();
+    std::fs::write(t.join(MANIFEST), b"{ this is not json").unwrap();
+    let msg = write_table(&t, &spec(2048, 1), |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(MANIFEST)
+            && msg.contains("not a manifest fetchahead wrote")
+            && !msg.contains("files fetchahead did not write"),
+        "{msg}"
+    );
+    let msg = TableLayout::open(&t).unwrap_err().to_string();
+    assert!(
+        msg.contains(MANIFEST) && msg.contains("not a manifest"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_dangling_symlink_directory_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(tmp.path().join("nowhere"), &link).unwrap();
+    let msg = write_table(&link, &spec(1024, 1), |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("is a symlink to")
+            && msg.contains("does not exist")
+            && !msg.contains("statvfs"),
+        "{msg}"
+    );
+}
+
+/// On a read-only filesystem (a tmpfs remounted read-only, where allowed), the error names the
+/// table's directory or file, never a hidden temporary name.
+#[test]
+fn read_only_errors_name_the_target() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("ro");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
+        .arg(&mnt)
+        .output();
+    if !mounted.as_ref().is_ok_and(|o| o.status.success()) {
+        eprintln!("SKIP read_only_errors_name_the_target: mount -t tmpfs not allowed here");
+        return;
+    }
+    let dir = mnt.join("t");
+    write_table(&dir, &spec(1024, 1), |_| {}).unwrap();
+    let ro = Command::new("mount")
+        .args(["-o", "remount,ro"])
+        .arg(&mnt)
+        .status();
+    let outcome = write_table(&dir, &seeded(1024, 1, 3), |_| {});
+    let _ = Command::new("umount").arg(&mnt).status();
+    assert!(ro.is_ok_and(|s| s.success()), "remount read-only failed");
+    let msg = outcome.unwrap_err().to_string();
+    assert!(
+        msg.contains(dir.to_str().unwrap())
+            && !msg.contains(".fetchahead-tmp")
+            && msg.contains("Read-only"),
+        "{msg}"
+    );
+}

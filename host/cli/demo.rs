@@ -39,8 +39,9 @@ pub struct DemoArgs {
     /// holding anything but the demo's own table is refused (see --force).
     #[arg(long, default_value = "data/demo-table")]
     pub data_dir: PathBuf,
-    /// Replace the table files in --data-dir even when the demo did not write them (a symlink
-    /// is replaced, never what it points at; files that are no table's are left alone).
+    /// Replace the files the demo's table writes in --data-dir even when the demo did not write
+    /// them, listing each first (a symlink is replaced, never what it points at); every other
+    /// file is left alone.
     #[arg(long)]
     pub force: bool,
     /// Use a generated table in RAM with a simulated lookup latency instead of the row store.
@@ -257,8 +258,12 @@ fn prepare_table(args: &DemoArgs) -> Result<bool> {
     match &state {
         DirState::Absent | DirState::Empty => println!("table: writing {}", shown.display()),
         DirState::Ours(m) if m.writer == WRITER => {
-            let recorded = if m.complete { m.spec.as_ref() } else { None };
-            match table_mismatch(dir, recorded, &spec) {
+            let mismatch = if !m.complete && m.spec.is_some() {
+                Some("a rewrite of it did not finish".to_string())
+            } else {
+                table_mismatch(dir, m.spec.as_ref().filter(|_| m.complete), &spec)
+            };
+            match mismatch {
                 None => {
                     println!("table: reusing {}", shown.display());
                     return Ok(true);

@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 #[derive(Args)]
 pub struct MakeTableArgs {
     /// Directory to write (created if absent). It must be empty or hold a table make-table
-    /// wrote, which is replaced whole (index included).
+    /// wrote, each file still as written, which is replaced whole (index included).
     pub dir: PathBuf,
     /// Rows per layer.
     #[arg(long)]
@@ -26,8 +26,10 @@ pub struct MakeTableArgs {
     pub shards: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Replace the table files in DIR even when make-table did not write them (a symlink is
-    /// replaced, never what it points at; files that are no table's are left alone).
+    /// Replace the files the new table writes (its shards, index and manifest) even when
+    /// make-table did not write them, listing each first (a symlink is replaced, never what it
+    /// points at); every other file is left alone, and of the old table only its own files,
+    /// proven by its manifest, are removed.
     #[arg(long)]
     pub force: bool,
 }

@@ -144,6 +144,18 @@ pub(crate) fn free_bytes(path: &Path) -> Result<u64> {
     let mut at = path;
     let existing = loop {
         match std::fs::symlink_metadata(at) {
+            Ok(m) if m.file_type().is_symlink() && std::fs::metadata(at).is_err() => {
+                let to =
+                    std::fs::read_link(at).map_or_else(|_| "?".into(), |t| t.display().to_string());
+                return Err(Error::invalid(
+                    "path",
+                    format!(
+                        "{} is a symlink to {to}, which does not exist: create that directory, \
+                         or remove the link",
+                        at.display()
+                    ),
+                ));
+            }
             Ok(_) => break at,
             Err(_) => match at.parent() {
                 Some(p) if !p.as_os_str().is_empty() => at = p,
@@ -194,7 +206,8 @@ impl TempFile {
             .mode(0o644)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&temp)
-            .map_err(|e| Error::io(&temp, "create", e))?;
+            // The target is what the user asked for; the temporary name would only puzzle.
+            .map_err(|e| Error::io(target, "create", e))?;
         Ok(TempFile {
             temp,
             target: target.to_path_buf(),
@@ -202,8 +215,9 @@ impl TempFile {
         })
     }
 
-    pub(crate) fn path(&self) -> &Path {
-        &self.temp
+    /// The name the file gets when committed: the one to name in an error.
+    pub(crate) fn target(&self) -> &Path {
+        &self.target
     }
 
     pub(crate) fn file(&mut self) -> &mut File {
@@ -215,7 +229,7 @@ impl TempFile {
     pub(crate) fn commit(mut self) -> Result<PathBuf> {
         self.file
             .sync_all()
-            .map_err(|e| Error::io(&self.temp, "fsync", e))?;
+            .map_err(|e| Error::io(&self.target, "fsync", e))?;
         std::fs::rename(&self.temp, &self.target)
             .map_err(|e| Error::io(&self.target, "rename into place", e))?;
         self.temp = PathBuf::new();
@@ -234,10 +248,9 @@ impl Drop for TempFile {
 /// Writes `bytes` to `target` through a temporary file, fsynced and renamed into place.
 pub(crate) fn write_replacing(target: &Path, bytes: &[u8]) -> Result<()> {
     let mut temp = TempFile::create(target)?;
-    let path = temp.path().to_path_buf();
     temp.file()
         .write_all(bytes)
-        .map_err(|e| Error::io(&path, "write", e))?;
+        .map_err(|e| Error::io(target, "write", e))?;
     temp.commit()?;
     sync_dir(target.parent().unwrap_or(Path::new(".")));
     Ok(())
@@ -289,6 +302,20 @@ mod tests {
             Some(libc::ENOENT)
         );
         assert!(off.is_none());
+    }
+
+    /// Issue 21, item 16: a temporary file that cannot be created is reported under the name the
+    /// user asked for, never the hidden temporary one.
+    #[test]
+    fn a_failed_create_names_the_target_not_the_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("absent").join("model.safetensors");
+        let msg = TempFile::create(&target).err().unwrap().to_string();
+        assert!(
+            msg.starts_with(&format!("{}: create failed", target.display()))
+                && !msg.contains(TEMP_PREFIX),
+            "{msg}"
+        );
     }
 
     /// The owner (this test's own file) gets O_NOATIME.

@@ -127,10 +127,25 @@ impl TableLayout {
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "stat", e))?;
         if !meta.is_dir() {
             // A FIFO or device is refused by the shard's own open.
+            super::make::check_file_committed(path)?;
             return Self::from_files(&[path.to_path_buf()], None);
         }
+        super::make::clean_stale_temps(path);
+        // A table fetchahead wrote opens as its manifest says (its one shard, or its index),
+        // whatever else the directory holds; one whose rewrite did not finish is refused.
+        let committed = super::make::committed_files(path)?;
         let index = path.join(INDEX_FILE);
-        if std::fs::symlink_metadata(&index).is_ok() {
+        let listed_shards: Vec<PathBuf> = committed
+            .iter()
+            .flatten()
+            .filter(|f| f.ends_with(".safetensors"))
+            .map(|f| path.join(f))
+            .collect();
+        let listed_index = committed.iter().flatten().any(|f| f == INDEX_FILE);
+        if committed.is_some() && !listed_index && listed_shards.len() == 1 {
+            return Self::from_files(&listed_shards, None);
+        }
+        if listed_index || (committed.is_none() && std::fs::symlink_metadata(&index).is_ok()) {
             let bytes = read_small(&index, MAX_INDEX)?;
             let weight_map = parse_index(&bytes).map_err(|why| Error::TableIndex {
                 file: index.clone(),
@@ -528,6 +543,10 @@ pub fn parse_index(bytes: &[u8]) -> std::result::Result<BTreeMap<String, String>
         out.insert(tensor.clone(), file.to_string());
     }
     Ok(out)
+}
+
+pub(crate) fn is_engram_tensor(name: &str) -> bool {
+    engram_layer(name).is_some()
 }
 
 /// `layers.{L}.engram.embed.{weight,scale}` → L.
