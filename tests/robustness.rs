@@ -1164,6 +1164,8 @@ fn issue21_item16_index_errors_name_the_index() {
     let tmp = tempfile::tempdir().unwrap();
     let table = tmp.path().join("t");
     make(&table, 4096, &[1], 1, 1);
+    // A table assembled by hand (no manifest): its index is what lists its shards.
+    std::fs::remove_file(table.join(fetchahead::store::make::MANIFEST)).unwrap();
     std::fs::write(table.join("model.safetensors.index.json"), b"[1, 2").unwrap();
     let e = match RowStore::open(&table, StoreOptions::default()) {
         Ok(_) => panic!("a garbage index opened"),
@@ -1208,6 +1210,8 @@ fn issue21_item16_a_nul_in_an_index_file_name_does_not_cut_the_c_message() {
     let tmp = tempfile::tempdir().unwrap();
     let table = tmp.path().join("t");
     make(&table, 4096, &[1], 1, 1);
+    // A table assembled by hand (no manifest): its index is what lists its shards.
+    std::fs::remove_file(table.join(fetchahead::store::make::MANIFEST)).unwrap();
     let index = serde_json::json!({"weight_map": {
         "layers.1.engram.embed.weight": "a\u{0}tail.safetensors",
         "layers.1.engram.embed.scale": "a\u{0}tail.safetensors",
