@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Per-window summary of a decode-step trace (`fetchahead trace --out T.json`): for each step
+(a process of the trace) and each collective window, where the window's L2 prefetch ran against
+its collective, and how long the window's readers took; then, per execution mode, the readers'
+time with the plan against without it.
+
+    python3 docs/plots/timeline_windows.py T.json [--windows]
+
+Times are microseconds of the device's %globaltimer. A window's collective, prefetch and readers
+are the blocks labelled with its window number (`args.window`); readers are the GEMV blocks.
+"""
+import argparse
+import json
+import statistics
+from collections import defaultdict
+
+
+def spans(events):
+    """{(process name, window): {kind: (first start, last end)}} of the trace's blocks."""
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    out = defaultdict(dict)
+    for e in events:
+        if e.get("ph") != "X" or "window" not in e.get("args", {}):
+            continue
+        kernel = e["args"]["kernel"]
+        kind = ("reader" if kernel.startswith("gemv") else "prefetch" if kernel.startswith("l2_prefetch")
+                else "collective" if kernel.startswith("collective") else None)
+        if kind is None:
+            continue
+        key = (names.get(e["pid"], str(e["pid"])), e["args"]["window"])
+        start, end = e["ts"], e["ts"] + e["dur"]
+        lo, hi = out[key].get(kind, (start, end))
+        out[key][kind] = (min(lo, start), max(hi, end))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace")
+    ap.add_argument("--windows", action="store_true", help="print every window")
+    args = ap.parse_args()
+    data = json.load(open(args.trace))
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    by_key = spans(events)
+    steps = sorted({k[0] for k in by_key})
+    readers = {}
+    for step in steps:
+        rows = [(w, by_key[(s, w)]) for (s, w) in sorted(by_key) if s == step]
+        rd = [v["reader"][1] - v["reader"][0] for _, v in rows if "reader" in v]
+        readers[step] = {w: v["reader"][1] - v["reader"][0] for w, v in rows if "reader" in v}
+        line = f"{step}: {len(rows)} windows, readers {sum(rd):.1f} us in all"
+        pre = [v for _, v in rows if "prefetch" in v and "collective" in v]
+        if pre:
+            lead = [v["prefetch"][0] - v["collective"][0] for v in pre]
+            over = [v["prefetch"][1] - v["collective"][1] for v in pre]
+            into = [v["prefetch"][1] - v["reader"][0] for v in pre if "reader" in v]
+            line += (f"; prefetch starts {statistics.median(lead):+.2f} us after its collective"
+                     f" (median), ends {statistics.median(over):+.2f} us after it; "
+                     f"{sum(1 for x in into if x > 0)} of {len(into)} prefetches still ran when "
+                     f"their reader started (by {max(into + [0]):.2f} us at most)")
+        gap = [v["reader"][0] - v["collective"][1] for _, v in rows if "reader" in v and "collective" in v]
+        if gap:
+            line += f"; readers start {statistics.median(gap):.2f} us after their collective"
+        print(line)
+        if args.windows:
+            for w, v in rows:
+                parts = [f"{k} {a:.1f}-{b:.1f}" for k, (a, b) in sorted(v.items())]
+                print(f"  window {w}: " + ", ".join(parts))
+    for mode in ("eager", "replayed"):
+        floor = [s for s in steps if s.startswith(f"{mode} floor step")]
+        plan = [s for s in steps if s.startswith(f"{mode} floor_plan step")]
+        if not floor or not plan:
+            continue
+        common = set(readers[floor[0]]) & set(readers[plan[0]])
+        saved = [readers[floor[0]][w] - readers[plan[0]][w] for w in sorted(common)]
+        print(f"{mode}: the plan's readers {sum(saved):.1f} us faster over {len(saved)} windows "
+              f"({statistics.mean(saved) if saved else 0:.2f} us a window)")
+
+
+if __name__ == "__main__":
+    main()
