@@ -3,7 +3,7 @@
 //! ring buffer in device memory that the host reads back.
 //!
 //! Off by default and free when off: every recorded kernel has a twin, `{name}_timed`, the same
-//! body wrapped in [`device::begin`] and [`device::end`], and the host launches the twin only when
+//! body wrapped in `device::begin` and `device::end`, and the host launches the twin only when
 //! the timeline is on; the plain kernel carries no timeline code (its registers, and so its
 //! occupancy, are as they were). Both take the same parameter struct, which ends with a
 //! [`TimelineParams`] (`ring` 0: off). In the twin, thread 0 of each block reserves a slot with one atomic add on the ring's head (the slot is the head
