@@ -6,10 +6,11 @@
 //! body wrapped in `device::begin` and `device::end`, and the host launches the twin only when
 //! the timeline is on; the plain kernel carries no timeline code (its registers, and so its
 //! occupancy, are as they were). Both take the same parameter struct, which ends with a
-//! [`TimelineParams`] (`ring` 0: off). In the twin, thread 0 of each block reserves a slot with one atomic add on the ring's head (the slot is the head
-//! modulo the capacity, so a full ring overwrites its oldest records and the host counts what was
-//! lost), writes the start before the kernel's work, and writes the end after a block barrier
-//! that every thread reaches when its share of the work is done.
+//! [`TimelineParams`] (`ring` 0: off). In the twin, thread 0 of each block reserves a slot with
+//! one atomic add on the ring's head (the slot is the head modulo the capacity, so a full ring
+//! overwrites its oldest records and the host counts what was lost), writes the start before the
+//! kernel's work, and writes the end after a block barrier that every thread reaches when its
+//! share of the work is done.
 
 /// What a launch hands an instrumented kernel: the ring (0: the timeline is off), the kernel's
 /// position in `all_kernels()` and the host's label for the launch (a window index).
