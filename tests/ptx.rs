@@ -92,22 +92,43 @@ fn kernels_declare_at_most_one_shared_buffer() {
     }
 }
 
-/// The device timeline: every kernel the brief instruments (L2 prefetches, gathers, the
-/// simulation's collective, readers and spin) declares its timeline word exactly once (a
-/// duplicated `begin` would declare it twice and fail to load) and reads `%smid`; the others
-/// carry none of it.
+/// The device timeline: every kernel the timeline records (L2 prefetches, gathers, the
+/// simulation's collective, readers and spin) has a `_timed` twin that declares its timeline word
+/// exactly once (a duplicated `begin` would declare it twice and fail to load) and reads
+/// `%smid`; the plain kernels, which run when the timeline is off, carry none of it.
 #[test]
-fn instrumented_kernels_declare_their_timeline_word_once() {
+fn timed_twins_declare_their_timeline_word_once_and_plain_kernels_none() {
     let untimed = ["gather_empty", "hash_ngrams", "check_equal"];
     for built in ptx::BUILT {
+        let mut twins = 0;
         for body in built.text.split(".entry ").skip(1) {
             let name = body.split('(').next().unwrap_or("?").trim();
             let declared = body
                 .matches(".shared .align 8 .b8 fa_timeline_slot[8];")
                 .count();
-            let want = usize::from(!untimed.contains(&name));
-            assert_eq!(declared, want, "{} {name}", built.arch);
-            assert_eq!(body.contains("%smid"), want == 1, "{} {name}", built.arch);
+            let timed = name.ends_with("_timed");
+            assert_eq!(declared, usize::from(timed), "{} {name}", built.arch);
+            assert_eq!(body.contains("%smid"), timed, "{} {name}", built.arch);
+            if timed {
+                twins += 1;
+            } else if !untimed.contains(&name) {
+                let twin = fetchahead::device_abi::timed_twin(name);
+                assert_eq!(
+                    twin,
+                    Some(format!("{name}_timed").as_str()),
+                    "{}",
+                    built.arch
+                );
+            }
         }
+        let plain = all_kernels()
+            .filter(|k| !k.name.ends_with("_timed"))
+            .count();
+        assert_eq!(
+            twins,
+            plain - untimed.len(),
+            "{}: a twin a recorded kernel",
+            built.arch
+        );
     }
 }

@@ -11,6 +11,8 @@ pub const MAX_BLOCKS: u32 = 8;
 pub const BLOCK_THREADS: u32 = 32;
 
 pub const KERNEL: &str = "collective_spin";
+/// Its twin that records the device timeline.
+pub const KERNEL_TIMED: &str = "collective_spin_timed";
 
 #[cfg(target_arch = "nvptx64")]
 mod kernels {
@@ -20,6 +22,13 @@ mod kernels {
     /// Per block: thread 0 polls until the time is up; nothing is written.
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn collective_spin(p: CollectiveParams) {
+        // SAFETY: the host passes a live flag or 0.
+        unsafe { poll(&p) }
+    }
+
+    /// As `collective_spin`, recording its blocks on the device timeline.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn collective_spin_timed(p: CollectiveParams) {
         // SAFETY: the host passes a live flag or 0.
         timed!(p, unsafe { poll(&p) })
     }

@@ -893,6 +893,13 @@ mod kernels {
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn gather_warp_row(p: GatherParams) {
         // SAFETY: the host validated `p` (launch_gather).
+        unsafe { warp_row(&p) }
+    }
+
+    /// As `gather_warp_row`, recording its blocks on the device timeline (`TIMED`'s name).
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn gather_warp_row_timed(p: GatherParams) {
+        // SAFETY: the host validated `p` (launch_gather).
         timed!(p, unsafe { warp_row(&p) })
     }
 

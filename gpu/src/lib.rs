@@ -31,15 +31,24 @@ macro_rules! variants {
             $( $row!(stringify!($name), $about, $kind { $($arg)* }), )*
         ];
 
+        /// Each variant's twin that records the device timeline (`VARIANTS[i]`'s is `TIMED[i]`).
+        pub const TIMED: &[&str] = &[ $( concat!(stringify!($name), "_timed"), )* ];
+
         #[cfg(target_arch = "nvptx64")]
         mod entries {
-            $( variant_entry!($body, $params, [$(#[$doc])*] $name, $kind { $($arg)* }); )*
+            $( variant_entry!(plain, $body, $params, [$(#[$doc])*] $name, $kind { $($arg)* }); )*
+        }
+
+        #[cfg(target_arch = "nvptx64")]
+        mod timed_entries {
+            $( variant_entry!(timed, $body, $params, [$(#[$doc])*] $name, $kind { $($arg)* }); )*
         }
     };
 }
 
-/// Wraps a kernel body in `timeline::device::begin` and `end` on `$p.timeline`: every
-/// instrumented entry (the [`variants!`] ones and the hand-written ones) records its blocks.
+/// Wraps a kernel body in `timeline::device::begin` and `end` on `$p.timeline`: the `_timed`
+/// twin of every instrumented entry (the [`variants!`] ones and the hand-written ones) records
+/// its blocks. The plain entry stays as it was, so the timeline costs nothing when off.
 #[cfg(target_arch = "nvptx64")]
 macro_rules! timed {
     ($p:ident, $body:expr) => {{
@@ -51,15 +60,24 @@ macro_rules! timed {
     }};
 }
 
-/// One entry of [`variants!`]. A `hand_written { .. }` variant has only its row here: its entry
-/// is written beside its helpers under the same name (build.rs fails the build if it is not an
+/// One entry of [`variants!`] (`plain`, or its `timed` twin named `{name}_timed`). A
+/// `hand_written { .. }` variant has only its row here: its entry and its twin are written
+/// beside its helpers under the same names (build.rs fails the build if it is not an
 /// entry of the PTX), for a body that no parameter of the row feeds.
 #[cfg(target_arch = "nvptx64")]
 macro_rules! variant_entry {
-    ($body:ident, $params:ident, [$(#[$doc:meta])*] $name:ident, hand_written { $($arg:tt)* }) => {};
-    ($body:ident, $params:ident, [$(#[$doc:meta])*] $name:ident, $kind:ident { $($arg:tt)* }) => {
+    ($t:ident, $body:ident, $params:ident, [$(#[$doc:meta])*] $name:ident, hand_written { $($arg:tt)* }) => {};
+    (plain, $body:ident, $params:ident, [$(#[$doc:meta])*] $name:ident, $kind:ident { $($arg:tt)* }) => {
         $(#[$doc])*
         #[unsafe(no_mangle)]
+        pub unsafe extern "gpu-kernel" fn $name(p: crate::params::$params) {
+            // SAFETY: the host launches an entry only with parameters it validated.
+            unsafe { $body!(p, $kind { $($arg)* }) }
+        }
+    };
+    (timed, $body:ident, $params:ident, [$(#[$doc:meta])*] $name:ident, $kind:ident { $($arg:tt)* }) => {
+        $(#[$doc])*
+        #[unsafe(export_name = concat!(stringify!($name), "_timed"))]
         pub unsafe extern "gpu-kernel" fn $name(p: crate::params::$params) {
             // SAFETY: the host launches an entry only with parameters it validated.
             timed!(p, unsafe { $body!(p, $kind { $($arg)* }) })
@@ -198,6 +216,10 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
     let dequant = size_of::<params::DequantParams>();
     let prefetch = size_of::<params::PrefetchParams>();
     let gemv = size_of::<params::GemvParams>();
+    let collective = size_of::<params::CollectiveParams>();
+    let staged = size_of::<params::StagedParams>();
+    let spin = size_of::<params::SpinParams>();
+    const TIMED: &str = "the same kernel, recording its blocks on the device timeline";
     gather::VARIANTS
         .iter()
         .map(move |v| entry(v.name, gather, v.about))
@@ -224,7 +246,7 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
         .chain([
             entry(
                 collective::KERNEL,
-                size_of::<params::CollectiveParams>(),
+                collective,
                 "simulated collective: 1-8 CTAs poll a flag for T ns",
             ),
             entry(
@@ -245,8 +267,39 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
             ),
             entry(
                 spin::KERNEL,
-                size_of::<params::SpinParams>(),
+                spin,
                 "busy-waits on the GPU clock: a layer's compute in the demo and benches",
             ),
+            entry(
+                staged::KERNEL,
+                staged,
+                "the prefetcher's gather of staged rows that waits for their tags",
+            ),
         ])
+        // The timed twins, after every plain entry, so that a plain entry's index (the kernel
+        // id a timeline record carries) does not depend on them.
+        .chain(gather::TIMED.iter().map(move |&n| entry(n, gather, TIMED)))
+        .chain(
+            dequant::TIMED
+                .iter()
+                .map(move |&n| entry(n, dequant, TIMED)),
+        )
+        .chain(
+            l2_prefetch::TIMED
+                .iter()
+                .map(move |&n| entry(n, prefetch, TIMED)),
+        )
+        .chain(gemv::TIMED.iter().map(move |&n| entry(n, gemv, TIMED)))
+        .chain([
+            entry(collective::KERNEL_TIMED, collective, TIMED),
+            entry(spin::KERNEL_TIMED, spin, TIMED),
+            entry(staged::KERNEL_TIMED, staged, TIMED),
+        ])
+}
+
+/// The `_timed` twin of kernel `name`, if it has one (every kernel the timeline records).
+pub fn timed_twin(name: &str) -> Option<&'static str> {
+    all_kernels()
+        .map(|e| e.name)
+        .find(|t| t.strip_suffix("_timed") == Some(name))
 }

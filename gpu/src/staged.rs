@@ -19,6 +19,8 @@
 
 /// The kernel's entry.
 pub const KERNEL: &str = "staged_dequant_tagged";
+/// Its twin that records the device timeline.
+pub const KERNEL_TIMED: &str = "staged_dequant_tagged_timed";
 
 /// Units of 8 elements a lane converts per pass.
 pub const UNROLL: u32 = 2;
@@ -47,6 +49,13 @@ mod kernels {
 
     #[unsafe(no_mangle)]
     pub unsafe extern "gpu-kernel" fn staged_dequant_tagged(p: StagedParams) {
+        // SAFETY: the host validated `p` (launch_staged_dequant).
+        unsafe { tagged(&p) }
+    }
+
+    /// As `staged_dequant_tagged`, recording its blocks on the device timeline.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn staged_dequant_tagged_timed(p: StagedParams) {
         // SAFETY: the host validated `p` (launch_staged_dequant).
         timed!(p, unsafe { tagged(&p) })
     }

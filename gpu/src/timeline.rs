@@ -2,12 +2,15 @@
 //! on which SM, which block, which kernel and the host's label for the launch, written into a
 //! ring buffer in device memory that the host reads back.
 //!
-//! Off by default and free when off: every instrumented kernel's parameter struct ends with a
-//! [`TimelineParams`] whose `ring` is 0, and the kernel then only tests that word twice. On, thread
-//! 0 of each block reserves a slot with one atomic add on the ring's head (the slot is the head
-//! modulo the capacity, so a full ring overwrites its oldest records and the host counts what was
-//! lost), writes the start before the kernel's work, and writes the end after a block barrier
-//! that every thread reaches when its share of the work is done.
+//! Off by default and free when off: every recorded kernel has a twin, `{name}_timed`, the same
+//! body wrapped in `device::begin` and `device::end`, and the host launches the twin only when
+//! the timeline is on; the plain kernel carries no timeline code (its registers, and so its
+//! occupancy, are as they were). Both take the same parameter struct, which ends with a
+//! [`TimelineParams`] (`ring` 0: off). In the twin, thread 0 of each block reserves a slot with
+//! one atomic add on the ring's head (the slot is the head modulo the capacity, so a full ring
+//! overwrites its oldest records and the host counts what was lost), writes the start before the
+//! kernel's work, and writes the end after a block barrier that every thread reaches when its
+//! share of the work is done.
 
 /// What a launch hands an instrumented kernel: the ring (0: the timeline is off), the kernel's
 /// position in `all_kernels()` and the host's label for the launch (a window index).

@@ -9,7 +9,7 @@ use fetchahead_gpu::dequant::DequantVariant;
 use fetchahead_gpu::gather::GatherVariant;
 use fetchahead_gpu::l2_prefetch::PrefetchVariant;
 use fetchahead_gpu::params::{
-    CHUNK_BYTES, CheckParams, DequantParams, GatherParams, MX_BLOCK, PrefetchParams,
+    CHUNK_BYTES, CheckParams, DequantParams, GatherParams, MX_BLOCK, PrefetchParams, TimelineParams,
 };
 use fetchahead_gpu::{
     check, collective, defaults, dequant, gather, gemv, hash, l2_prefetch, spin, staged,
@@ -29,6 +29,19 @@ pub(crate) struct Loaded {
     blocks_per_sm: u32,
     /// Its index in `fetchahead_gpu::all_kernels()`: the kernel id its timeline records carry.
     pub(crate) id: u32,
+    /// Its twin that records the device timeline (`{name}_timed`), for the kernels that have one.
+    timed: Option<CudaFunction>,
+}
+
+impl Loaded {
+    /// The function a launch handing the kernel `timeline` runs: the timed twin when the
+    /// timeline is on, the plain kernel (unchanged by the timeline) otherwise.
+    pub(crate) fn function_for(&self, timeline: &TimelineParams) -> &CudaFunction {
+        match &self.timed {
+            Some(timed) if timeline.ring != 0 => timed,
+            _ => &self.function,
+        }
+    }
 }
 
 /// Every kernel of the variant tables in `gpu/`, loaded for one device (the simulation's hash,
@@ -76,10 +89,14 @@ impl Kernels {
             let id = fetchahead_gpu::all_kernels()
                 .position(|e| e.name == name)
                 .unwrap_or(usize::MAX) as u32;
+            let timed = fetchahead_gpu::timed_twin(name)
+                .map(|twin| module.load_function(twin).call("cuModuleGetFunction"))
+                .transpose()?;
             Ok(Loaded {
                 function,
                 blocks_per_sm,
                 id,
+                timed,
             })
         };
         let load = |name: &str| load_blocks_of(name, gather::BLOCK_THREADS);
@@ -166,7 +183,7 @@ impl Kernels {
             ..p
         };
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
-        unsafe { self.launch(kernel, threads, stream, p, block_threads) }
+        unsafe { self.launch(kernel, &p.timeline, threads, stream, p, block_threads) }
     }
 
     /// Launches the empty kernel with exactly the grid gather `variant` would get for `p`.
@@ -185,9 +202,19 @@ impl Kernels {
             function: self.empty.function.clone(),
             blocks_per_sm: own.blocks_per_sm,
             id: self.empty.id,
+            timed: None,
         };
         // SAFETY: the empty kernel touches no memory.
-        unsafe { self.launch(&empty, threads, stream, p, block_threads) }
+        unsafe {
+            self.launch(
+                &empty,
+                &TimelineParams::OFF,
+                threads,
+                stream,
+                p,
+                block_threads,
+            )
+        }
     }
 
     /// Launches the empty kernel with exactly the grid gather + dequant `variant` would get for
@@ -207,6 +234,7 @@ impl Kernels {
             function: self.empty.function.clone(),
             blocks_per_sm: own.blocks_per_sm,
             id: self.empty.id,
+            timed: None,
         };
         let unused = GatherParams {
             table: 0,
@@ -234,7 +262,16 @@ impl Kernels {
             };
         }
         // SAFETY: the empty kernel touches no memory.
-        unsafe { self.launch(&empty, threads, stream, unused, gather::BLOCK_THREADS) }
+        unsafe {
+            self.launch(
+                &empty,
+                &TimelineParams::OFF,
+                threads,
+                stream,
+                unused,
+                gather::BLOCK_THREADS,
+            )
+        }
     }
 
     /// Launches gather + dequant `variant` on `stream`.
@@ -265,11 +302,26 @@ impl Kernels {
             let blocks = threads.div_ceil(gather::BLOCK_THREADS as u64) as u32;
             // SAFETY: as below; every tile gets its own warp.
             return unsafe {
-                self.launch_exact(&kernel.function, blocks, gather::BLOCK_THREADS, stream, p)
+                self.launch_exact(
+                    kernel.function_for(&p.timeline),
+                    blocks,
+                    gather::BLOCK_THREADS,
+                    stream,
+                    p,
+                )
             };
         }
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
-        unsafe { self.launch(kernel, threads, stream, p, gather::BLOCK_THREADS) }
+        unsafe {
+            self.launch(
+                kernel,
+                &p.timeline,
+                threads,
+                stream,
+                p,
+                gather::BLOCK_THREADS,
+            )
+        }
     }
 
     /// The prefetcher's tagged gather of `p.n` staged rows ([`staged`]): each row waits for its
@@ -294,7 +346,16 @@ impl Kernels {
             ..p
         };
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
-        unsafe { self.launch(&self.staged, threads, stream, p, gather::BLOCK_THREADS) }
+        unsafe {
+            self.launch(
+                &self.staged,
+                &p.timeline,
+                threads,
+                stream,
+                p,
+                gather::BLOCK_THREADS,
+            )
+        }
     }
 
     /// Launches L2 prefetch `variant` over `p.n`
@@ -333,7 +394,7 @@ impl Kernels {
             ..p
         };
         // SAFETY: the caller guarantees the segments; the checks above bound the launch.
-        unsafe { self.launch_exact(&kernel.function, blocks, threads, stream, p) }
+        unsafe { self.launch_exact(kernel.function_for(&p.timeline), blocks, threads, stream, p) }
     }
 
     /// Compares `p.a` and `p.b` (`p.chunks` 16-byte chunks each) and adds one to the
@@ -347,15 +408,26 @@ impl Kernels {
         check_aligned("check b", p.b)?;
         check_aligned("check counter", p.counter)?;
         // SAFETY: the caller guarantees the addresses; the kernel reads chunks 0..p.chunks.
-        unsafe { self.launch(&self.check, p.chunks, stream, p, gather::BLOCK_THREADS) }
+        unsafe {
+            self.launch(
+                &self.check,
+                &TimelineParams::OFF,
+                p.chunks,
+                stream,
+                p,
+                gather::BLOCK_THREADS,
+            )
+        }
     }
 
     /// One launch of `threads` threads in blocks of `block_threads`, the grid capped at what fits
     /// on the device at once (the kernels are grid-stride loops); `kernel.blocks_per_sm` was
-    /// measured for that block size. No threads: no launch.
+    /// measured for that block size (for the plain kernel: a timed twin may fit fewer). `timeline`
+    /// (the one inside `p`) picks the plain kernel or its timed twin. No threads: no launch.
     pub(crate) unsafe fn launch<P: Copy>(
         &self,
         kernel: &Loaded,
+        timeline: &TimelineParams,
         threads: u64,
         stream: sys::CUstream,
         p: P,
@@ -367,7 +439,15 @@ impl Kernels {
         let resident = self.gpu.multiprocessors as u64 * kernel.blocks_per_sm as u64;
         let blocks = threads.div_ceil(block_threads as u64).min(resident) as u32;
         // SAFETY: the caller guarantees the addresses inside `p`.
-        unsafe { self.launch_exact(&kernel.function, blocks, block_threads, stream, p) }
+        unsafe {
+            self.launch_exact(
+                kernel.function_for(timeline),
+                blocks,
+                block_threads,
+                stream,
+                p,
+            )
+        }
     }
 
     /// One `cuLaunchKernel` of `blocks x threads` with `p` as the kernel's one argument, by value.

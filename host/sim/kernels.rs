@@ -3,7 +3,7 @@
 use fetchahead_gpu::gemv::Reduce;
 use fetchahead_gpu::params::{
     CollectiveParams, GEMV_K_STEP, GEMV_ROWS_PER_WARP, GemvParams, HashParams, MAX_NGRAM,
-    SpinParams,
+    SpinParams, TimelineParams,
 };
 use fetchahead_gpu::{collective, gather, gemv};
 
@@ -40,7 +40,16 @@ impl Kernels {
         check_aligned_to("hash ids", p.ids, 8)?;
         let threads = p.n_tokens * p.heads as u64;
         // SAFETY: the caller guarantees the addresses; one thread per (token, head).
-        unsafe { self.launch(&self.hash, threads, stream, p, gather::BLOCK_THREADS) }
+        unsafe {
+            self.launch(
+                &self.hash,
+                &TimelineParams::OFF,
+                threads,
+                stream,
+                p,
+                gather::BLOCK_THREADS,
+            )
+        }
     }
 
     /// Keeps every multiprocessor busy for `nanos` nanoseconds: a stand-in for a layer's compute.
@@ -54,7 +63,16 @@ impl Kernels {
             timeline: self.timeline.params(self.spin.id),
         };
         // SAFETY: the spin kernel touches no memory.
-        unsafe { self.launch(&self.spin, threads, stream, p, gather::BLOCK_THREADS) }
+        unsafe {
+            self.launch(
+                &self.spin,
+                &p.timeline,
+                threads,
+                stream,
+                p,
+                gather::BLOCK_THREADS,
+            )
+        }
     }
 
     /// K splits for GEMV `variant` over `n x k` weights on this device.
@@ -202,7 +220,13 @@ impl Kernels {
         self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
         // SAFETY: `p` is the struct the kernel takes; `config` and its attributes live across
         // the call; the caller guarantees the buffers and the stream.
-        unsafe { driver::launch::launch_kernel_ex(&self.gemv[variant].function, &config, p) }
+        unsafe {
+            driver::launch::launch_kernel_ex(
+                self.gemv[variant].function_for(&p.timeline),
+                &config,
+                p,
+            )
+        }
     }
 
     /// Launches the simulated collective: `blocks` (1..=8) CTAs polling `flag` (0: none) for
@@ -234,7 +258,8 @@ impl Kernels {
             flag,
             timeline: self.timeline.params(self.collective.id),
         };
-        let (function, threads) = (&self.collective.function, collective::BLOCK_THREADS);
+        let function = self.collective.function_for(&p.timeline);
+        let threads = collective::BLOCK_THREADS;
         // SAFETY: the caller guarantees `flag`; the checks above bound the launch.
         unsafe { self.launch_exact(function, blocks, threads, stream, p) }
     }

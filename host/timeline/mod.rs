@@ -3,8 +3,8 @@
 //! (`%globaltimer`), SM and block into a ring in device memory; [`trace`] turns what is read back
 //! into a Chrome trace that Perfetto opens.
 //!
-//! Off by default and free when off: a launch then hands its kernel a null ring
-//! (`TimelineParams::OFF`). On through [`Kernels::enable_timeline`] or with
+//! Off by default and free when off: a launch then runs the plain kernel, which has no timeline
+//! code, and hands it a null ring (`TimelineParams::OFF`); on, it runs the kernel's `_timed` twin. On through [`Kernels::enable_timeline`] or with
 //! `FETCHAHEAD_TIMELINE=1` when the kernels load; every launch through [`Kernels`] then carries
 //! the ring, the kernel's id and the label last set with [`Kernels::set_timeline_label`]. A graph
 //! captured meanwhile keeps the ring in its nodes, so its replays record too.
