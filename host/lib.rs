@@ -18,7 +18,8 @@
 //! - [`timeline`]: the device-side timeline (each instrumented kernel's blocks, start and end)
 //!   and its Chrome trace.
 //! - [`error`], [`logging`], [`memory`]: the one error type, the stderr logger of the CLI and the
-//!   C library (`FETCHAHEAD_LOG`), allocations sized by input, checked and fallible.
+//!   C library (`FETCHAHEAD_LOG`), allocations sized by input, checked and fallible;
+//!   [`settings`]: every `FETCHAHEAD_*` variable's name, and the warning about unknown ones.
 //!
 //! The main types are re-exported here.
 
@@ -30,6 +31,7 @@ pub mod l2_plan;
 pub mod logging;
 pub mod memory;
 pub mod prefetch;
+pub mod settings;
 #[cfg(feature = "simulation")]
 pub mod sim;
 pub mod store;

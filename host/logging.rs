@@ -35,7 +35,7 @@ pub fn init_stderr() {
                  (want error, warn, info, debug, trace, off, or module=level directives)"
             );
         }
-        crate::store::warn_unknown_env();
+        crate::settings::warn_unknown_env();
     });
 }
 

@@ -243,7 +243,8 @@ typedef struct fetchahead_l2_counters {
     uint64_t signatures;
 } fetchahead_l2_counters;
 
-/* A plan on `device` (its primary context), budget_per_window bytes a window (0: a tenth of L2).
+/* A plan on `device` (its primary context), budget_per_window bytes a window at most (0: half of L2,
+ * each window then cut to what its prefetch issues within it).
  * Creates its side stream: call before any capture. Per forward:
  *   fetchahead_l2_plan_begin_forward(plan, signature, stream);  the stream may be capturing
  *   for each collective: fetchahead_l2_plan_collective(plan); launch it on stream;
@@ -253,7 +254,7 @@ typedef struct fetchahead_l2_counters {
 int fetchahead_l2_plan_create(int device, fetchahead_stream stream, uint64_t budget_per_window,
                               fetchahead_l2_plan **out);
 /* As fetchahead_l2_plan_create, each window warmed by the replay named `replay`: "auto" (or
- * NULL: reads windows up to a third of L2, bulk-prefetches larger ones), "access_policy", or an
+ * NULL: reads windows up to half of L2, bulk-prefetches larger ones), "access_policy", or an
  * L2 prefetch variant ("l2_prefetch", "l2_prefetch_evict_last", "l2_prefetch_lines",
  * "l2_prefetch_loads"). An unknown name fails with FETCHAHEAD_ERR_INVALID, its message listing
  * the names. */

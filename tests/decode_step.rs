@@ -148,9 +148,11 @@ fn the_spark_projection_follows_its_model() {
     assert!((p.realized - 0.5).abs() < 1e-6, "{}", p.realized);
     let shift_ms = 2.0 * (6.0 + bytes / bw * 1e6 - 9.0) / 1e3;
     assert!((p.neither - (10.0 + shift_ms)).abs() < 1e-9);
-    // 30 us x 1.25 at 273 GB/s is more than the 2.4 MiB budget: the budget bounds each window.
-    assert_eq!(p.warmed, 2 * p.budget);
-    let saved_ms = 0.5 * 2.0 * p.budget as f64 / bw * 1e3;
+    // The 12 MiB cap and 30 us x 1.25 at 273 GB/s (10.2 MB) are both more than the window's
+    // 8 MiB: each window warms its whole weight.
+    assert_eq!(p.budget, 12 << 20);
+    assert_eq!(p.warmed, 2 * m.bytes());
+    let saved_ms = 0.5 * 2.0 * m.bytes() as f64 / bw * 1e3;
     assert!((p.neither - p.plan - saved_ms).abs() < 1e-9);
     assert!((p.neither - p.prefetcher - 1.0).abs() < 1e-9);
     assert!((p.plan - p.both - 1.0).abs() < 1e-9);

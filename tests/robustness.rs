@@ -1097,7 +1097,7 @@ fn issue21_item11_a_bad_log_level_or_unknown_variable_is_said() {
         assert!(!fetchahead::logging::is_log_filter(bad), "{bad:?}");
     }
     assert_eq!(
-        fetchahead::store::unknown_env_names(
+        fetchahead::settings::unknown_env_names(
             [
                 "FETCHAHEAD_CACHE_BYTE",
                 "FETCHAHEAD_CACHE_BYTES",

@@ -25,18 +25,26 @@ impl Signature {
 /// large weight still spreads its prefetch over several blocks (blocks stride over segments).
 pub const SEGMENT_PIECE: u64 = 512 << 10;
 
-/// The default budget per window: a tenth of L2 (6 MiB of the H200's 60 MiB, 2.4 MiB of the
-/// DGX Spark's 24 MiB), leaving the rest to the collective's and the reader's own traffic.
+/// The default cap on what one window warms: half of L2 (30 MiB of the H200's 60 MiB, 12 MiB of
+/// the DGX Spark's 24 MiB). It is a cap, not the amount: each window's bytes are then cut to
+/// what its prefetch issues within the window (`window_fit`), so a window long enough for a
+/// whole weight warms all of it, and a short one what fits. Raise it with
+/// [`PlanConfig::budget_per_window`] or `FETCHAHEAD_L2_BUDGET_MB`. On the H200 (2026-12-01, the
+/// decode-step bench, rows resident) the plan saved 0.234 ms a replayed step with 30 MiB a
+/// window against 0.078 ms with a tenth of L2, and 0.350 ms against 0.183 ms eagerly.
 pub fn default_budget(l2_bytes: u64) -> u64 {
-    let budget = l2_bytes / 10;
+    let budget = l2_bytes / 2;
     (budget - budget % SEGMENT_ALIGN).max(SEGMENT_ALIGN)
 }
 
-/// The most bytes a window may have for [`Replay::Auto`] to read it in with loads: a third of
-/// L2 (16-byte multiple). On the H200 (60 MiB L2, 2026-11-29) a GEMV after a load-read window
-/// of 8 or 16 MiB ran faster than after a bulk-prefetched one, after 32 MiB slower (BENCHMARKS.md).
+/// The most bytes a window may have for [`Replay::Auto`] to read it in with loads: half of L2
+/// (16-byte multiple), so that every window of the default budget is read in. On the H200
+/// (2026-12-01) lines read in by the SMs gave a reader 0.9-1.0 of a warm reader's speed at 6 to
+/// 28 MiB, lines bulk-prefetched 0.2-0.7 (`benches/cuda/l2_warm_probe.cu`, L2 full of clean
+/// lines), and in the decode step 30 MiB windows saved 0.350 ms eagerly read in against 0.267
+/// ms with the bulk prefetch above 20 MiB.
 pub fn read_limit(l2_bytes: u64) -> u64 {
-    let limit = l2_bytes / 3;
+    let limit = l2_bytes / 2;
     limit - limit % SEGMENT_ALIGN
 }
 
@@ -53,7 +61,7 @@ pub fn auto_variant(bytes: u64, l2_bytes: u64) -> PrefetchVariant {
 /// How a learned window is warmed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Replay {
-    /// The default: a window of at most [`read_limit`] bytes is read in by the SMs
+    /// The default: a window of at most [`read_limit`] bytes (half of L2) is read in by the SMs
     /// (`l2_prefetch_loads`), a larger one bulk-prefetched (`l2_prefetch`), on a side stream.
     Auto,
     /// One prefetch variant on a side stream, named once (`PrefetchVariant::named("l2_prefetch")`,

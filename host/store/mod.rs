@@ -258,48 +258,6 @@ pub const ENV_SETTINGS: [(&str, &str); 5] = [
     ("FETCHAHEAD_DIRECT_IO", "direct_io: 1 or 0"),
 ];
 
-/// Every other `FETCHAHEAD_*` variable fetchahead or its tests, benches and build read; any
-/// name outside these (and [`ENV_SETTINGS`]) is warned about once, as a likely typo.
-const OTHER_ENV: [&str; 6] = [
-    crate::logging::LOG_ENV,
-    "FETCHAHEAD_REQUIRE_GPU",
-    "FETCHAHEAD_ARCHS",
-    "FETCHAHEAD_TMPFS",
-    "FETCHAHEAD_GAP_REPS",
-    "FETCHAHEAD_WINNERS_OUT",
-];
-/// Prefixes of the benches' and tests' own variables.
-const OTHER_ENV_PREFIXES: [&str; 2] = ["FETCHAHEAD_BENCH_", "FETCHAHEAD_TEST_"];
-
-/// The `FETCHAHEAD_*` names among `names` that no part of fetchahead reads.
-pub fn unknown_env_names(names: impl IntoIterator<Item = String>) -> Vec<String> {
-    names
-        .into_iter()
-        .filter(|n| n.starts_with("FETCHAHEAD_"))
-        .filter(|n| {
-            !ENV_SETTINGS.iter().any(|(k, _)| k == n)
-                && !OTHER_ENV.contains(&n.as_str())
-                && !OTHER_ENV_PREFIXES.iter().any(|p| n.starts_with(p))
-        })
-        .collect()
-}
-
-/// Warns once per process about each `FETCHAHEAD_*` variable set here that nothing reads.
-pub(crate) fn warn_unknown_env() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let names = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
-        for name in unknown_env_names(names) {
-            log::warn!(
-                "fetchahead: {name} is set but is not a fetchahead variable (a typo?); the \
-                 store's are {}, and {}",
-                ENV_SETTINGS.map(|(k, _)| k).join(", "),
-                crate::logging::LOG_ENV
-            );
-        }
-    });
-}
-
 impl StoreOptions {
     /// The defaults, with each `FETCHAHEAD_*` variable of [`ENV_SETTINGS`] that is set replacing
     /// its field; set fields on the result to override the environment. A malformed value is an
@@ -312,7 +270,6 @@ impl StoreOptions {
     /// options the caller passes itself: an explicit argument wins, and the variable is not
     /// even parsed).
     pub fn from_env_except(explicit: &[&str]) -> Result<StoreOptions> {
-        warn_unknown_env();
         StoreOptions::from_vars(|name| {
             (!explicit.contains(&name))
                 .then(|| std::env::var(name).ok())

@@ -969,6 +969,7 @@ fn _raise_example(py: Python<'_>, kind: &str) -> PyRes<()> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyRes<()> {
     logs::install();
+    fetchahead::settings::warn_unknown_env();
     m.add_function(wrap_pyfunction!(variants, m)?)?;
     m.add_function(wrap_pyfunction!(default_variant, m)?)?;
     m.add_function(wrap_pyfunction!(variant_index, m)?)?;

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Host cost of the L2 plan's per-window calls from Python, and what they add to a host-bound
+eager forward.
+
+1. Per call: a learned plan replayed eagerly over WINDOWS windows a forward; each
+   ``plan.collective()`` and ``plan.consume(weight)`` timed alone (perf_counter_ns around the
+   call; the median over every call of several forwards). A Python method that does nothing is
+   timed the same way, as the floor of any call.
+2. A host-bound forward: per window a collective stand-in (``torch.cuda._sleep`` of a few
+   cycles) and TINY small launches (``torch.add`` on a 1-element tensor), so that the host's
+   launch rate sets the forward's time; timed with and without the plan's calls (the plan
+   learned, so its prefetches run too), interleaved, medians.
+
+    python3 python/bench/l2_plan_calls.py [--json out.json]
+
+Goal (issue 22): ``collective`` and ``consume`` at most 2 us each; the host-bound forward not
+measurably slower with the plan (its difference within the run-to-run spread).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import fetchahead
+
+WINDOWS, WEIGHT_MIB, TINY, FORWARDS = 64, 2, 6, 30
+GOAL_US = 2.0
+
+
+class Nothing:
+    def call(self, *args) -> None:
+        pass
+
+
+def per_call_us(plan: fetchahead.L2Plan, weights: list) -> dict:
+    col, con, nop = [], [], []
+    nothing = Nothing()
+    clock = time.perf_counter_ns
+    for _ in range(FORWARDS):
+        plan.begin_forward(WINDOWS)
+        for w in weights:
+            t0 = clock()
+            plan.collective()
+            t1 = clock()
+            plan.consume(w)
+            t2 = clock()
+            nothing.call(w)
+            t3 = clock()
+            col.append(t1 - t0)
+            con.append(t2 - t1)
+            nop.append(t3 - t2)
+        plan.end_forward()
+        torch.cuda.synchronize()
+    med = lambda v: statistics.median(v) / 1e3  # noqa: E731
+    return {"collective_us": med(col), "consume_us": med(con), "empty_method_us": med(nop)}
+
+
+def host_bound_forward_ms(plan, weights, use_plan: bool, one) -> float:
+    start = time.perf_counter()
+    if use_plan:
+        plan.begin_forward(WINDOWS)
+    for w in weights:
+        if use_plan:
+            plan.collective()
+        torch.cuda._sleep(100)
+        if use_plan:
+            plan.consume(w)
+        for _ in range(TINY):
+            one.add_(1)
+    if use_plan:
+        plan.end_forward()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed * 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="write the figures here too")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device")
+        return 0
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    weights = [
+        torch.empty(WEIGHT_MIB << 20, dtype=torch.uint8, device=dev) for _ in range(WINDOWS)
+    ]
+    plan = fetchahead.L2Plan()
+    for _ in range(5):  # learn, then fit the windows
+        plan.begin_forward(WINDOWS)
+        for w in weights:
+            plan.collective()
+            torch.cuda._sleep(1000)
+            plan.consume(w)
+        plan.end_forward()
+    torch.cuda.synchronize()
+    calls = per_call_us(plan, weights)
+    one = torch.zeros(1, device=dev)
+    with_plan, without = [], []
+    for _ in range(FORWARDS):
+        without.append(host_bound_forward_ms(plan, weights, False, one))
+        with_plan.append(host_bound_forward_ms(plan, weights, True, one))
+    w, wo = statistics.median(with_plan), statistics.median(without)
+    spread = statistics.pstdev(without)
+    out = {
+        **calls,
+        "forward_without_plan_ms": wo,
+        "forward_with_plan_ms": w,
+        "forward_spread_ms": spread,
+        "windows": WINDOWS,
+        "tiny_launches_a_window": TINY,
+        "device": torch.cuda.get_device_name(dev),
+    }
+    verdict = lambda x: "met" if x <= GOAL_US else "NOT MET"  # noqa: E731
+    print(
+        f"per call (median): collective {calls['collective_us']:.2f} us ({verdict(calls['collective_us'])}), "
+        f"consume {calls['consume_us']:.2f} us ({verdict(calls['consume_us'])}), an empty Python "
+        f"method {calls['empty_method_us']:.2f} us; goal {GOAL_US} us each"
+    )
+    print(
+        f"host-bound forward of {WINDOWS} windows ({TINY} tiny launches each): without the plan "
+        f"{wo:.3f} ms, with it {w:.3f} ms ({(w - wo) / WINDOWS * 1e3:+.2f} us a window, "
+        f"{100 * (w - wo) / wo:+.1f}%; spread without {spread:.3f} ms)"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
