@@ -3,7 +3,7 @@
 //! Per iteration, untimed: a write of twice the L2 size evicts the weights (the traffic of the
 //! layers in between). Timed with CUDA events: a simulated collective (4 CTAs polling for T us),
 //! then a weight-bound bf16 GEMV (M = 1 or 16, K = 4096, W MiB of weights). Modes: no prefetch;
-//! the L2 plan's default replay (windows up to a third of L2 read in by loads, larger ones
+//! the L2 plan's default replay (windows up to half of L2 read in by loads, larger ones
 //! bulk-prefetched) with the whole of W as budget and with the default budget; each prefetch
 //! variant alone (bulk, per line, loads, evict_last); the bulk prefetch launched before the
 //! collective or over every SM; the access-policy window (persisting L2) on the GEMV. Each runs eagerly

@@ -945,7 +945,7 @@ unsafe fn borrowed_stream(
 }
 
 /// Creates an L2 plan on device `device` (its primary context) for forwards on `stream`, with
-/// `budget_per_window` bytes per window (0: a tenth of L2) and the default replay. Its side
+/// `budget_per_window` bytes per window at most (0: half of L2) and the default replay. Its side
 /// stream is made now, so call it before any capture.
 ///
 /// # Safety

@@ -270,11 +270,6 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
                 spin,
                 "busy-waits on the GPU clock: a layer's compute in the demo and benches",
             ),
-            entry(
-                staged::KERNEL,
-                staged,
-                "the prefetcher's gather of staged rows that waits for their tags",
-            ),
         ])
         // The timed twins, after every plain entry, so that a plain entry's index (the kernel
         // id a timeline record carries) does not depend on them.

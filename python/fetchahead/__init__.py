@@ -658,7 +658,7 @@ class L2Plan:
         replay: Optional[str] = None,
     ) -> None:
         """``replay`` names how a window is warmed: ``"auto"`` (the default: windows up to a
-        third of L2 read by the SMs, larger ones bulk-prefetched), ``"access_policy"``, or an
+        half of L2 read by the SMs, larger ones bulk-prefetched), ``"access_policy"``, or an
         L2 prefetch variant (``"l2_prefetch"``, ``"l2_prefetch_loads"``, ...)."""
         t = _torch_ops()
         self._device = t.cuda_device(device)
