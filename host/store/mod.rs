@@ -8,6 +8,8 @@
 //! - [`belady`], [`zipf`]: the optimum the row cache is measured against, and the workload.
 //! - [`sketch`]: a TinyLFU frequency sketch, which the policy replay (`examples/cache_policies`)
 //!   tried as the row cache's admission (the cache does not use it).
+//! - [`trace`]: real lookup traces (`.u64`, `.u64.xz`) and their scheduler steps, as batches;
+//!   [`policies`]: LRU, ARC, W-TinyLFU and exact LFU replayed on them, the row cache's peers.
 //! - [`LayerRows`]: one layer of a store as a [`RowLookup`](crate::prefetch::lookup::RowLookup).
 //!
 //! The guide below (this folder's `README.md`) shows it in use.
@@ -41,9 +43,11 @@ pub mod make;
 pub mod measure;
 mod mmap;
 mod plan;
+pub mod policies;
 mod preadv;
 mod prefetch;
 pub mod sketch;
+pub mod trace;
 pub mod tune;
 mod uring;
 pub mod zipf;
@@ -687,6 +691,30 @@ pub fn replay_row_cache(
         |id| cache.get(0, id as u64).is_some(),
         |id| cache.insert(0, id as u64, w, s),
     )
+}
+
+/// [`replay_row_cache`], then `then` called while the cache still holds its rows: for tests that
+/// measure what the cache really keeps resident (rows and bookkeeping) against its budget.
+#[doc(hidden)]
+pub fn replay_row_cache_then<T>(
+    cache_bytes: u64,
+    dim: usize,
+    batches: &[Vec<i64>],
+    counted_from: usize,
+    then: impl FnOnce() -> T,
+) -> (belady::HitCount, T) {
+    let row = vec![0u8; dim + dim / MX_BLOCK];
+    let cache = RowCache::new(cache_bytes, row.len());
+    let (w, s) = row.split_at(dim);
+    let count = belady::replay(
+        batches,
+        counted_from,
+        |id| cache.get(0, id as u64).is_some(),
+        |id| cache.insert(0, id as u64, w, s),
+    );
+    let out = then();
+    drop(cache);
+    (count, out)
 }
 
 /// Rows a row cache of `cache_bytes` holds for rows of `dim` weights.
