@@ -832,7 +832,8 @@ fn the_row_cache_nears_the_optimum_on_zipf_traces() {
         let trace = z.batches(6000, 72);
         let bytes = cache_bytes_for(10_000, DIM);
         let cap = cache_rows(bytes, DIM);
-        assert_eq!(cap, 10_000);
+        // At least the rows asked for (the budget's allocation rounding may fit a few more).
+        assert!((10_000..10_100).contains(&cap), "{cap}");
         let opt = belady(&trace, cap, 3000);
         let got = replay_row_cache(bytes, DIM, &trace, 3000);
         assert_eq!(got.requests, opt.requests);

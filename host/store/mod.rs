@@ -682,15 +682,7 @@ pub fn replay_row_cache(
     batches: &[Vec<i64>],
     counted_from: usize,
 ) -> belady::HitCount {
-    let row = vec![0u8; dim + dim / MX_BLOCK];
-    let cache = RowCache::new(cache_bytes, row.len());
-    let (w, s) = row.split_at(dim);
-    belady::replay(
-        batches,
-        counted_from,
-        |id| cache.get(0, id as u64).is_some(),
-        |id| cache.insert(0, id as u64, w, s),
-    )
+    replay_row_cache_then(cache_bytes, dim, batches, counted_from, || ()).0
 }
 
 /// [`replay_row_cache`], then `then` called while the cache still holds its rows: for tests that
@@ -706,11 +698,17 @@ pub fn replay_row_cache_then<T>(
     let row = vec![0u8; dim + dim / MX_BLOCK];
     let cache = RowCache::new(cache_bytes, row.len());
     let (w, s) = row.split_at(dim);
-    let count = belady::replay(
+    let out = std::cell::RefCell::new(row.clone());
+    let count = belady::replay_batches(
         batches,
         counted_from,
-        |id| cache.get(0, id as u64).is_some(),
+        |id| {
+            let mut o = out.borrow_mut();
+            let (ow, os) = o.split_at_mut(dim);
+            cache.get(0, id as u64, ow, os, true)
+        },
         |id| cache.insert(0, id as u64, w, s),
+        |n| cache.asked(n),
     );
     let out = then();
     drop(cache);
@@ -724,7 +722,7 @@ pub fn cache_rows(cache_bytes: u64, dim: usize) -> usize {
 
 /// The budget a row cache needs to hold `rows` rows of `dim` weights.
 pub fn cache_bytes_for(rows: u64, dim: usize) -> u64 {
-    rows * cache::entry_bytes(dim + dim / MX_BLOCK)
+    cache::bytes_for_rows(rows as usize, dim + dim / MX_BLOCK)
 }
 
 /// Opens `path` with O_DIRECT (and `extra` flags) and proves it with one aligned read; Err says
@@ -1014,15 +1012,25 @@ impl Inner {
             }
         }
         let mut hits = 0u64;
+        let record = caller == Caller::User;
         for (pos, &id) in ids.iter().enumerate() {
-            if let Some(row) = self.cache.as_ref().and_then(|c| c.get(li, id as u64)) {
-                let (w, s) = row.split_at(dim.min(row.len()));
-                weights_out[pos * dim..(pos + 1) * dim].copy_from_slice(w);
-                scales_out[pos * sdim..(pos + 1) * sdim].copy_from_slice(s);
+            let hit = self.cache.as_ref().is_some_and(|c| {
+                c.get(
+                    li,
+                    id as u64,
+                    &mut weights_out[pos * dim..(pos + 1) * dim],
+                    &mut scales_out[pos * sdim..(pos + 1) * sdim],
+                    record,
+                )
+            });
+            if hit {
                 hits += 1;
             } else {
                 plan.order.push((id as u64, pos as u32));
             }
+        }
+        if let (Some(c), true) = (&self.cache, record) {
+            c.asked(ids.len());
         }
         let c = &self.counters;
         if caller == Caller::User {

@@ -62,9 +62,8 @@ fn read_all(path: &Path) -> Result<Vec<u8>> {
 
 /// The row ids of a `.u64` or `.u64.xz` trace file.
 pub fn read_ids(path: &Path) -> Result<Vec<i64>> {
-    ids_from_bytes(&read_all(path)?).map_err(|why| {
-        Error::invalid("trace file", format!("{}: {why}", path.display()))
-    })
+    ids_from_bytes(&read_all(path)?)
+        .map_err(|why| Error::invalid("trace file", format!("{}: {why}", path.display())))
 }
 
 /// The ids of a trace's bytes: little-endian u64, each below 2^63.
@@ -233,6 +232,9 @@ mod tests {
         assert!(step_batches(47, Some(&steps), 16, 1).is_err());
         assert!(step_batches(64, Some(&steps), 16, 1).is_err());
         let plain = step_batches(40, None, 16, 2).unwrap();
-        assert_eq!(plain.iter().map(|b| b.ids.len()).collect::<Vec<_>>(), [32, 8]);
+        assert_eq!(
+            plain.iter().map(|b| b.ids.len()).collect::<Vec<_>>(),
+            [32, 8]
+        );
     }
 }
