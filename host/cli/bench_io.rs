@@ -97,6 +97,14 @@ pub struct BenchIoArgs {
     /// rows and of R), in percent of the distinct rows.
     #[arg(long, value_delimiter = ',', default_value = "0.5,2,10,20")]
     pub trace_budgets: Vec<f64>,
+    /// The trace's documents (a JSON array with each request's `prompt_tokens`, in arrival
+    /// order): with --steps, the look-ahead measurement (a prompt's later chunks handed to the
+    /// cache as future references from its first chunk on).
+    #[arg(long, requires = "steps")]
+    pub docs: Option<PathBuf>,
+    /// Steps ahead a prompt's chunk is handed over at most (look-ahead).
+    #[arg(long, default_value_t = 8)]
+    pub lookahead_steps: u32,
     /// With --trace: replays only (no table, no reads).
     #[arg(long, requires = "trace")]
     pub replay_only: bool,

@@ -13,6 +13,7 @@
 //! rows' keys and an open-addressing index (linear probing, load at most one half), all sized
 //! once when the cache is made; nothing is allocated after that, a hit or an insert included.
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::sketch::FrequencySketch;
 
@@ -39,6 +40,9 @@ fn allocated(bytes: u64) -> u64 {
     }
 }
 
+/// Buckets a future reference is looked for from its home (the marks table is never full:
+/// a mark that finds no free bucket within this many is dropped).
+const MARK_PROBES: usize = 16;
 /// An empty index bucket.
 const EMPTY: u32 = u32::MAX;
 
@@ -57,10 +61,12 @@ struct Plan {
     shard_rows: usize,
     buckets: usize,
     counters: usize,
+    /// Future-reference buckets a shard (0: no look-ahead).
+    marks: usize,
 }
 
 impl Plan {
-    fn for_rows(rows: usize) -> Plan {
+    fn for_rows(rows: usize, lookahead: bool) -> Plan {
         let shards = (rows / MIN_SHARD_ROWS).clamp(1, SHARDS).next_power_of_two();
         let shards = if shards > SHARDS { SHARDS } else { shards };
         let shard_rows = rows / shards;
@@ -69,6 +75,11 @@ impl Plan {
             shard_rows,
             buckets: (shard_rows * 2).next_power_of_two().max(2),
             counters: FrequencySketch::bytes_for(rows.max(1) * SKETCH_COUNTERS),
+            marks: if lookahead {
+                shard_rows.next_power_of_two()
+            } else {
+                0
+            },
         }
     }
 
@@ -80,7 +91,12 @@ impl Plan {
     fn bytes(&self, row_bytes: usize) -> u64 {
         let shard = allocated((self.shard_rows * row_bytes) as u64)
             + allocated((self.shard_rows * 8) as u64)
-            + allocated((self.buckets * 4) as u64);
+            + allocated((self.buckets * 4) as u64)
+            + if self.marks > 0 {
+                allocated((self.marks * std::mem::size_of::<Mark>()) as u64)
+            } else {
+                0
+            };
         let shards = allocated((self.shards * std::mem::size_of::<Mutex<Shard>>()) as u64);
         // The sketch's blocks are 64-byte aligned: up to 64 more for the alignment.
         self.shards as u64 * shard + shards + allocated(self.counters as u64 + 64)
@@ -88,12 +104,12 @@ impl Plan {
 }
 
 /// What a cache of `rows` rows of `row_bytes` costs the budget.
-pub(crate) fn bytes_for_rows(rows: usize, row_bytes: usize) -> u64 {
-    Plan::for_rows(rows).bytes(row_bytes)
+pub(crate) fn bytes_for_rows(rows: usize, row_bytes: usize, lookahead: bool) -> u64 {
+    Plan::for_rows(rows, lookahead).bytes(row_bytes)
 }
 
 /// Rows of `row_bytes` a budget holds, everything the cache allocates counted.
-pub(crate) fn rows_in(budget_bytes: u64, row_bytes: usize) -> usize {
+pub(crate) fn rows_in(budget_bytes: u64, row_bytes: usize, lookahead: bool) -> usize {
     // The footprint grows with the rows (in steps where the index or sketch doubles): the
     // largest row count that fits, by bisection.
     let (mut lo, mut hi) = (
@@ -102,13 +118,21 @@ pub(crate) fn rows_in(budget_bytes: u64, row_bytes: usize) -> usize {
     );
     while lo + 1 < hi {
         let mid = lo + (hi - lo) / 2;
-        if Plan::for_rows(mid).bytes(row_bytes) <= budget_bytes {
+        if Plan::for_rows(mid, lookahead).bytes(row_bytes) <= budget_bytes {
             lo = mid;
         } else {
             hi = mid;
         }
     }
-    Plan::for_rows(lo).rows()
+    Plan::for_rows(lo, lookahead).rows()
+}
+
+/// A row the caller said a coming lookup asks for: held (and admitted) until lookup `until`
+/// of its layer; 0 is a free bucket.
+#[derive(Clone, Copy, Default)]
+struct Mark {
+    key: u64,
+    until: u64,
 }
 
 struct Shard {
@@ -121,10 +145,12 @@ struct Shard {
     capacity: usize,
     /// xorshift state for sampling victims.
     rng: u64,
+    /// Future references (`advise_future`), by probing from the key's hash.
+    marks: Box<[Mark]>,
 }
 
 impl Shard {
-    fn new(capacity: usize, buckets: usize, row_bytes: usize, seed: u64) -> Shard {
+    fn new(capacity: usize, buckets: usize, marks: usize, row_bytes: usize, seed: u64) -> Shard {
         Shard {
             rows: vec![0u8; capacity * row_bytes].into_boxed_slice(),
             keys: vec![0u64; capacity].into_boxed_slice(),
@@ -132,7 +158,46 @@ impl Shard {
             len: 0,
             capacity,
             rng: seed | 1,
+            marks: vec![Mark::default(); marks].into_boxed_slice(),
         }
+    }
+
+    /// Whether a coming lookup (by lookup `now` of the key's layer) asks for `key`.
+    fn marked(&self, key: u64, now: u64) -> bool {
+        if self.marks.is_empty() {
+            return false;
+        }
+        let mask = self.marks.len() - 1;
+        let home = (mix(key) >> 8) as usize;
+        (0..MARK_PROBES.min(self.marks.len()))
+            .map(|i| self.marks[(home + i) & mask])
+            .any(|m| m.key == key && m.until >= now)
+    }
+
+    /// Notes that `key` is asked for up to lookup `until`; false when there was no room.
+    fn mark(&mut self, key: u64, until: u64, now: u64) -> bool {
+        if self.marks.is_empty() {
+            return false;
+        }
+        let mask = self.marks.len() - 1;
+        let home = (mix(key) >> 8) as usize;
+        let mut free = None;
+        for i in 0..MARK_PROBES.min(self.marks.len()) {
+            let b = (home + i) & mask;
+            let m = &mut self.marks[b];
+            if m.key == key && m.until >= now {
+                m.until = m.until.max(until);
+                return true;
+            }
+            if m.until < now && free.is_none() {
+                free = Some(b);
+            }
+        }
+        let Some(b) = free else {
+            return false;
+        };
+        self.marks[b] = Mark { key, until };
+        true
     }
 
     fn home(&self, key: u64) -> usize {
@@ -186,20 +251,24 @@ impl Shard {
 pub(crate) struct RowCache {
     shards: Box<[Mutex<Shard>]>,
     sketch: FrequencySketch,
+    /// Lookups of each layer so far: the clock of future references.
+    lookups: Box<[AtomicU64]>,
     row_bytes: usize,
     rows: usize,
     budget_bytes: u64,
 }
 
 impl RowCache {
-    pub fn new(budget_bytes: u64, row_bytes: usize) -> Self {
-        let rows = rows_in(budget_bytes, row_bytes);
-        let plan = Plan::for_rows(rows);
+    /// `layers`: layers the store serves; `lookahead`: room for future references (charged).
+    pub fn new(budget_bytes: u64, row_bytes: usize, layers: usize, lookahead: bool) -> Self {
+        let rows = rows_in(budget_bytes, row_bytes, lookahead);
+        let plan = Plan::for_rows(rows, lookahead);
         let shards = (0..plan.shards)
             .map(|i| {
                 Mutex::new(Shard::new(
                     plan.shard_rows,
                     plan.buckets,
+                    plan.marks,
                     row_bytes,
                     mix(i as u64 + 1),
                 ))
@@ -211,6 +280,7 @@ impl RowCache {
                 rows.max(1) * SKETCH_COUNTERS,
                 rows.max(1) as u64 * SKETCH_SAMPLE,
             ),
+            lookups: (0..layers.max(1)).map(|_| AtomicU64::new(0)).collect(),
             row_bytes,
             rows: plan.rows(),
             budget_bytes: plan.bytes(row_bytes),
@@ -261,9 +331,29 @@ impl RowCache {
         true
     }
 
-    /// Notes that a lookup asked for `n` ids (the sketch ages by requests).
-    pub fn asked(&self, n: usize) {
+    /// Notes that a lookup of layer `layer_index` asked for `n` ids (the sketch ages by
+    /// requests; future references expire by lookups).
+    pub fn asked(&self, layer_index: usize, n: usize) {
         self.sketch.advance(n as u64);
+        if let Some(c) = self.lookups.get(layer_index) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn now(&self, layer_index: usize) -> u64 {
+        self.lookups
+            .get(layer_index)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    /// Notes that one of the next `steps_ahead` lookups of the layer asks for `row`: until then
+    /// it is admitted when read and not evicted. False when the cache has no room for it (or
+    /// no look-ahead).
+    pub fn mark(&self, layer_index: usize, row: u64, steps_ahead: u32) -> bool {
+        let key = Self::key(layer_index, row);
+        let now = self.now(layer_index);
+        let until = now + u64::from(steps_ahead.max(1));
+        self.shard(key).mark(key, until, now + 1)
     }
 
     /// Offers a row read from disk: admitted while there is room, else only in place of a less
@@ -277,20 +367,30 @@ impl RowCache {
         if shard.find(key).1 || shard.capacity == 0 {
             return;
         }
+        let now = self.now(layer_index);
+        let wanted = shard.marked(key, now);
         let slot = if shard.len < shard.capacity {
             shard.len += 1;
             shard.len - 1
         } else {
-            let mut victim = shard.random_slot();
-            let mut least = self.sketch.estimate(shard.keys[victim]);
-            for _ in 1..SAMPLE {
+            // The least frequent of the sampled rows that no coming lookup is known to ask for.
+            let mut victim = None;
+            for _ in 0..SAMPLE {
                 let s = shard.random_slot();
-                let f = self.sketch.estimate(shard.keys[s]);
-                if f < least {
-                    (victim, least) = (s, f);
+                let k = shard.keys[s];
+                if shard.marked(k, now) {
+                    continue;
+                }
+                let f = self.sketch.estimate(k);
+                if victim.is_none_or(|(_, least)| f < least) {
+                    victim = Some((s, f));
                 }
             }
-            if self.sketch.estimate(key) <= least {
+            let Some((victim, least)) = victim else {
+                return;
+            };
+            // A row a coming lookup asks for is admitted whatever its count.
+            if !wanted && self.sketch.estimate(key) <= least {
                 return;
             }
             let (vb, _) = shard.find(shard.keys[victim]);
@@ -327,8 +427,8 @@ mod tests {
     #[test]
     fn the_charge_covers_every_allocation_and_fits_the_budget() {
         for budget in [0u64, 100, 1 << 16, 3 << 20, 100 << 20] {
-            let rows = rows_in(budget, 264);
-            let bytes = bytes_for_rows(rows, 264);
+            let rows = rows_in(budget, 264, false);
+            let bytes = bytes_for_rows(rows, 264, false);
             assert!(
                 bytes <= budget || rows == 0,
                 "{budget}: {rows} rows, {bytes} B"
@@ -340,7 +440,7 @@ mod tests {
 
     #[test]
     fn rows_come_back_and_the_rare_row_is_not_admitted_over_the_frequent() {
-        let c = RowCache::new(bytes_for_rows(64, 9), 9);
+        let c = RowCache::new(bytes_for_rows(64, 9, false), 9, 1, false);
         assert_eq!(c.rows, 64);
         let (mut w, mut s) = ([0u8; 8], [0u8; 1]);
         for r in 0..64u64 {

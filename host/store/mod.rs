@@ -156,6 +156,10 @@ pub struct StoreOptions {
     pub uring_rings: usize,
     /// Use O_DIRECT where the filesystem allows it.
     pub direct_io: bool,
+    /// Keep room in the row cache (charged to `cache_bytes`: 16 bytes a row or less) for the
+    /// future references [`RowStore::advise_future`] hands it; without it, `advise_future`
+    /// marks nothing.
+    pub lookahead: bool,
 }
 
 impl Default for StoreOptions {
@@ -170,6 +174,7 @@ impl Default for StoreOptions {
             uring_depth: QUEUE_DEPTH,
             uring_rings: 1,
             direct_io: true,
+            lookahead: false,
         }
     }
 }
@@ -486,8 +491,14 @@ impl RowStore {
             // is would fail that allocation (an abort), not just never fill.
             crate::memory::check_fits(options.cache_bytes, "the DRAM row cache's budget")?;
         }
-        let cache = (options.cache_bytes > 0)
-            .then(|| RowCache::new(options.cache_bytes, layout.dim + sdim));
+        let cache = (options.cache_bytes > 0).then(|| {
+            RowCache::new(
+                options.cache_bytes,
+                layout.dim + sdim,
+                layout.layers.len(),
+                options.lookahead,
+            )
+        });
         let inner = Arc::new(Inner {
             layer_ids: layout.layers.iter().map(|l| l.layer).collect(),
             layout,
@@ -558,6 +569,27 @@ impl RowStore {
                 .fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// Hands the row cache rows a coming lookup of `layer` asks for: one of the next
+    /// `steps_ahead` lookups of the layer (1: the next). Until then each is admitted when read,
+    /// whatever its count, and no eviction takes it; nothing is read now (see [`advise`] for
+    /// that). An engine knows a prompt when its request arrives, so the ids of its later
+    /// prefill chunks can be handed over while the earlier chunks run. Returns how many ids were
+    /// noted: 0 without a cache or [`StoreOptions::lookahead`]; fewer when the room for future
+    /// references (a slot a cached row) is full. Bad ids fail here.
+    ///
+    /// [`advise`]: RowStore::advise
+    pub fn advise_future(&self, layer: u32, ids: &[i64], steps_ahead: u32) -> Result<usize> {
+        let li = self.inner.layer_index(layer)?;
+        self.inner.check_range(ids)?;
+        let Some(cache) = &self.inner.cache else {
+            return Ok(0);
+        };
+        Ok(ids
+            .iter()
+            .filter(|&&id| cache.mark(li, id as u64, steps_ahead))
+            .count())
     }
 
     /// Bytes of one row's weights (FP8 elements); its scales are `dim() / 32` bytes.
@@ -696,7 +728,7 @@ pub fn replay_row_cache_then<T>(
     then: impl FnOnce() -> T,
 ) -> (belady::HitCount, T) {
     let row = vec![0u8; dim + dim / MX_BLOCK];
-    let cache = RowCache::new(cache_bytes, row.len());
+    let cache = RowCache::new(cache_bytes, row.len(), 1, false);
     let (w, s) = row.split_at(dim);
     let out = std::cell::RefCell::new(row.clone());
     let count = belady::replay_batches(
@@ -708,21 +740,73 @@ pub fn replay_row_cache_then<T>(
             cache.get(0, id as u64, ow, os, true)
         },
         |id| cache.insert(0, id as u64, w, s),
-        |n| cache.asked(n),
+        |n| cache.asked(0, n),
     );
     let out = then();
     drop(cache);
     (count, out)
 }
 
+/// The store's row cache replayed on `batches` as [`replay_row_cache`], with look-ahead when
+/// `future` is given: before batch `b`, each `(steps_ahead, ids)` of `future[b]` is handed to
+/// the cache as [`RowStore::advise_future`] hands it (the cache then keeps room for future
+/// references within the same budget). Returns the hit count and the distinct rows read
+/// (missed) over the counted batches.
+pub fn replay_row_cache_lookahead(
+    cache_bytes: u64,
+    dim: usize,
+    batches: &[Vec<i64>],
+    counted_from: usize,
+    future: Option<&[Vec<(u32, &[i64])>]>,
+) -> (belady::HitCount, u64) {
+    let row = vec![0u8; dim + dim / MX_BLOCK];
+    let cache = RowCache::new(cache_bytes, row.len(), 1, future.is_some());
+    let (w, s) = row.split_at(dim);
+    let mut out = row.clone();
+    let mut count = belady::HitCount::default();
+    let mut read = 0u64;
+    let mut missed = Vec::new();
+    for (b, batch) in batches.iter().enumerate() {
+        if let Some(ahead) = future.and_then(|f| f.get(b)) {
+            for (steps, ids) in ahead {
+                for &id in *ids {
+                    cache.mark(0, id as u64, *steps);
+                }
+            }
+        }
+        missed.clear();
+        let mut hits = 0;
+        for &id in batch {
+            let (ow, os) = out.split_at_mut(dim);
+            if cache.get(0, id as u64, ow, os, true) {
+                hits += 1;
+            } else {
+                missed.push(id);
+            }
+        }
+        cache.asked(0, batch.len());
+        missed.sort_unstable();
+        missed.dedup();
+        for &id in &missed {
+            cache.insert(0, id as u64, w, s);
+        }
+        if b >= counted_from {
+            count.hits += hits;
+            count.requests += batch.len() as u64;
+            read += missed.len() as u64;
+        }
+    }
+    (count, read)
+}
+
 /// Rows a row cache of `cache_bytes` holds for rows of `dim` weights.
 pub fn cache_rows(cache_bytes: u64, dim: usize) -> usize {
-    cache::rows_in(cache_bytes, dim + dim / MX_BLOCK)
+    cache::rows_in(cache_bytes, dim + dim / MX_BLOCK, false)
 }
 
 /// The budget a row cache needs to hold `rows` rows of `dim` weights.
 pub fn cache_bytes_for(rows: u64, dim: usize) -> u64 {
-    cache::bytes_for_rows(rows as usize, dim + dim / MX_BLOCK)
+    cache::bytes_for_rows(rows as usize, dim + dim / MX_BLOCK, false)
 }
 
 /// Opens `path` with O_DIRECT (and `extra` flags) and proves it with one aligned read; Err says
@@ -1030,7 +1114,7 @@ impl Inner {
             }
         }
         if let (Some(c), true) = (&self.cache, record) {
-            c.asked(ids.len());
+            c.asked(li, ids.len());
         }
         let c = &self.counters;
         if caller == Caller::User {

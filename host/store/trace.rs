@@ -182,6 +182,89 @@ pub fn batch_ids(ids: &[i64], batches: &[StepBatch]) -> Vec<Vec<i64>> {
         .collect()
 }
 
+/// The prompt lengths (tokens) of a trace's requests in arrival order, from its documents file
+/// (a JSON array of objects with `prompt_tokens`, as `give.docs.json`).
+pub fn read_prompts(path: &Path) -> Result<Vec<u64>> {
+    let bytes = read_all(path)?;
+    let bad = |why: String| Error::invalid("documents file", format!("{}: {why}", path.display()));
+    let v: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let docs = v.as_array().ok_or_else(|| bad("not a JSON array".into()))?;
+    docs.iter()
+        .enumerate()
+        .map(|(i, d)| {
+            d.get("prompt_tokens")
+                .and_then(serde_json::Value::as_u64)
+                .ok_or_else(|| bad(format!("entry {i} has no integer prompt_tokens")))
+        })
+        .collect()
+}
+
+/// Ids to hand the cache as future references before a step's lookup: those of step
+/// `step`, the `ids` range of the trace, which is `steps_ahead` steps on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FutureChunk {
+    pub steps_ahead: u32,
+    pub ids: Range<usize>,
+}
+
+/// What a scheduler knows ahead, step by step: a request's prompt is known when its first
+/// chunk runs, so the ids of its later prefill chunks are too. The scheduler is continuous
+/// batching with chunked prefill, first come first served: a step's ids are its decode tokens'
+/// then its prefill tokens', the prefill tokens taken from the requests in arrival order
+/// (`prompts`, tokens each). Each later chunk is handed over once, at most `horizon` steps
+/// before it runs (and not before its request's first chunk): entry `t` lists what to hand
+/// over before step `t`'s lookup.
+pub fn known_future(
+    steps: &[Step],
+    batches: &[StepBatch],
+    prompts: &[u64],
+    ids_per_token: usize,
+    horizon: u32,
+) -> Result<Vec<Vec<FutureChunk>>> {
+    // Each request's chunks: (step, ids), in step order.
+    let mut chunks: Vec<Vec<(usize, Range<usize>)>> = vec![Vec::new(); prompts.len()];
+    let (mut request, mut left) = (0usize, prompts.first().copied().unwrap_or(0));
+    for (t, (s, b)) in steps.iter().zip(batches).enumerate() {
+        let mut at = b.ids.start + s.decode as usize * ids_per_token;
+        let mut prefill = u64::from(s.prefill);
+        while prefill > 0 {
+            while left == 0 {
+                request += 1;
+                let Some(&p) = prompts.get(request) else {
+                    return Err(Error::invalid(
+                        "documents file",
+                        format!(
+                            "its {} prompts end before step {t}'s prefill tokens",
+                            prompts.len()
+                        ),
+                    ));
+                };
+                left = p;
+            }
+            let n = prefill.min(left);
+            let len = n as usize * ids_per_token;
+            chunks[request].push((t, at..at + len));
+            at += len;
+            (prefill, left) = (prefill - n, left - n);
+        }
+    }
+    let mut out: Vec<Vec<FutureChunk>> = vec![Vec::new(); steps.len()];
+    for c in &chunks {
+        let Some(&(first, _)) = c.first() else {
+            continue;
+        };
+        for (u, ids) in c.iter().skip(1) {
+            let t = u.saturating_sub(horizon as usize).max(first);
+            out[t].push(FutureChunk {
+                steps_ahead: (u - t) as u32,
+                ids: ids.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// Writes `ids` as a `.u64` trace (for tests and tools).
 pub fn write_ids(path: &Path, ids: &[i64]) -> io::Result<()> {
     let bytes: Vec<u8> = ids.iter().flat_map(|&i| (i as u64).to_le_bytes()).collect();
@@ -232,9 +315,55 @@ mod tests {
         assert!(step_batches(47, Some(&steps), 16, 1).is_err());
         assert!(step_batches(64, Some(&steps), 16, 1).is_err());
         let plain = step_batches(40, None, 16, 2).unwrap();
+        assert_eq!(plain.len(), 2);
         assert_eq!(
             plain.iter().map(|b| b.ids.len()).collect::<Vec<_>>(),
             [32, 8]
         );
+    }
+
+    #[test]
+    fn a_prompts_later_chunks_are_known_from_its_first() {
+        // Prompts of 3 and 2 tokens, 1 id a token. Step 0 prefills 2 tokens of request 0; step 1
+        // decodes 1 and prefills request 0's last token and request 1's first; step 2 decodes
+        // 1 and prefills request 1's last token.
+        let steps = [
+            Step {
+                decode: 0,
+                prefill: 2,
+            },
+            Step {
+                decode: 1,
+                prefill: 2,
+            },
+            Step {
+                decode: 1,
+                prefill: 1,
+            },
+        ];
+        let b = step_batches(7, Some(&steps), 1, 1).unwrap();
+        let f = known_future(&steps, &b, &[3, 2], 1, 8).unwrap();
+        // Before step 0: request 0's chunk in step 1 (id 3, after step 1's decode id 2).
+        assert_eq!(
+            f[0],
+            vec![FutureChunk {
+                steps_ahead: 1,
+                ids: 3..4
+            }]
+        );
+        // Before step 1: request 1's chunk in step 2 (id 6); its first chunk is id 4.
+        assert_eq!(
+            f[1],
+            vec![FutureChunk {
+                steps_ahead: 1,
+                ids: 6..7
+            }]
+        );
+        assert!(f[2].is_empty());
+        // A horizon of 0 steps still hands nothing over before the request starts.
+        let f = known_future(&steps, &b, &[3, 2], 1, 0).unwrap();
+        assert_eq!(f[1][0].steps_ahead, 0);
+        // Too few prompts for the prefill tokens is an error.
+        assert!(known_future(&steps, &b, &[3], 1, 8).is_err());
     }
 }

@@ -14,9 +14,12 @@ use fetchahead::store::belady::{HitCount, belady};
 use fetchahead::store::make::{TableSpec, WriteOptions, write_table_with};
 use fetchahead::store::measure::percentiles_us;
 use fetchahead::store::policies::Policy;
-use fetchahead::store::trace::{StepBatch, batch_ids, read_ids, read_steps, step_batches};
+use fetchahead::store::trace::{
+    StepBatch, batch_ids, known_future, read_ids, read_prompts, read_steps, step_batches,
+};
 use fetchahead::store::{
     ReadPath, RowStore, StoreOptions, cache_bytes_for, cache_rows, replay_row_cache,
+    replay_row_cache_lookahead,
 };
 use serde_json::{Value, json};
 
@@ -218,6 +221,29 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
         ));
     }
     let from = batches.len() / 2;
+    let future = match (&args.docs, steps.as_deref()) {
+        (Some(docs), Some(steps)) => {
+            let prompts = read_prompts(docs)?;
+            let f = known_future(
+                steps,
+                &cut,
+                &prompts,
+                args.ids_per_token,
+                args.lookahead_steps,
+            )?;
+            let f: Vec<Vec<(u32, &[i64])>> = f
+                .iter()
+                .map(|chunks| {
+                    chunks
+                        .iter()
+                        .map(|c| (c.steps_ahead, ids.get(c.ids.clone()).unwrap_or(&[])))
+                        .collect()
+                })
+                .collect();
+            Some(f)
+        }
+        _ => None,
+    };
     let distinct = ids.iter().copied().collect::<HashSet<i64>>().len() as u64;
     let max_id = ids.iter().copied().max().unwrap_or(0) as u64;
     say(format!(
@@ -297,6 +323,33 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
                 m.prefill_steps,
             ));
         }
+        let counted = (batches.len() - from) as f64;
+        let lookahead = match (&future, b.goal) {
+            (Some(f), true) => {
+                let (without, read_without) =
+                    replay_row_cache_lookahead(cache_bytes, dim, &batches, from, None);
+                let (with, read_with) =
+                    replay_row_cache_lookahead(cache_bytes, dim, &batches, from, Some(f));
+                say(format!(
+                    "    look-ahead ({} steps): hit rate {:.3} = {:.3} x Belady, {:.0} rows read a step; without {:.3} = {:.3} x, {:.0} rows read a step",
+                    args.lookahead_steps,
+                    with.rate(),
+                    x(with.rate()),
+                    read_with as f64 / counted,
+                    without.rate(),
+                    x(without.rate()),
+                    read_without as f64 / counted,
+                ));
+                Some(json!({
+                    "steps": args.lookahead_steps,
+                    "hit_rate": with.rate(), "vs_belady": x(with.rate()),
+                    "rows_read_per_step": read_with as f64 / counted,
+                    "without_hit_rate": without.rate(), "without_vs_belady": x(without.rate()),
+                    "without_rows_read_per_step": read_without as f64 / counted,
+                }))
+            }
+            _ => None,
+        };
         let mut policies = serde_json::Map::new();
         for (p, h) in &peers {
             policies.insert(p.name().into(), json!(h.rate()));
@@ -311,6 +364,7 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
             "shipped_vs_belady": x(shipped.rate()),
             "best_peer_hit_rate": best,
             "policies": Value::Object(policies),
+            "lookahead": lookahead,
             "store": measured.as_ref().map(|m| json!({
                 "hit_rate": m.hits.rate(),
                 "vs_belady": x(m.hits.rate()),
