@@ -747,6 +747,9 @@ pub fn replay_row_cache_then<T>(
     (count, out)
 }
 
+/// Per batch, the future references to hand over before it: `(steps_ahead, ids)`.
+pub type FutureRefs<'a> = [Vec<(u32, &'a [i64])>];
+
 /// The store's row cache replayed on `batches` as [`replay_row_cache`], with look-ahead when
 /// `future` is given: before batch `b`, each `(steps_ahead, ids)` of `future[b]` is handed to
 /// the cache as [`RowStore::advise_future`] hands it (the cache then keeps room for future
@@ -757,7 +760,7 @@ pub fn replay_row_cache_lookahead(
     dim: usize,
     batches: &[Vec<i64>],
     counted_from: usize,
-    future: Option<&[Vec<(u32, &[i64])>]>,
+    future: Option<&FutureRefs<'_>>,
 ) -> (belady::HitCount, u64) {
     let row = vec![0u8; dim + dim / MX_BLOCK];
     let cache = RowCache::new(cache_bytes, row.len(), 1, future.is_some());

@@ -42,6 +42,7 @@ fn live(delta: i64) {
 }
 
 /// Allocations this thread has made so far.
+#[allow(dead_code)]
 pub fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
