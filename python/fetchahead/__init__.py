@@ -5,7 +5,8 @@ For PyTorch engines:
 - :func:`gather`, :func:`gather_dequant` (and their ``_out`` forms): the row gather and the
   fused gather + MXFP8 dequant kernels as registered torch ops (``torch.ops.fetchahead.*``),
   on the current stream, on CUDA tensors or pinned host tensors (read zero-copy).
-- :class:`RowStore`: Engram rows read from safetensors shards on NVMe (needs only numpy).
+- :class:`RowStore`: Engram rows read from safetensors shards on NVMe (needs only numpy);
+  :meth:`RowStore.replay_trace` (:mod:`fetchahead.trace`) replays a real lookup trace on it.
 - :class:`Prefetcher` and :class:`FlagLane`: one Engram layer's rows looked up and staged on a
   side stream while the model computes; ``prefetch`` and ``gather_dequant`` are torch ops too,
   so a compiled forward keeps them in its graph and a CUDA graph captures them.
@@ -323,6 +324,14 @@ class RowStore:
     def evict_page_cache(self) -> None:
         """Drops the table's pages from the page cache, so that the next reads hit the disk."""
         self._store.evict_page_cache()
+
+    def replay_trace(self, layer: int, trace: Any, **options: Any) -> dict[str, Any]:
+        """Replays a lookup trace (a ``.u64`` / ``.u64.xz`` file or an id array) on this store
+        step by step, first half warming the cache, and returns the report dict: see
+        :func:`fetchahead.trace.replay_trace` for the options (``steps``, ``belady_rows``...)."""
+        from .trace import replay_trace
+
+        return replay_trace(self, layer, trace, **options)
 
     def __repr__(self) -> str:
         r = self.row_range
