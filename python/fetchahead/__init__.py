@@ -209,7 +209,7 @@ class RowStore:
     takes its ``FETCHAHEAD_*`` environment variable when set (see :func:`env_settings`), else
     the default: ``read_path="auto"`` (chosen by batch size from :meth:`tune`'s figures),
     no DRAM row cache, resident scales, 64 preadv threads, the default io_uring depth, O_DIRECT
-    where the filesystem allows it.
+    where the filesystem allows it, no room for :meth:`advise_future`'s look-ahead.
 
     Lookups release the GIL; one store serves many threads at once.
     """
@@ -226,6 +226,7 @@ class RowStore:
         preadv_threads: Optional[int] = None,
         uring_depth: Optional[int] = None,
         direct_io: Optional[bool] = None,
+        lookahead: Optional[bool] = None,
     ) -> None:
         self.path = os.fspath(path)
         self._store = _native.RowStore(
@@ -238,6 +239,7 @@ class RowStore:
             preadv_threads,
             uring_depth,
             direct_io,
+            lookahead,
         )
 
     @property
@@ -308,6 +310,15 @@ class RowStore:
         once: into the row cache when there is one, else into the page cache."""
         ids_arr = _host_ids(ids)
         self._store.advise(layer, ids_arr.ctypes.data, ids_arr.shape[0])
+
+    def advise_future(self, layer: int, ids: Any, steps_ahead: int = 1) -> int:
+        """Hands the row cache ids that one of the next ``steps_ahead`` lookups of ``layer``
+        asks for (a prompt's later prefill chunks, known when its request arrives): until then
+        each is admitted when read and not evicted; nothing is read now. Needs a store opened
+        with ``lookahead=True`` (which keeps room for them in ``cache_bytes``); returns how many
+        ids were noted (0 without it)."""
+        ids_arr = _host_ids(ids)
+        return self._store.advise_future(layer, ids_arr.ctypes.data, ids_arr.shape[0], steps_ahead)
 
     def stats(self) -> dict[str, Any]:
         """Counters since the store opened: ``hits``, ``misses``, ``reads``, ``bytes``,

@@ -65,3 +65,18 @@ def test_replay_reports_hit_rate_reads_and_belady(table, tmp_path):
     # No cache: nothing hits, every counted id reads.
     plain = fetchahead.trace.replay_trace(fetchahead.RowStore(table), 3, ids, steps=steps)
     assert plain["hit_rate"] == 0.0 and "belady_hit_rate" not in plain
+
+
+def test_advise_future_admits_a_coming_row_over_more_frequent_ones(table):
+    for lookahead in (False, True):
+        store = fetchahead.RowStore(table, cache_bytes=24 << 10, lookahead=lookahead)
+        hot = np.arange(200, dtype=np.int64)
+        for _ in range(5):
+            store.lookup(3, hot)
+        assert store.advise_future(3, [900], steps_ahead=2) == int(lookahead)
+        store.lookup(3, [900])
+        before = store.stats()["hits"]
+        store.lookup(3, [900])
+        assert (store.stats()["hits"] > before) == lookahead
+    with pytest.raises(fetchahead.RowIdError):
+        store.advise_future(3, [ROWS], steps_ahead=1)
