@@ -1958,3 +1958,30 @@ fn read_only_errors_name_the_target() {
         "{msg}"
     );
 }
+
+// Issue 21 item 18 / issue 25 item 5: memory honesty. The row cache's real resident bytes (its
+// rows, their allocation headers and its own index, entries and ghosts) stay within its budget.
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
+
+#[test]
+fn row_cache_resident_bytes_stay_within_the_budget() {
+    use fetchahead::store::replay_row_cache_then;
+    use fetchahead::store::zipf::ZipfRows;
+    // Zipf s = 0.8 over 400k rows: far more distinct rows than the budget holds, so the cache
+    // fills, evicts and remembers ghosts, as under a long replay.
+    let mut z = ZipfRows::new(0..400_000, 1, 0.8, 25).expect("zipf");
+    let batches = z.batches(400, 2048);
+    for budget in [1u64 << 20, 3 << 20, 4 << 20, 11 << 20, 16 << 20] {
+        let before = counting_alloc::live_bytes();
+        let (count, resident) = replay_row_cache_then(budget, DIM, &batches, 200, || {
+            counting_alloc::live_bytes() - before
+        });
+        assert!(count.hits > 0, "the replay hit nothing: {count:?}");
+        assert!(
+            resident <= budget as i64,
+            "budget {budget} B: the cache keeps {resident} B resident ({:.3} x the budget)",
+            resident as f64 / budget as f64
+        );
+    }
+}

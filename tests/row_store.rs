@@ -846,7 +846,8 @@ fn the_row_cache_nears_the_optimum_on_zipf_traces() {
         let trace = z.batches(6000, 72);
         let bytes = cache_bytes_for(10_000, DIM);
         let cap = cache_rows(bytes, DIM);
-        assert_eq!(cap, 10_000);
+        // At least the rows asked for (the budget's allocation rounding may fit a few more).
+        assert!((10_000..10_100).contains(&cap), "{cap}");
         let opt = belady(&trace, cap, 3000);
         let got = replay_row_cache(bytes, DIM, &trace, 3000);
         assert_eq!(got.requests, opt.requests);
@@ -857,5 +858,148 @@ fn the_row_cache_nears_the_optimum_on_zipf_traces() {
             opt.rate()
         );
         assert!(ratio >= floor, "s={s}: {ratio:.3} x Belady");
+    }
+}
+
+// Issue 25: real lookup traces, the policies beside the row cache, and look-ahead.
+
+#[test]
+fn a_trace_reads_the_same_from_u64_and_xz_and_its_steps_cut_it() {
+    use fetchahead::store::trace::{Step, batch_ids, read_ids, read_steps, step_batches};
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<i64> = (0..4800i64).map(|i| (i * 7919) % 100_003).collect();
+    let bytes: Vec<u8> = ids.iter().flat_map(|&i| (i as u64).to_le_bytes()).collect();
+    let raw = dir.path().join("t.u64");
+    std::fs::write(&raw, &bytes).unwrap();
+    let xz = dir.path().join("t.u64.xz");
+    let mut enc = xz2::write::XzEncoder::new(std::fs::File::create(&xz).unwrap(), 6);
+    enc.write_all(&bytes).unwrap();
+    enc.finish().unwrap();
+    assert_eq!(read_ids(&raw).unwrap(), ids);
+    assert_eq!(read_ids(&xz).unwrap(), ids);
+    // A torn file and a corrupt .xz are errors naming the file.
+    let torn = dir.path().join("torn.u64");
+    std::fs::write(&torn, &bytes[..bytes.len() - 3]).unwrap();
+    let err = read_ids(&torn).unwrap_err().to_string();
+    assert!(
+        err.contains("torn.u64") && err.contains("whole number"),
+        "{err}"
+    );
+    let bad = dir.path().join("bad.u64.xz");
+    std::fs::write(&bad, &bytes[..64]).unwrap();
+    let err = read_ids(&bad).unwrap_err().to_string();
+    assert!(err.contains("bad.u64.xz"), "{err}");
+    // Steps: (decode, prefill) token pairs, 16 ids a token.
+    let steps = [(0u32, 200u32), (16, 0), (4, 80)];
+    let sbytes: Vec<u8> = steps
+        .iter()
+        .flat_map(|&(d, p)| [d.to_le_bytes(), p.to_le_bytes()].concat())
+        .collect();
+    let sf = dir.path().join("t.steps.u32");
+    std::fs::write(&sf, &sbytes).unwrap();
+    let read = read_steps(&sf).unwrap();
+    assert_eq!(
+        read[1],
+        Step {
+            decode: 16,
+            prefill: 0
+        }
+    );
+    let cut = step_batches(ids.len(), Some(&read), 16, 2048).unwrap();
+    let batches = batch_ids(&ids, &cut);
+    assert_eq!(
+        batches.iter().map(Vec::len).collect::<Vec<_>>(),
+        [3200, 256, 1344]
+    );
+    assert_eq!(
+        cut.iter().map(|b| b.prefill).collect::<Vec<_>>(),
+        [true, false, true]
+    );
+    assert_eq!(batches[1][0], ids[3200]);
+    // Steps that do not account for the trace are refused.
+    assert!(step_batches(ids.len() + 16, Some(&read), 16, 2048).is_err());
+}
+
+#[test]
+fn advise_future_admits_a_coming_row_over_more_frequent_ones_until_its_lookup() {
+    use fetchahead::store::cache_bytes_for;
+    let dir = tempfile::tempdir().unwrap();
+    make(dir.path(), 4000, &[1], 1, 3);
+    let options = |lookahead| StoreOptions {
+        cache_bytes: cache_bytes_for(64, DIM),
+        lookahead,
+        ..Default::default()
+    };
+    for lookahead in [false, true] {
+        let store = open(dir.path(), options(lookahead));
+        // 200 rows asked five times each: the cache fills with rows of count 5.
+        let hot: Vec<i64> = (0..200).collect();
+        for _ in 0..5 {
+            let (mut w, mut s) = outputs(&store, hot.len());
+            store.lookup(1, &hot, &mut w, &mut s).unwrap();
+        }
+        let noted = store.advise_future(1, &[3000], 2).unwrap();
+        assert_eq!(noted, usize::from(lookahead), "lookahead {lookahead}");
+        let (mut w, mut s) = outputs(&store, 1);
+        store.lookup(1, &[3000], &mut w, &mut s).unwrap();
+        let before = store.stats().hits;
+        store.lookup(1, &[3000], &mut w, &mut s).unwrap();
+        let hit = store.stats().hits > before;
+        // Asked once, row 3000 is not admitted over rows asked five times, unless a coming
+        // lookup was said to want it.
+        assert_eq!(hit, lookahead, "lookahead {lookahead}");
+    }
+    // A mark that has expired (its lookups passed) no longer admits.
+    let store = open(dir.path(), options(true));
+    let hot: Vec<i64> = (0..200).collect();
+    for _ in 0..5 {
+        let (mut w, mut s) = outputs(&store, hot.len());
+        store.lookup(1, &hot, &mut w, &mut s).unwrap();
+    }
+    assert_eq!(store.advise_future(1, &[3001], 1).unwrap(), 1);
+    let (mut w, mut s) = outputs(&store, 1);
+    store.lookup(1, &[7], &mut w, &mut s).unwrap();
+    store.lookup(1, &[3001], &mut w, &mut s).unwrap();
+    let before = store.stats().hits;
+    store.lookup(1, &[3001], &mut w, &mut s).unwrap();
+    assert_eq!(store.stats().hits, before, "an expired mark still admitted");
+    // Bad ids and layers fail; no cache notes nothing.
+    assert!(store.advise_future(1, &[4000], 1).is_err());
+    assert!(store.advise_future(9, &[1], 1).is_err());
+    let plain = open(dir.path(), StoreOptions::default());
+    assert_eq!(plain.advise_future(1, &[1, 2], 1).unwrap(), 0);
+}
+
+#[test]
+fn the_row_cache_keeps_up_with_lru_arc_w_tinylfu_and_exact_lfu_on_zipf() {
+    use fetchahead::store::belady::belady;
+    use fetchahead::store::policies::Policy;
+    use fetchahead::store::zipf::ZipfRows;
+    use fetchahead::store::{cache_bytes_for, cache_rows, replay_row_cache};
+    // Independent draws, where frequency is all there is to learn. (On traces with strong
+    // document bursts, LRU and ARC beat it: the cache has no recency window; issue 25's notes.)
+    for s in [0.8, 1.0] {
+        let trace = ZipfRows::new(0..300_000, 1, s, 9)
+            .unwrap()
+            .batches(3000, 256);
+        let from = trace.len() / 2;
+        for rows in [3_000u64, 15_000] {
+            let bytes = cache_bytes_for(rows, DIM);
+            let cap = cache_rows(bytes, DIM);
+            let opt = belady(&trace, cap, from).rate();
+            let shipped = replay_row_cache(bytes, DIM, &trace, from).rate();
+            let peers: Vec<(Policy, f64)> = Policy::ALL
+                .iter()
+                .map(|&p| (p, p.replay(&trace, cap, from).rate()))
+                .collect();
+            let best = peers.iter().map(|p| p.1).fold(0.0, f64::max);
+            eprintln!("s={s} {cap} rows: shipped {shipped:.3}, Belady {opt:.3}, {peers:?}");
+            assert!(peers.iter().all(|p| p.1 <= opt + 1e-12));
+            assert!(
+                shipped >= 0.97 * best,
+                "s={s} {cap} rows: {shipped:.3} vs {peers:?}"
+            );
+        }
     }
 }

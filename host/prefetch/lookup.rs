@@ -19,6 +19,14 @@ pub trait RowLookup: Send + Sync {
     /// `scales_out[i * dim / 32..]` (E8M0). `weights_out` is `ids.len() * dim` bytes and
     /// `scales_out` `ids.len() * dim / 32` bytes.
     fn lookup(&self, ids: &[i64], weights_out: &mut [u8], scales_out: &mut [u8]) -> Result<()>;
+
+    /// Hands over ids that one of the next `steps_ahead` lookups asks for (a prompt's later
+    /// prefill chunks), so that a cache can keep them; returns how many were noted. A lookup
+    /// without a cache notes none.
+    fn advise_future(&self, ids: &[i64], steps_ahead: u32) -> Result<usize> {
+        let _ = (ids, steps_ahead);
+        Ok(0)
+    }
 }
 
 /// Runs `store.lookup`, turning a panic into an error; on any error the output rows are all

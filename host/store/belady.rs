@@ -91,8 +91,19 @@ pub fn belady(batches: &[Vec<i64>], capacity: usize, counted_from: usize) -> Hit
 pub fn replay(
     batches: &[Vec<i64>],
     counted_from: usize,
+    contains: impl FnMut(i64) -> bool,
+    insert: impl FnMut(i64),
+) -> HitCount {
+    replay_batches(batches, counted_from, contains, insert, |_| {})
+}
+
+/// [`replay`], telling `batch_done` how many ids each batch asked once its misses are in.
+pub fn replay_batches(
+    batches: &[Vec<i64>],
+    counted_from: usize,
     mut contains: impl FnMut(i64) -> bool,
     mut insert: impl FnMut(i64),
+    mut batch_done: impl FnMut(usize),
 ) -> HitCount {
     let mut count = HitCount::default();
     let mut missed = Vec::new();
@@ -111,6 +122,7 @@ pub fn replay(
         for &id in &missed {
             insert(id);
         }
+        batch_done(batch.len());
         if b >= counted_from {
             count.hits += hits;
             count.requests += batch.len() as u64;

@@ -1,63 +1,290 @@
-//! The DRAM row cache: hot rows (weights and scales together) under a byte budget.
-//! quick_cache (CLOCK-Pro, sharded locks) rather than a hand-written map: `benches/row_store.rs`
-//! measures its 72-row hit path against a plain locked HashMap, and `bench-io --zipf` its hit
-//! rate against Belady's optimum on Zipf traces. `examples/cache_policies` replays the other
-//! candidates (TinyLFU admission in front of it, more ghosts, moka, a sampled LFU, a learned pinned
-//! head): none was better at every Zipf exponent and budget within the same memory
-//! (docs/benchmarks-log.md, issue 16).
-use std::sync::Arc;
+//! The DRAM row cache: hot rows (weights and scales together) under a byte budget that counts
+//! everything it allocates: the rows, their keys, its index and its frequency sketch.
+//!
+//! Policy: a sampled LFU behind TinyLFU admission (Einziger, Friedman and Manes, 2017). A
+//! count-min sketch counts every id a lookup asks for (duplicates within a batch too, since the
+//! hit rate weights them); a missed row is admitted while there is room, and once full only if
+//! the sketch says it is asked for more often than the least frequent of `SAMPLE` rows drawn at
+//! random, which it replaces. On real lookup traces and Zipf laws this is as good as exact LFU
+//! (a count per row ever seen) within a memory that holds rows: `bench-io --trace` and
+//! `examples/cache_policies` measure it beside LRU, ARC, W-TinyLFU and exact LFU.
+//!
+//! Layout: `SHARDS` shards by key hash, each a mutex over one allocation of `capacity` rows, the
+//! rows' keys and an open-addressing index (linear probing, load at most one half), all sized
+//! once when the cache is made; nothing is allocated after that, a hit or an insert included.
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use quick_cache::Weighter;
-use quick_cache::sync::Cache;
+use super::sketch::FrequencySketch;
 
-/// Bytes a cached row costs beyond its own: the Arc header and the cache's entry.
-const ENTRY_OVERHEAD: u64 = 48;
+/// Shards (by key hash) a large cache is split into, each under its own lock.
+const SHARDS: usize = 16;
+/// Rows a shard should hold at least before the cache uses more than one.
+const MIN_SHARD_ROWS: usize = 1024;
+/// Resident rows sampled for the eviction victim.
+const SAMPLE: usize = 8;
+/// Sketch counters (bytes) per cached row: fewer forget the head of a flat law (s = 0.8).
+const SKETCH_COUNTERS: usize = 32;
+/// Requests between halvings of the sketch, in cached rows.
+const SKETCH_SAMPLE: u64 = 100;
+/// glibc serves allocations from this size on with their own mappings, whole pages each.
+const MMAP_THRESHOLD: u64 = 128 << 10;
+const PAGE: u64 = 4096;
 
-/// The cache's share for rows seen more than once (quick_cache's `hot_allocation`).
-const HOT_SHARE: f64 = 0.99;
-/// Keys remembered after eviction, as a share of the resident rows (`ghost_allocation`).
-const GHOST_SHARE: f64 = 1.0;
-
-#[derive(Clone)]
-struct RowWeight;
-
-impl Weighter<u64, Arc<[u8]>> for RowWeight {
-    fn weight(&self, _key: &u64, row: &Arc<[u8]>) -> u64 {
-        row.len() as u64 + ENTRY_OVERHEAD
+/// What an allocation of `bytes` really holds: its header and rounding (a page for a mapping).
+fn allocated(bytes: u64) -> u64 {
+    if bytes >= MMAP_THRESHOLD {
+        bytes.next_multiple_of(PAGE) + PAGE
+    } else {
+        bytes.next_multiple_of(16) + 16
     }
 }
 
-/// What one cached row of `row_bytes` costs the budget.
-pub(crate) fn entry_bytes(row_bytes: usize) -> u64 {
-    row_bytes as u64 + ENTRY_OVERHEAD
+/// Buckets a future reference is looked for from its home (the marks table is never full:
+/// a mark that finds no free bucket within this many is dropped).
+const MARK_PROBES: usize = 16;
+/// An empty index bucket.
+const EMPTY: u32 = u32::MAX;
+
+/// splitmix64's finalizer: row ids are dense, their index positions must not be.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
-/// Rows of `row_bytes` a budget holds.
-pub(crate) fn rows_in(budget_bytes: u64, row_bytes: usize) -> usize {
-    (budget_bytes / (row_bytes as u64 + ENTRY_OVERHEAD)) as usize
+/// How a cache of `rows` rows is laid out: shards, rows a shard, index buckets a shard, sketch
+/// counters.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    shards: usize,
+    shard_rows: usize,
+    buckets: usize,
+    counters: usize,
+    /// Future-reference buckets a shard (0: no look-ahead).
+    marks: usize,
+}
+
+impl Plan {
+    fn for_rows(rows: usize, lookahead: bool) -> Plan {
+        let shards = (rows / MIN_SHARD_ROWS).clamp(1, SHARDS).next_power_of_two();
+        let shards = if shards > SHARDS { SHARDS } else { shards };
+        let shard_rows = rows / shards;
+        Plan {
+            shards,
+            shard_rows,
+            buckets: (shard_rows * 2).next_power_of_two().max(2),
+            counters: FrequencySketch::bytes_for(rows.max(1) * SKETCH_COUNTERS),
+            marks: if lookahead {
+                shard_rows.next_power_of_two()
+            } else {
+                0
+            },
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.shards * self.shard_rows
+    }
+
+    /// Every byte the cache allocates for rows of `row_bytes`, as the allocator holds it.
+    fn bytes(&self, row_bytes: usize) -> u64 {
+        let shard = allocated((self.shard_rows * row_bytes) as u64)
+            + allocated((self.shard_rows * 8) as u64)
+            + allocated((self.buckets * 4) as u64)
+            + if self.marks > 0 {
+                allocated((self.marks * std::mem::size_of::<Mark>()) as u64)
+            } else {
+                0
+            };
+        let shards = allocated((self.shards * std::mem::size_of::<Mutex<Shard>>()) as u64);
+        // The sketch's blocks are 64-byte aligned: up to 64 more for the alignment.
+        self.shards as u64 * shard + shards + allocated(self.counters as u64 + 64)
+    }
+}
+
+/// What a cache of `rows` rows of `row_bytes` costs the budget.
+pub(crate) fn bytes_for_rows(rows: usize, row_bytes: usize, lookahead: bool) -> u64 {
+    Plan::for_rows(rows, lookahead).bytes(row_bytes)
+}
+
+/// Rows of `row_bytes` a budget holds, everything the cache allocates counted.
+pub(crate) fn rows_in(budget_bytes: u64, row_bytes: usize, lookahead: bool) -> usize {
+    // The footprint grows with the rows (in steps where the index or sketch doubles): the
+    // largest row count that fits, by bisection.
+    let (mut lo, mut hi) = (
+        0usize,
+        (budget_bytes / row_bytes.max(1) as u64) as usize + 1,
+    );
+    while lo + 1 < hi {
+        let mid = lo + (hi - lo) / 2;
+        if Plan::for_rows(mid, lookahead).bytes(row_bytes) <= budget_bytes {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Plan::for_rows(lo, lookahead).rows()
+}
+
+/// A row the caller said a coming lookup asks for: held (and admitted) until lookup `until`
+/// of its layer; 0 is a free bucket.
+#[derive(Clone, Copy, Default)]
+struct Mark {
+    key: u64,
+    until: u64,
+}
+
+struct Shard {
+    /// `len` rows of `row_bytes`, slot after slot (room for `capacity`).
+    rows: Box<[u8]>,
+    keys: Box<[u64]>,
+    /// Slot of each key, by linear probing from the key's hash; `EMPTY` where none.
+    index: Box<[u32]>,
+    len: usize,
+    capacity: usize,
+    /// xorshift state for sampling victims.
+    rng: u64,
+    /// Future references (`advise_future`), by probing from the key's hash.
+    marks: Box<[Mark]>,
+}
+
+impl Shard {
+    fn new(capacity: usize, buckets: usize, marks: usize, row_bytes: usize, seed: u64) -> Shard {
+        Shard {
+            rows: vec![0u8; capacity * row_bytes].into_boxed_slice(),
+            keys: vec![0u64; capacity].into_boxed_slice(),
+            index: vec![EMPTY; buckets].into_boxed_slice(),
+            len: 0,
+            capacity,
+            rng: seed | 1,
+            marks: vec![Mark::default(); marks].into_boxed_slice(),
+        }
+    }
+
+    /// Whether a coming lookup (by lookup `now` of the key's layer) asks for `key`.
+    fn marked(&self, key: u64, now: u64) -> bool {
+        if self.marks.is_empty() {
+            return false;
+        }
+        let mask = self.marks.len() - 1;
+        let home = (mix(key) >> 8) as usize;
+        (0..MARK_PROBES.min(self.marks.len()))
+            .map(|i| self.marks[(home + i) & mask])
+            .any(|m| m.key == key && m.until >= now)
+    }
+
+    /// Notes that `key` is asked for up to lookup `until`; false when there was no room.
+    fn mark(&mut self, key: u64, until: u64, now: u64) -> bool {
+        if self.marks.is_empty() {
+            return false;
+        }
+        let mask = self.marks.len() - 1;
+        let home = (mix(key) >> 8) as usize;
+        let mut free = None;
+        for i in 0..MARK_PROBES.min(self.marks.len()) {
+            let b = (home + i) & mask;
+            let m = &mut self.marks[b];
+            if m.key == key && m.until >= now {
+                m.until = m.until.max(until);
+                return true;
+            }
+            if m.until < now && free.is_none() {
+                free = Some(b);
+            }
+        }
+        let Some(b) = free else {
+            return false;
+        };
+        self.marks[b] = Mark { key, until };
+        true
+    }
+
+    fn home(&self, key: u64) -> usize {
+        (mix(key) >> 20) as usize & (self.index.len() - 1)
+    }
+
+    /// The bucket holding `key`, or the empty one where it would go.
+    fn find(&self, key: u64) -> (usize, bool) {
+        let mask = self.index.len() - 1;
+        let mut b = self.home(key);
+        loop {
+            match self.index[b] {
+                EMPTY => return (b, false),
+                s if self.keys[s as usize] == key => return (b, true),
+                _ => b = (b + 1) & mask,
+            }
+        }
+    }
+
+    fn slot(&self, key: u64) -> Option<usize> {
+        match self.find(key) {
+            (b, true) => Some(self.index[b] as usize),
+            _ => None,
+        }
+    }
+
+    /// Empties bucket `b`, shifting later entries of its run back (no tombstones).
+    fn remove_bucket(&mut self, mut b: usize) {
+        let mask = self.index.len() - 1;
+        let mut next = (b + 1) & mask;
+        while self.index[next] != EMPTY {
+            let home = self.home(self.keys[self.index[next] as usize]);
+            // Move `next` into `b` if its home is not in (b, next] (cyclically).
+            if (next.wrapping_sub(home) & mask) >= (next.wrapping_sub(b) & mask) {
+                self.index[b] = self.index[next];
+                b = next;
+            }
+            next = (next + 1) & mask;
+        }
+        self.index[b] = EMPTY;
+    }
+
+    fn random_slot(&mut self) -> usize {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        (self.rng % self.len as u64) as usize
+    }
 }
 
 pub(crate) struct RowCache {
-    rows: Cache<u64, Arc<[u8]>, RowWeight>,
+    shards: Box<[Mutex<Shard>]>,
+    sketch: FrequencySketch,
+    /// Lookups of each layer so far: the clock of future references.
+    lookups: Box<[AtomicU64]>,
+    row_bytes: usize,
+    rows: usize,
+    budget_bytes: u64,
 }
 
 impl RowCache {
-    pub fn new(budget_bytes: u64, row_bytes: usize) -> Self {
-        let items = rows_in(budget_bytes, row_bytes).max(1);
-        // Zipf lookups reward frequency over recency: a larger hot share and a full-size ghost
-        // list (rows seen once, re-admitted as hot when seen again) gained 1-2 points of hit rate
-        // over quick_cache's defaults (0.97, 0.5) at s = 0.8 (BENCHMARKS.md, issue 16).
-        let options = quick_cache::OptionsBuilder::new()
-            .estimated_items_capacity(items)
-            .weight_capacity(budget_bytes)
-            .hot_allocation(HOT_SHARE)
-            .ghost_allocation(GHOST_SHARE)
-            .build();
-        let rows = match options {
-            Ok(o) => Cache::with_options(o, RowWeight, Default::default(), Default::default()),
-            Err(_) => Cache::with_weighter(items, budget_bytes, RowWeight),
-        };
-        RowCache { rows }
+    /// `layers`: layers the store serves; `lookahead`: room for future references (charged).
+    pub fn new(budget_bytes: u64, row_bytes: usize, layers: usize, lookahead: bool) -> Self {
+        let rows = rows_in(budget_bytes, row_bytes, lookahead);
+        let plan = Plan::for_rows(rows, lookahead);
+        let shards = (0..plan.shards)
+            .map(|i| {
+                Mutex::new(Shard::new(
+                    plan.shard_rows,
+                    plan.buckets,
+                    plan.marks,
+                    row_bytes,
+                    mix(i as u64 + 1),
+                ))
+            })
+            .collect();
+        RowCache {
+            shards,
+            sketch: FrequencySketch::new(
+                rows.max(1) * SKETCH_COUNTERS,
+                rows.max(1) as u64 * SKETCH_SAMPLE,
+            ),
+            lookups: (0..layers.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            row_bytes,
+            rows: plan.rows(),
+            budget_bytes: plan.bytes(row_bytes),
+        }
     }
 
     /// Rows are below 2^48 (safetensors files of 2^48 rows do not exist); layers get the top bits.
@@ -65,24 +292,185 @@ impl RowCache {
         ((layer_index as u64) << 48) | (row & ((1 << 48) - 1))
     }
 
-    /// The row's weights followed by its scales.
-    pub fn get(&self, layer_index: usize, row: u64) -> Option<Arc<[u8]>> {
-        self.rows.get(&Self::key(layer_index, row))
+    fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, Shard> {
+        let i = mix(key) as usize & (self.shards.len() - 1);
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// When the row is cached, copies its weights into `weights` and its
+    /// scales into `scales` (whose lengths add up to the row's bytes); false when not cached.
+    /// `record`: count the request (a lookup's); an advise's look does not.
+    pub fn get(
+        &self,
+        layer_index: usize,
+        row: u64,
+        weights: &mut [u8],
+        scales: &mut [u8],
+        record: bool,
+    ) -> bool {
+        let key = Self::key(layer_index, row);
+        if record {
+            self.sketch.record(key);
+        }
+        if self.rows == 0 {
+            return false;
+        }
+        let shard = self.shard(key);
+        let Some(slot) = shard.slot(key) else {
+            return false;
+        };
+        let at = slot * self.row_bytes;
+        let Some(src) = shard.rows.get(at..at + self.row_bytes) else {
+            return false;
+        };
+        let (w, s) = src.split_at(weights.len().min(src.len()));
+        weights.copy_from_slice(w);
+        if let Some(s) = s.get(..scales.len()) {
+            scales.copy_from_slice(s);
+        }
+        true
+    }
+
+    /// Notes that a lookup of layer `layer_index` asked for `n` ids (the sketch ages by
+    /// requests; future references expire by lookups).
+    pub fn asked(&self, layer_index: usize, n: usize) {
+        self.sketch.advance(n as u64);
+        if let Some(c) = self.lookups.get(layer_index) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn now(&self, layer_index: usize) -> u64 {
+        self.lookups
+            .get(layer_index)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    /// Notes that one of the next `steps_ahead` lookups of the layer asks for `row`: until then
+    /// it is admitted when read and not evicted. False when the cache has no room for it (or
+    /// no look-ahead).
+    pub fn mark(&self, layer_index: usize, row: u64, steps_ahead: u32) -> bool {
+        let key = Self::key(layer_index, row);
+        let now = self.now(layer_index);
+        let until = now + u64::from(steps_ahead.max(1));
+        self.shard(key).mark(key, until, now + 1)
+    }
+
+    /// Offers a row read from disk: admitted while there is room, else only in place of a less
+    /// frequently asked row.
     pub fn insert(&self, layer_index: usize, row: u64, weights: &[u8], scales: &[u8]) {
-        let mut bytes = Vec::with_capacity(weights.len() + scales.len());
-        bytes.extend_from_slice(weights);
-        bytes.extend_from_slice(scales);
-        self.rows
-            .insert(Self::key(layer_index, row), Arc::from(bytes));
+        if weights.len() + scales.len() != self.row_bytes || self.rows == 0 {
+            return;
+        }
+        let key = Self::key(layer_index, row);
+        let mut shard = self.shard(key);
+        if shard.find(key).1 || shard.capacity == 0 {
+            return;
+        }
+        let now = self.now(layer_index);
+        let wanted = shard.marked(key, now);
+        let slot = if shard.len < shard.capacity {
+            shard.len += 1;
+            shard.len - 1
+        } else {
+            // The least frequent of the sampled rows that no coming lookup is known to ask for.
+            let mut victim = None;
+            for _ in 0..SAMPLE {
+                let s = shard.random_slot();
+                let k = shard.keys[s];
+                if shard.marked(k, now) {
+                    continue;
+                }
+                let f = self.sketch.estimate(k);
+                if victim.is_none_or(|(_, least)| f < least) {
+                    victim = Some((s, f));
+                }
+            }
+            let Some((victim, least)) = victim else {
+                return;
+            };
+            // A row a coming lookup asks for is admitted whatever its count.
+            if !wanted && self.sketch.estimate(key) <= least {
+                return;
+            }
+            let (vb, _) = shard.find(shard.keys[victim]);
+            shard.remove_bucket(vb);
+            victim
+        };
+        // After any removal (which shifts runs), where the key goes now.
+        let (bucket, _) = shard.find(key);
+        shard.index[bucket] = slot as u32;
+        shard.keys[slot] = key;
+        let at = slot * self.row_bytes;
+        let (w, s) = shard.rows[at..at + self.row_bytes].split_at_mut(weights.len());
+        w.copy_from_slice(weights);
+        s.copy_from_slice(scales);
     }
 
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len)
+            .sum()
     }
 
+    /// Bytes the cache allocated (all of its budget it uses, rows or not).
     pub fn weight(&self) -> u64 {
-        self.rows.weight()
+        self.budget_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_charge_covers_every_allocation_and_fits_the_budget() {
+        for budget in [0u64, 100, 1 << 16, 3 << 20, 100 << 20] {
+            let rows = rows_in(budget, 264, false);
+            let bytes = bytes_for_rows(rows, 264, false);
+            assert!(
+                bytes <= budget || rows == 0,
+                "{budget}: {rows} rows, {bytes} B"
+            );
+            // The bookkeeping (key, index, sketch) is at most 0.3 of a large budget.
+            assert!(budget < (1 << 20) || rows as f64 * 264.0 >= 0.7 * budget as f64);
+        }
+    }
+
+    #[test]
+    fn rows_come_back_and_the_rare_row_is_not_admitted_over_the_frequent() {
+        let c = RowCache::new(bytes_for_rows(64, 9, false), 9, 1, false);
+        assert_eq!(c.rows, 64);
+        let (mut w, mut s) = ([0u8; 8], [0u8; 1]);
+        for r in 0..64u64 {
+            for _ in 0..3 {
+                c.get(0, r, &mut w, &mut s, true);
+            }
+            c.insert(0, r, &[r as u8; 8], &[!(r as u8)]);
+        }
+        assert_eq!(c.len(), 64);
+        for r in 0..64u64 {
+            assert!(c.get(0, r, &mut w, &mut s, true), "row {r}");
+            assert_eq!((w, s), ([r as u8; 8], [!(r as u8)]));
+        }
+        // A row asked once does not displace rows asked four times; one asked more does.
+        c.get(0, 1000, &mut w, &mut s, true);
+        c.insert(0, 1000, &[7; 8], &[7]);
+        assert!(!c.get(0, 1000, &mut w, &mut s, true));
+        for _ in 0..10 {
+            c.get(0, 2000, &mut w, &mut s, true);
+        }
+        c.insert(0, 2000, &[9; 8], &[9]);
+        assert!(c.get(0, 2000, &mut w, &mut s, true));
+        assert_eq!((w, s), ([9; 8], [9]));
+        assert_eq!(c.len(), 64);
+        // Every resident row is still found (the index survived the removal).
+        let found = (0..64u64)
+            .filter(|&r| c.get(0, r, &mut w, &mut s, true))
+            .count();
+        assert_eq!(found, 63);
+        // Layers are apart.
+        assert!(!c.get(1, 5, &mut w, &mut s, true));
     }
 }

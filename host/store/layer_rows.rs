@@ -65,6 +65,10 @@ impl RowLookup for LayerRows {
         self.store.dim()
     }
 
+    fn advise_future(&self, ids: &[i64], steps_ahead: u32) -> Result<usize> {
+        self.store.advise_future(self.layer, ids, steps_ahead)
+    }
+
     fn lookup(&self, ids: &[i64], weights_out: &mut [u8], scales_out: &mut [u8]) -> Result<()> {
         self.store.lookup(self.layer, ids, weights_out, scales_out)
     }

@@ -8,6 +8,8 @@
 //! - [`belady`], [`zipf`]: the optimum the row cache is measured against, and the workload.
 //! - [`sketch`]: a TinyLFU frequency sketch, which the policy replay (`examples/cache_policies`)
 //!   tried as the row cache's admission (the cache does not use it).
+//! - [`trace`]: real lookup traces (`.u64`, `.u64.xz`) and their scheduler steps, as batches;
+//!   [`policies`]: LRU, ARC, W-TinyLFU and exact LFU replayed on them, the row cache's peers.
 //! - [`LayerRows`]: one layer of a store as a [`RowLookup`](crate::prefetch::lookup::RowLookup).
 //!
 //! The guide below (this folder's `README.md`) shows it in use.
@@ -41,9 +43,11 @@ pub mod make;
 pub mod measure;
 mod mmap;
 mod plan;
+pub mod policies;
 mod preadv;
 mod prefetch;
 pub mod sketch;
+pub mod trace;
 pub mod tune;
 mod uring;
 pub mod zipf;
@@ -158,6 +162,10 @@ pub struct StoreOptions {
     pub uring_rings: usize,
     /// Use O_DIRECT where the filesystem allows it.
     pub direct_io: bool,
+    /// Keep room in the row cache (charged to `cache_bytes`: 16 bytes a row or less) for the
+    /// future references [`RowStore::advise_future`] hands it; without it, `advise_future`
+    /// marks nothing.
+    pub lookahead: bool,
 }
 
 impl Default for StoreOptions {
@@ -172,6 +180,7 @@ impl Default for StoreOptions {
             uring_depth: QUEUE_DEPTH,
             uring_rings: 1,
             direct_io: true,
+            lookahead: false,
         }
     }
 }
@@ -611,8 +620,19 @@ impl RowStore {
             scales.push(Some(bytes));
         }
         let tuning = Tuning::load(&tune::tune_file(path))?.unwrap_or_default();
-        let cache = (options.cache_bytes > 0)
-            .then(|| RowCache::new(options.cache_bytes, layout.dim + sdim));
+        if options.cache_bytes > 0 {
+            // The cache sizes its index from the budget up front: a budget past the memory there
+            // is would fail that allocation (an abort), not just never fill.
+            crate::memory::check_fits(options.cache_bytes, "the DRAM row cache's budget")?;
+        }
+        let cache = (options.cache_bytes > 0).then(|| {
+            RowCache::new(
+                options.cache_bytes,
+                layout.dim + sdim,
+                layout.layers.len(),
+                options.lookahead,
+            )
+        });
         let inner = Arc::new(Inner {
             layer_ids: layout.layers.iter().map(|l| l.layer).collect(),
             layout,
@@ -690,6 +710,27 @@ impl RowStore {
     /// The table's path (a directory or one file), made absolute when the store opened.
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// Hands the row cache rows a coming lookup of `layer` asks for: one of the next
+    /// `steps_ahead` lookups of the layer (1: the next). Until then each is admitted when read,
+    /// whatever its count, and no eviction takes it; nothing is read now (see [`advise`] for
+    /// that). An engine knows a prompt when its request arrives, so the ids of its later
+    /// prefill chunks can be handed over while the earlier chunks run. Returns how many ids were
+    /// noted: 0 without a cache or [`StoreOptions::lookahead`]; fewer when the room for future
+    /// references (a slot a cached row) is full. Bad ids fail here.
+    ///
+    /// [`advise`]: RowStore::advise
+    pub fn advise_future(&self, layer: u32, ids: &[i64], steps_ahead: u32) -> Result<usize> {
+        let li = self.inner.layer_index(layer)?;
+        self.inner.check_range(ids)?;
+        let Some(cache) = &self.inner.cache else {
+            return Ok(0);
+        };
+        Ok(ids
+            .iter()
+            .filter(|&&id| cache.mark(li, id as u64, steps_ahead))
+            .count())
     }
 
     /// Bytes of one row's weights (FP8 elements); its scales are `dim() / 32` bytes.
@@ -814,25 +855,102 @@ pub fn replay_row_cache(
     batches: &[Vec<i64>],
     counted_from: usize,
 ) -> belady::HitCount {
+    replay_row_cache_then(cache_bytes, dim, batches, counted_from, || ()).0
+}
+
+/// [`replay_row_cache`], then `then` called while the cache still holds its rows: for tests that
+/// measure what the cache really keeps resident (rows and bookkeeping) against its budget.
+#[doc(hidden)]
+pub fn replay_row_cache_then<T>(
+    cache_bytes: u64,
+    dim: usize,
+    batches: &[Vec<i64>],
+    counted_from: usize,
+    then: impl FnOnce() -> T,
+) -> (belady::HitCount, T) {
     let row = vec![0u8; dim + dim / MX_BLOCK];
-    let cache = RowCache::new(cache_bytes, row.len());
+    let cache = RowCache::new(cache_bytes, row.len(), 1, false);
     let (w, s) = row.split_at(dim);
-    belady::replay(
+    let out = std::cell::RefCell::new(row.clone());
+    let count = belady::replay_batches(
         batches,
         counted_from,
-        |id| cache.get(0, id as u64).is_some(),
+        |id| {
+            let mut o = out.borrow_mut();
+            let (ow, os) = o.split_at_mut(dim);
+            cache.get(0, id as u64, ow, os, true)
+        },
         |id| cache.insert(0, id as u64, w, s),
-    )
+        |n| cache.asked(0, n),
+    );
+    let out = then();
+    drop(cache);
+    (count, out)
+}
+
+/// Per batch, the future references to hand over before it: `(steps_ahead, ids)`.
+pub type FutureRefs<'a> = [Vec<(u32, &'a [i64])>];
+
+/// The store's row cache replayed on `batches` as [`replay_row_cache`], with look-ahead when
+/// `future` is given: before batch `b`, each `(steps_ahead, ids)` of `future[b]` is handed to
+/// the cache as [`RowStore::advise_future`] hands it (the cache then keeps room for future
+/// references within the same budget). Returns the hit count and the distinct rows read
+/// (missed) over the counted batches.
+pub fn replay_row_cache_lookahead(
+    cache_bytes: u64,
+    dim: usize,
+    batches: &[Vec<i64>],
+    counted_from: usize,
+    future: Option<&FutureRefs<'_>>,
+) -> (belady::HitCount, u64) {
+    let row = vec![0u8; dim + dim / MX_BLOCK];
+    let cache = RowCache::new(cache_bytes, row.len(), 1, future.is_some());
+    let (w, s) = row.split_at(dim);
+    let mut out = row.clone();
+    let mut count = belady::HitCount::default();
+    let mut read = 0u64;
+    let mut missed = Vec::new();
+    for (b, batch) in batches.iter().enumerate() {
+        if let Some(ahead) = future.and_then(|f| f.get(b)) {
+            for (steps, ids) in ahead {
+                for &id in *ids {
+                    cache.mark(0, id as u64, *steps);
+                }
+            }
+        }
+        missed.clear();
+        let mut hits = 0;
+        for &id in batch {
+            let (ow, os) = out.split_at_mut(dim);
+            if cache.get(0, id as u64, ow, os, true) {
+                hits += 1;
+            } else {
+                missed.push(id);
+            }
+        }
+        cache.asked(0, batch.len());
+        missed.sort_unstable();
+        missed.dedup();
+        for &id in &missed {
+            cache.insert(0, id as u64, w, s);
+        }
+        if b >= counted_from {
+            count.hits += hits;
+            count.requests += batch.len() as u64;
+            read += missed.len() as u64;
+        }
+    }
+    (count, read)
 }
 
 /// Rows a row cache of `cache_bytes` holds for rows of `dim` weights.
 pub fn cache_rows(cache_bytes: u64, dim: usize) -> usize {
-    cache::rows_in(cache_bytes, dim + dim / MX_BLOCK)
+    cache::rows_in(cache_bytes, dim + dim / MX_BLOCK, false)
 }
 
 /// The budget a row cache needs to hold `rows` rows of `dim` weights.
 pub fn cache_bytes_for(rows: u64, dim: usize) -> u64 {
-    rows * cache::entry_bytes(dim + dim / MX_BLOCK)
+    cache::bytes_for_rows(rows as usize, dim + dim / MX_BLOCK, false)
 }
 
 /// Says once per process that the shards are open without O_NOATIME, and only when that is a
@@ -1174,15 +1292,25 @@ impl Inner {
             }
         }
         let mut hits = 0u64;
+        let record = caller == Caller::User;
         for (pos, &id) in ids.iter().enumerate() {
-            if let Some(row) = self.cache.as_ref().and_then(|c| c.get(li, id as u64)) {
-                let (w, s) = row.split_at(dim.min(row.len()));
-                weights_out[pos * dim..(pos + 1) * dim].copy_from_slice(w);
-                scales_out[pos * sdim..(pos + 1) * sdim].copy_from_slice(s);
+            let hit = self.cache.as_ref().is_some_and(|c| {
+                c.get(
+                    li,
+                    id as u64,
+                    &mut weights_out[pos * dim..(pos + 1) * dim],
+                    &mut scales_out[pos * sdim..(pos + 1) * sdim],
+                    record,
+                )
+            });
+            if hit {
                 hits += 1;
             } else {
                 plan.order.push((id as u64, pos as u32));
             }
+        }
+        if let (Some(c), true) = (&self.cache, record) {
+            c.asked(li, ids.len());
         }
         let c = &self.counters;
         if caller == Caller::User {

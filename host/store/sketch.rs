@@ -100,6 +100,11 @@ impl FrequencySketch {
         }
     }
 
+    /// Bytes a sketch of `counters` counters takes (what [`FrequencySketch::new`] rounds to).
+    pub fn bytes_for(counters: usize) -> usize {
+        counters.div_ceil(BLOCK).next_power_of_two().max(1) * BLOCK
+    }
+
     /// Bytes the counters take.
     pub fn bytes(&self) -> usize {
         self.blocks.len() * BLOCK

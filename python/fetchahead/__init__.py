@@ -5,7 +5,8 @@ For PyTorch engines:
 - :func:`gather`, :func:`gather_dequant` (and their ``_out`` forms): the row gather and the
   fused gather + MXFP8 dequant kernels as registered torch ops (``torch.ops.fetchahead.*``),
   on the current stream, on CUDA tensors or pinned host tensors (read zero-copy).
-- :class:`RowStore`: Engram rows read from safetensors shards on NVMe (needs only numpy).
+- :class:`RowStore`: Engram rows read from safetensors shards on NVMe (needs only numpy);
+  :meth:`RowStore.replay_trace` (:mod:`fetchahead.trace`) replays a real lookup trace on it.
 - :class:`Prefetcher` and :class:`FlagLane`: one Engram layer's rows looked up and staged on a
   side stream while the model computes; ``prefetch`` and ``gather_dequant`` are torch ops too,
   so a compiled forward keeps them in its graph and a CUDA graph captures them.
@@ -282,10 +283,11 @@ class RowStore:
     takes its ``FETCHAHEAD_*`` environment variable when set (see :func:`env_settings`), else
     the default: ``read_path="auto"`` (chosen by batch size from :meth:`tune`'s figures),
     no DRAM row cache, resident scales, 64 preadv threads, the default io_uring depth, O_DIRECT
-    where the filesystem allows it. An option passed here wins over its variable, which is then
-    not read. ``num_rows`` 0 (or None) means every row from ``row_start`` (as in C);
-    ``preadv_threads`` is 1 to 1024 and ``uring_depth`` 1 to 4096, whichever way they arrive;
-    an option out of bounds is an :class:`InvalidArgumentError` naming it.
+    where the filesystem allows it, no room for :meth:`advise_future`'s look-ahead. An option
+    passed here wins over its variable, which is then not read. ``num_rows`` 0 (or None) means
+    every row from ``row_start`` (as in C); ``preadv_threads`` is 1 to 1024 and ``uring_depth``
+    1 to 4096, whichever way they arrive; an option out of bounds is an
+    :class:`InvalidArgumentError` naming it.
 
     Lookups release the GIL; one store serves many threads at once.
     """
@@ -302,6 +304,7 @@ class RowStore:
         preadv_threads: Optional[int] = None,
         uring_depth: Optional[int] = None,
         direct_io: Optional[bool] = None,
+        lookahead: Optional[bool] = None,
     ) -> None:
         self._store = _native.RowStore(
             _path_arg("path", path),
@@ -313,6 +316,7 @@ class RowStore:
             _opt_int("preadv_threads", preadv_threads, 0, _U64),
             _opt_int("uring_depth", uring_depth, 0, _U64),
             direct_io,
+            lookahead,
         )
         #: The table's path, made absolute when the store opened (``tune`` writes beside it
         #: whatever the working directory is later).
@@ -389,6 +393,15 @@ class RowStore:
         ids_arr = _host_ids(ids)
         self._store.advise(layer, ids_arr.ctypes.data, ids_arr.shape[0])
 
+    def advise_future(self, layer: int, ids: Any, steps_ahead: int = 1) -> int:
+        """Hands the row cache ids that one of the next ``steps_ahead`` lookups of ``layer``
+        asks for (a prompt's later prefill chunks, known when its request arrives): until then
+        each is admitted when read and not evicted; nothing is read now. Needs a store opened
+        with ``lookahead=True`` (which keeps room for them in ``cache_bytes``); returns how many
+        ids were noted (0 without it)."""
+        ids_arr = _host_ids(ids)
+        return self._store.advise_future(layer, ids_arr.ctypes.data, ids_arr.shape[0], steps_ahead)
+
     def stats(self) -> dict[str, Any]:
         """Counters since the store opened: ``hits``, ``misses``, ``reads``, ``bytes``,
         ``advised``, ``advise_dropped``, ``advise_failed``, ``cached_rows``, ``cached_bytes``,
@@ -406,6 +419,14 @@ class RowStore:
     def evict_page_cache(self) -> None:
         """Drops the table's pages from the page cache, so that the next reads hit the disk."""
         self._store.evict_page_cache()
+
+    def replay_trace(self, layer: int, trace: Any, **options: Any) -> dict[str, Any]:
+        """Replays a lookup trace (a ``.u64`` / ``.u64.xz`` file or an id array) on this store
+        step by step, first half warming the cache, and returns the report dict: see
+        :func:`fetchahead.trace.replay_trace` for the options (``steps``, ``belady_rows``...)."""
+        from .trace import replay_trace
+
+        return replay_trace(self, layer, trace, **options)
 
     def __repr__(self) -> str:
         r = self.row_range

@@ -359,7 +359,8 @@ fn read_path(name: &str) -> fetchahead::Result<ReadPath> {
 impl RowStore {
     #[new]
     #[pyo3(signature = (path, row_start=None, num_rows=None, read_path=None, cache_bytes=None,
-        resident_scales=None, preadv_threads=None, uring_depth=None, direct_io=None))]
+        resident_scales=None, preadv_threads=None, uring_depth=None, direct_io=None,
+        lookahead=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -372,6 +373,7 @@ impl RowStore {
         preadv_threads: Option<u64>,
         uring_depth: Option<u64>,
         direct_io: Option<bool>,
+        lookahead: Option<bool>,
     ) -> PyRes<Self> {
         // An explicit argument wins over its variable, which is then not even parsed.
         let explicit: Vec<&str> = [
@@ -386,6 +388,9 @@ impl RowStore {
         .collect();
         let r = py.detach(|| {
             let mut o = StoreOptions::from_env_except(&explicit)?;
+            if let Some(v) = lookahead {
+                o.lookahead = v;
+            }
             if let Some(v) = row_start {
                 o.row_start = v;
             }
@@ -505,6 +510,27 @@ impl RowStore {
             unsafe { std::slice::from_raw_parts(ids as *const i64, n) }
         };
         let r = self.store.advise(layer, ids);
+        done(py, r)
+    }
+
+    /// Hands the cache `n` ids at `ids` that one of the next `steps_ahead` lookups asks for;
+    /// returns how many were noted.
+    fn advise_future(
+        &self,
+        py: Python<'_>,
+        layer: u32,
+        ids: usize,
+        n: usize,
+        steps_ahead: u32,
+    ) -> PyRes<usize> {
+        let ids: &[i64] = if n == 0 {
+            &[]
+        } else {
+            // SAFETY: as for `lookup_into`: `ids` points at `n` live int64 ids the caller keeps
+            // alive for the call; the store reads them before returning.
+            unsafe { std::slice::from_raw_parts(ids as *const i64, n) }
+        };
+        let r = self.store.advise_future(layer, ids, steps_ahead);
         done(py, r)
     }
 

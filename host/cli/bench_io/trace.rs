@@ -1,0 +1,414 @@
+//! `bench-io --trace`: the row store on a real lookup trace. Per scheduler step the step's ids
+//! are one lookup (the store reads each distinct row once and counts a hit per id asked, so the
+//! hit rate weights a step's distinct rows by how often the step asks for each); the first half
+//! of the steps warms the cache, the second half is counted. Beside the store: Belady's MIN on
+//! the same batches, LRU, ARC, W-TinyLFU and exact LFU replayed on them, and the store's own
+//! policy replayed without reads, at budgets in shares of the trace's distinct rows and of the
+//! table's rows.
+use std::collections::HashSet;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use fetchahead::Error;
+use fetchahead::store::belady::{HitCount, belady};
+use fetchahead::store::make::{TableSpec, WriteOptions, write_table_with};
+use fetchahead::store::measure::percentiles_us;
+use fetchahead::store::policies::Policy;
+use fetchahead::store::trace::{
+    StepBatch, batch_ids, known_future, read_ids, read_prompts, read_steps, step_batches,
+};
+use fetchahead::store::{
+    ReadPath, RowStore, StoreOptions, cache_bytes_for, cache_rows, replay_row_cache,
+    replay_row_cache_lookahead,
+};
+use serde_json::{Value, json};
+
+use super::BenchIoArgs;
+
+/// Layer of the table the trace is looked up in.
+const LAYER: u32 = 1;
+
+/// A budget: what it is a share of, and the rows it holds.
+struct Budget {
+    name: String,
+    /// The goal's budgets run against the real store too; the others are replayed only.
+    goal: bool,
+    rows: u64,
+}
+
+fn budgets(distinct: u64, table_rows: u64, extra: &[f64]) -> Vec<Budget> {
+    let of = |n: u64, pct: f64| ((n as f64 * pct / 100.0).round() as u64).max(1);
+    let mut out: Vec<Budget> = extra
+        .iter()
+        .map(|&pct| Budget {
+            name: format!("{pct}% of distinct rows"),
+            goal: false,
+            rows: of(distinct, pct),
+        })
+        .collect();
+    for (name, n) in [("distinct rows", distinct), ("R", table_rows)] {
+        for pct in [1.0, 5.0] {
+            out.retain(|b| b.name != format!("{pct}% of {name}"));
+            out.push(Budget {
+                name: format!("{pct}% of {name}"),
+                goal: true,
+                rows: of(n, pct),
+            });
+        }
+    }
+    out.sort_by_key(|b| b.rows);
+    out
+}
+
+/// The table the trace is looked up in: the one in `args.dir`, or, where there is none, one of
+/// `--trace-rows` rows written there once (reused by later runs).
+fn table(args: &BenchIoArgs, max_id: u64, say: &impl Fn(String)) -> fetchahead::Result<()> {
+    let empty = match std::fs::read_dir(&args.dir) {
+        Ok(mut d) => d.next().is_none(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => {
+            return Err(Error::Io {
+                file: args.dir.clone(),
+                op: "read_dir",
+                source: e,
+            });
+        }
+    };
+    if empty {
+        if max_id >= args.trace_rows {
+            return Err(Error::invalid(
+                "--trace-rows",
+                format!(
+                    "{}: the trace asks for row {max_id}; want more rows",
+                    args.trace_rows
+                ),
+            ));
+        }
+        let spec = TableSpec {
+            rows: args.trace_rows,
+            layers: vec![LAYER],
+            dim: args.trace_dim,
+            shards: 1,
+            seed: args.seed,
+        };
+        say(format!(
+            "writing a table of {} rows (dim {}) to {} (once; later runs reuse it)",
+            spec.rows,
+            spec.dim,
+            args.dir.display()
+        ));
+        let options = WriteOptions {
+            writer: "bench-io".into(),
+            force: false,
+        };
+        write_table_with(&args.dir, &spec, &options, |_| {})?;
+    }
+    Ok(())
+}
+
+/// The store's figures on the counted steps at one budget.
+struct Measured {
+    hits: HitCount,
+    reads_per_step: f64,
+    rows_per_s: f64,
+    decode_us: (f64, f64),
+    prefill_us: (f64, f64),
+    decode_steps: usize,
+    prefill_steps: usize,
+}
+
+fn measure(
+    args: &BenchIoArgs,
+    cache_bytes: u64,
+    path: ReadPath,
+    steps: &[StepBatch],
+    batches: &[Vec<i64>],
+    from: usize,
+) -> fetchahead::Result<Measured> {
+    let store = RowStore::open(
+        &args.dir,
+        StoreOptions {
+            cache_bytes,
+            uring_depth: args.uring_depth,
+            ..StoreOptions::default()
+        },
+    )?;
+    let longest = batches.iter().map(Vec::len).max().unwrap_or(0);
+    let dim = store.dim();
+    let mut weights = vec![0u8; longest * dim];
+    let mut scales = vec![0u8; longest * dim / 32];
+    for ids in &batches[..from] {
+        let n = ids.len();
+        store.lookup_with(
+            path,
+            LAYER,
+            ids,
+            &mut weights[..n * dim],
+            &mut scales[..n * dim / 32],
+        )?;
+    }
+    store.evict_page_cache()?;
+    let before = store.stats();
+    let (mut decode, mut prefill) = (Vec::new(), Vec::new());
+    let mut total = Duration::ZERO;
+    for (step, ids) in steps[from..].iter().zip(&batches[from..]) {
+        let n = ids.len();
+        let t = Instant::now();
+        store.lookup_with(
+            path,
+            LAYER,
+            ids,
+            &mut weights[..n * dim],
+            &mut scales[..n * dim / 32],
+        )?;
+        let e = t.elapsed();
+        total += e;
+        if step.prefill {
+            prefill.push(e);
+        } else {
+            decode.push(e);
+        }
+    }
+    let after = store.stats();
+    let counted = batches.len() - from;
+    let asked: usize = batches[from..].iter().map(Vec::len).sum();
+    Ok(Measured {
+        hits: HitCount {
+            hits: after.hits - before.hits,
+            requests: (after.hits + after.misses) - (before.hits + before.misses),
+        },
+        reads_per_step: (after.reads - before.reads) as f64 / counted.max(1) as f64,
+        rows_per_s: asked as f64 / total.as_secs_f64().max(1e-9),
+        decode_us: percentiles_us(&decode),
+        prefill_us: percentiles_us(&prefill),
+        decode_steps: decode.len(),
+        prefill_steps: prefill.len(),
+    })
+}
+
+/// The system's 1-minute load average (timing figures are only as quiet as the machine).
+fn load_average() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
+    let say = |line: String| {
+        if !args.json {
+            println!("{line}");
+        }
+    };
+    let Some(trace_file) = &args.trace else {
+        return Ok(ExitCode::FAILURE);
+    };
+    let ids = read_ids(trace_file)?;
+    let steps = args.steps.as_deref().map(read_steps).transpose()?;
+    let cut = step_batches(
+        ids.len(),
+        steps.as_deref(),
+        args.ids_per_token,
+        args.trace_batch_tokens,
+    )?;
+    let batches = batch_ids(&ids, &cut);
+    if batches.len() < 2 {
+        return Err(Error::invalid(
+            "trace",
+            format!(
+                "{}: {} batch(es); want at least 2 (half warm-up, half counted)",
+                trace_file.display(),
+                batches.len()
+            ),
+        ));
+    }
+    let from = batches.len() / 2;
+    let future = match (&args.docs, steps.as_deref()) {
+        (Some(docs), Some(steps)) => {
+            let prompts = read_prompts(docs)?;
+            let f = known_future(
+                steps,
+                &cut,
+                &prompts,
+                args.ids_per_token,
+                args.lookahead_steps,
+            )?;
+            let f: Vec<Vec<(u32, &[i64])>> = f
+                .iter()
+                .map(|chunks| {
+                    chunks
+                        .iter()
+                        .map(|c| (c.steps_ahead, ids.get(c.ids.clone()).unwrap_or(&[])))
+                        .collect()
+                })
+                .collect();
+            Some(f)
+        }
+        _ => None,
+    };
+    let distinct = ids.iter().copied().collect::<HashSet<i64>>().len() as u64;
+    let max_id = ids.iter().copied().max().unwrap_or(0) as u64;
+    say(format!(
+        "trace {}: {} ids, {} distinct rows, {} steps ({} prefill), counted from step {from}",
+        trace_file.display(),
+        ids.len(),
+        distinct,
+        batches.len(),
+        cut.iter().filter(|b| b.prefill).count(),
+    ));
+    let (store_path, table_rows) = if args.replay_only {
+        (None, args.trace_rows)
+    } else {
+        table(args, max_id, &say)?;
+        let probe = RowStore::open(&args.dir, StoreOptions::default())?;
+        let range = probe.row_range();
+        if max_id >= range.end {
+            return Err(Error::invalid(
+                "table",
+                format!(
+                    "{} has rows {}..{}; the trace asks for row {max_id}",
+                    args.dir.display(),
+                    range.start,
+                    range.end
+                ),
+            ));
+        }
+        let path = if probe.uring().is_ok() {
+            ReadPath::Uring
+        } else {
+            ReadPath::Auto
+        };
+        (Some(path), range.end - range.start)
+    };
+    let dim = args.trace_dim;
+    // The top-k bound: the counted half's own k most asked rows pinned from the start (with
+    // perfect knowledge of popularity and none of order: what independent draws allow).
+    let mut counts: std::collections::HashMap<i64, u64> = std::collections::HashMap::new();
+    for id in batches[from..].iter().flatten() {
+        *counts.entry(*id).or_insert(0) += 1;
+    }
+    let mut by_count: Vec<u64> = counts.into_values().collect();
+    by_count.sort_unstable_by(|a, b| b.cmp(a));
+    let counted_requests: u64 = by_count.iter().sum();
+    let top_k =
+        |k: usize| by_count.iter().take(k).sum::<u64>() as f64 / counted_requests.max(1) as f64;
+    let mut rows_json = Vec::new();
+    for b in budgets(distinct, table_rows, &args.trace_budgets) {
+        let cache_bytes = cache_bytes_for(b.rows, dim);
+        let capacity = cache_rows(cache_bytes, dim);
+        let opt = belady(&batches, capacity, from);
+        let shipped = replay_row_cache(cache_bytes, dim, &batches, from);
+        let peers: Vec<(Policy, HitCount)> = Policy::ALL
+            .iter()
+            .map(|&p| (p, p.replay(&batches, capacity, from)))
+            .collect();
+        let best = peers.iter().map(|(_, h)| h.rate()).fold(0.0f64, f64::max);
+        let x = |r: f64| r / opt.rate().max(1e-12);
+        let measured = match (store_path, b.goal) {
+            (Some(path), true) => Some(measure(args, cache_bytes, path, &cut, &batches, from)?),
+            _ => None,
+        };
+        say(format!(
+            "budget {} ({capacity} rows): Belady {:.3}, top-k {:.3}; shipped policy {:.3} = {:.3} x Belady, {:.3} x the best peer; {}",
+            b.name,
+            opt.rate(),
+            top_k(capacity),
+            shipped.rate(),
+            x(shipped.rate()),
+            shipped.rate() / best.max(1e-12),
+            peers
+                .iter()
+                .map(|(p, h)| format!("{} {:.3} ({:.3} x)", p.name(), h.rate(), x(h.rate())))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ));
+        if let Some(m) = &measured {
+            say(format!(
+                "    store: hit rate {:.3} = {:.3} x Belady, {:.1} disk reads a step, {:.0} rows/s, decode p50 {:.0} us p99 {:.0} us ({} steps), prefill p50 {:.0} us p99 {:.0} us ({} steps)",
+                m.hits.rate(),
+                x(m.hits.rate()),
+                m.reads_per_step,
+                m.rows_per_s,
+                m.decode_us.0,
+                m.decode_us.1,
+                m.decode_steps,
+                m.prefill_us.0,
+                m.prefill_us.1,
+                m.prefill_steps,
+            ));
+        }
+        let counted = (batches.len() - from) as f64;
+        let lookahead = match (&future, b.goal) {
+            (Some(f), true) => {
+                let (without, read_without) =
+                    replay_row_cache_lookahead(cache_bytes, dim, &batches, from, None);
+                let (with, read_with) =
+                    replay_row_cache_lookahead(cache_bytes, dim, &batches, from, Some(f));
+                say(format!(
+                    "    look-ahead ({} steps): hit rate {:.3} = {:.3} x Belady, {:.0} rows read a step; without {:.3} = {:.3} x, {:.0} rows read a step",
+                    args.lookahead_steps,
+                    with.rate(),
+                    x(with.rate()),
+                    read_with as f64 / counted,
+                    without.rate(),
+                    x(without.rate()),
+                    read_without as f64 / counted,
+                ));
+                Some(json!({
+                    "steps": args.lookahead_steps,
+                    "hit_rate": with.rate(), "vs_belady": x(with.rate()),
+                    "rows_read_per_step": read_with as f64 / counted,
+                    "without_hit_rate": without.rate(), "without_vs_belady": x(without.rate()),
+                    "without_rows_read_per_step": read_without as f64 / counted,
+                }))
+            }
+            _ => None,
+        };
+        let mut policies = serde_json::Map::new();
+        for (p, h) in &peers {
+            policies.insert(p.name().into(), json!(h.rate()));
+        }
+        rows_json.push(json!({
+            "budget": b.name,
+            "goal_budget": b.goal,
+            "cache_rows": capacity,
+            "cache_bytes": cache_bytes,
+            "belady_hit_rate": opt.rate(),
+            "top_k_hit_rate": top_k(capacity),
+            "shipped_hit_rate": shipped.rate(),
+            "shipped_vs_belady": x(shipped.rate()),
+            "best_peer_hit_rate": best,
+            "policies": Value::Object(policies),
+            "lookahead": lookahead,
+            "store": measured.as_ref().map(|m| json!({
+                "hit_rate": m.hits.rate(),
+                "vs_belady": x(m.hits.rate()),
+                "requests": m.hits.requests,
+                "disk_reads_per_step": m.reads_per_step,
+                "rows_per_s": m.rows_per_s,
+                "decode": {"steps": m.decode_steps, "p50_us": m.decode_us.0, "p99_us": m.decode_us.1},
+                "prefill": {"steps": m.prefill_steps, "p50_us": m.prefill_us.0, "p99_us": m.prefill_us.1},
+            })),
+        }));
+    }
+    let load = load_average();
+    say(format!(
+        "load average {}",
+        load.map_or("unknown".into(), |l| format!("{l:.2}"))
+    ));
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "trace": trace_file.display().to_string(),
+                "steps_file": args.steps.as_ref().map(|p| p.display().to_string()),
+                "ids": ids.len(),
+                "distinct_rows": distinct,
+                "table_rows": table_rows,
+                "steps": batches.len(),
+                "counted_from": from,
+                "load_average": load,
+                "budgets": rows_json,
+            })
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

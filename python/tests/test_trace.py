@@ -1,0 +1,82 @@
+"""Trace replay against a RowStore (CPU): the reader for both formats, step batching, Belady,
+and the report on a small synthetic trace."""
+from __future__ import annotations
+
+import lzma
+
+import numpy as np
+import pytest
+
+import fetchahead
+import fetchahead.trace
+from fetchahead.trace import belady_hit_rate, read_steps, read_trace, step_batches
+from conftest import ROWS
+
+
+def synthetic(seed: int = 3):
+    """Zipf-like ids (a hot head, duplicates in a step) and steps of decode and prefill."""
+    rng = np.random.default_rng(seed)
+    steps = np.array([(0, 40), (8, 0), (8, 0), (6, 20)] * 30, dtype=np.uint32)
+    n = int(steps.sum()) * 16
+    ranks = np.minimum(rng.zipf(1.3, size=n), ROWS) - 1
+    perm = rng.permutation(ROWS)
+    return perm[ranks].astype(np.int64), steps
+
+
+def test_trace_files_read_the_same_raw_and_xz(tmp_path):
+    ids, steps = synthetic()
+    raw = tmp_path / "t.u64"
+    raw.write_bytes(ids.astype("<u8").tobytes())
+    xz = tmp_path / "t.u64.xz"
+    xz.write_bytes(lzma.compress(ids.astype("<u8").tobytes()))
+    np.testing.assert_array_equal(read_trace(raw), ids)
+    np.testing.assert_array_equal(read_trace(xz), ids)
+    sf = tmp_path / "t.steps.u32"
+    sf.write_bytes(steps.astype("<u4").tobytes())
+    np.testing.assert_array_equal(read_steps(sf), steps)
+    torn = tmp_path / "torn.u64"
+    torn.write_bytes(ids.astype("<u8").tobytes()[:-3])
+    with pytest.raises(fetchahead.InvalidArgumentError, match="torn.u64"):
+        read_trace(torn)
+    cut = step_batches(len(ids), steps)
+    assert [e - a for a, e, _ in cut[:4]] == [640, 128, 128, 416]
+    assert [p for _, _, p in cut[:4]] == [True, False, False, True]
+    with pytest.raises(fetchahead.InvalidArgumentError, match="steps"):
+        step_batches(len(ids) + 16, steps)
+
+
+def test_belady_by_hand():
+    # Capacity 1: [1] [2] [1] [1]: keeps 1 (sooner) over 2: two hits of four.
+    assert belady_hit_rate([np.array([1]), np.array([2]), np.array([1]), np.array([1])], 1, 0) == 0.5
+    # Duplicates count each time and hit only if held when the batch began.
+    assert belady_hit_rate([np.array([5, 5, 5]), np.array([5, 5])], 1, 0) == 2 / 5
+
+
+def test_replay_reports_hit_rate_reads_and_belady(table, tmp_path):
+    ids, steps = synthetic()
+    store = fetchahead.RowStore(table, cache_bytes=64 << 10)
+    report = store.replay_trace(3, ids, steps=steps, belady_rows=100)
+    assert report["steps"] == len(steps) and report["counted_from"] == len(steps) // 2
+    assert 0.0 < report["hit_rate"] < 1.0
+    assert report["hit_rate"] <= report["belady_hit_rate"] * 1.5
+    assert report["disk_reads_per_step"] > 0
+    assert report["decode"]["steps"] + report["prefill"]["steps"] == len(steps) - len(steps) // 2
+    assert report["prefill"]["p99_us"] >= report["prefill"]["p50_us"] > 0
+    # No cache: nothing hits, every counted id reads.
+    plain = fetchahead.trace.replay_trace(fetchahead.RowStore(table), 3, ids, steps=steps)
+    assert plain["hit_rate"] == 0.0 and "belady_hit_rate" not in plain
+
+
+def test_advise_future_admits_a_coming_row_over_more_frequent_ones(table):
+    for lookahead in (False, True):
+        store = fetchahead.RowStore(table, cache_bytes=24 << 10, lookahead=lookahead)
+        hot = np.arange(200, dtype=np.int64)
+        for _ in range(5):
+            store.lookup(3, hot)
+        assert store.advise_future(3, [900], steps_ahead=2) == int(lookahead)
+        store.lookup(3, [900])
+        before = store.stats()["hits"]
+        store.lookup(3, [900])
+        assert (store.stats()["hits"] > before) == lookahead
+    with pytest.raises(fetchahead.RowIdError):
+        store.advise_future(3, [ROWS], steps_ahead=1)
