@@ -873,9 +873,12 @@ fn a_trace_reads_the_same_from_u64_and_xz_and_its_steps_cut_it() {
     let raw = dir.path().join("t.u64");
     std::fs::write(&raw, &bytes).unwrap();
     let xz = dir.path().join("t.u64.xz");
-    let mut enc = xz2::write::XzEncoder::new(std::fs::File::create(&xz).unwrap(), 6);
-    enc.write_all(&bytes).unwrap();
-    enc.finish().unwrap();
+    let mut packed = Vec::new();
+    lzma_rs::xz_compress(&mut &bytes[..], &mut packed).unwrap();
+    std::fs::File::create(&xz)
+        .unwrap()
+        .write_all(&packed)
+        .unwrap();
     assert_eq!(read_ids(&raw).unwrap(), ids);
     assert_eq!(read_ids(&xz).unwrap(), ids);
     // A torn file and a corrupt .xz are errors naming the file.

@@ -48,9 +48,13 @@ fn read_all(path: &Path) -> Result<Vec<u8>> {
     let mut bytes = Vec::new();
     let xz = path.extension().is_some_and(|e| e == "xz");
     if xz {
-        xz2::read::XzDecoder::new(BufReader::new(file))
-            .read_to_end(&mut bytes)
-            .map_err(|e| io_err("xz decompress", e))?;
+        // lzma-rs: pure Rust, so the crate still builds for aarch64 without a C cross compiler.
+        lzma_rs::xz_decompress(&mut BufReader::new(file), &mut bytes).map_err(|e| {
+            Error::invalid(
+                "trace file",
+                format!("{}: not a valid .xz file ({e})", path.display()),
+            )
+        })?;
     } else {
         crate::memory::check_fits(meta.len(), "the trace")?;
         BufReader::new(file)
