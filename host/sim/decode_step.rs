@@ -852,17 +852,8 @@ impl DecodeStep {
     /// Captures one step into a graph (launch it on [`DecodeStep::stream`]; drop it before this
     /// step). A capture with the plan freezes its signature: warm the plan first.
     pub fn capture(&mut self, config: StepConfig) -> Result<CudaGraph> {
-        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-        self.main.begin_capture(mode).call("cuStreamBeginCapture")?;
-        let enqueued = self.enqueue(config);
-        let graph = self
-            .main
-            .end_capture(sys::CUgraphInstantiate_flags(0))
-            .call("cuStreamEndCapture")?;
-        enqueued?;
-        let graph = graph.ok_or_else(|| Error::invalid("graph", "the capture recorded nothing"))?;
-        graph.upload().call("cuGraphUpload")?;
-        Ok(graph)
+        let main = self.main.clone();
+        capture_graph(&main, || self.enqueue(config))
     }
 
     /// Fills every output (readers' and Engram layers') with 0xFF bytes, so that an output the
@@ -1186,6 +1177,23 @@ impl SparkModel {
     }
 }
 
+/// What `enqueue` puts on `stream`, captured into an uploaded graph (launch it on `stream`).
+fn capture_graph(
+    stream: &Arc<CudaStream>,
+    enqueue: impl FnOnce() -> Result<()>,
+) -> Result<CudaGraph> {
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    stream.begin_capture(mode).call("cuStreamBeginCapture")?;
+    let enqueued = enqueue();
+    let graph = stream
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .call("cuStreamEndCapture")?;
+    enqueued?;
+    let graph = graph.ok_or_else(|| Error::invalid("graph", "the capture recorded nothing"))?;
+    graph.upload().call("cuGraphUpload")?;
+    Ok(graph)
+}
+
 /// Median microseconds of each distinct reader matrix of `weights` on `stream`, cold and warm,
 /// launched eagerly and replayed from a CUDA graph; `reps` of each.
 ///
@@ -1210,19 +1218,10 @@ pub fn reader_times(
         unsafe { kernels.launch_collective(s, 1, 20_000, 0) }
     };
     let capture = |with_reader: Option<&Reader>| -> Result<CudaGraph> {
-        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-        stream.begin_capture(mode).call("cuStreamBeginCapture")?;
-        let enqueued = collective().and_then(|()| match with_reader {
-            Some(gemv) => gemv.launch(kernels, stream),
-            None => Ok(()),
-        });
-        let graph = stream
-            .end_capture(sys::CUgraphInstantiate_flags(0))
-            .call("cuStreamEndCapture")?;
-        enqueued?;
-        let graph = graph.ok_or_else(|| Error::invalid("graph", "the capture recorded nothing"))?;
-        graph.upload().call("cuGraphUpload")?;
-        Ok(graph)
+        capture_graph(stream, || {
+            collective()?;
+            with_reader.map_or(Ok(()), |gemv| gemv.launch(kernels, stream))
+        })
     };
     let replay_us = |graph: &CudaGraph| -> Result<f64> {
         let started = clock.begin(kernels, stream, 0)?;
