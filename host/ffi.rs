@@ -1080,8 +1080,11 @@ pub unsafe extern "C" fn fetchahead_l2_plan_set_all_gather(
     p: *mut L2PlanHandle,
     enabled: c_int,
 ) -> c_int {
-    // SAFETY: the caller's contract.
-    guard(|| unsafe { l2_plan(p)? }.plan.set_all_gather(enabled != 0))
+    guard(|| {
+        // SAFETY: the caller's contract.
+        unsafe { l2_plan(p)? }.plan.set_all_gather(enabled != 0);
+        Ok(())
+    })
 }
 
 /// Bytes a window may warm at most, for plans learned from now on (a multiple of 16 is kept).

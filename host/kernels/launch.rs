@@ -42,6 +42,17 @@ impl Loaded {
             _ => &self.function,
         }
     }
+
+    /// The empty kernel `empty` sized as this kernel is (its blocks per SM), so that a launch of
+    /// it gets this kernel's grid; it records no timeline.
+    fn empty_like(&self, empty: &Loaded) -> Loaded {
+        Loaded {
+            function: empty.function.clone(),
+            blocks_per_sm: self.blocks_per_sm,
+            id: empty.id,
+            timed: None,
+        }
+    }
 }
 
 /// Every kernel of the variant tables in `gpu/`, loaded for one device (the simulation's hash,
@@ -197,13 +208,7 @@ impl Kernels {
         p: GatherParams,
     ) -> Result<()> {
         let (threads, block_threads) = gather_threads(variant, &p, self.gpu.multiprocessors)?;
-        let own = pick(&self.gather, variant.index(), "gather")?;
-        let empty = Loaded {
-            function: self.empty.function.clone(),
-            blocks_per_sm: own.blocks_per_sm,
-            id: self.empty.id,
-            timed: None,
-        };
+        let empty = pick(&self.gather, variant.index(), "gather")?.empty_like(&self.empty);
         // SAFETY: the empty kernel touches no memory.
         unsafe {
             self.launch(
@@ -229,13 +234,7 @@ impl Kernels {
         p: DequantParams,
     ) -> Result<()> {
         let shape = dequant_shape(variant)?;
-        let own = pick(&self.dequant, variant.index(), "gather_dequant")?;
-        let empty = Loaded {
-            function: self.empty.function.clone(),
-            blocks_per_sm: own.blocks_per_sm,
-            id: self.empty.id,
-            timed: None,
-        };
+        let empty = pick(&self.dequant, variant.index(), "gather_dequant")?.empty_like(&self.empty);
         let unused = GatherParams {
             table: 0,
             ids: 0,

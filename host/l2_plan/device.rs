@@ -168,9 +168,8 @@ impl L2Plan {
 
     /// Whether all-gather windows are warmed ([`PlanConfig::all_gather`]), from the next
     /// collective on.
-    pub fn set_all_gather(&mut self, enabled: bool) -> Result<()> {
+    pub fn set_all_gather(&mut self, enabled: bool) {
         self.config.all_gather = enabled;
-        Ok(())
     }
 
     /// Changes the budget per window for plans learned from now on.
@@ -265,12 +264,7 @@ impl L2Plan {
                 let Some(first) = window.first() else {
                     return Ok(());
                 };
-                let cap = self
-                    .config
-                    .fit
-                    .then(|| self.fit.cap(signature, k))
-                    .flatten();
-                let n = match cap {
+                let n = match self.window_cap(signature, k) {
                     Some(cap) => WindowFit::prefix_within(window.iter().map(|s| s.bytes), cap),
                     None => span.len,
                 };

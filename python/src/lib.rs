@@ -926,9 +926,8 @@ impl L2Plan {
         done(py, r)
     }
 
-    fn set_all_gather(&self, py: Python<'_>, enabled: bool) -> PyRes<()> {
-        let r = lock(&self.inner).set_all_gather(enabled);
-        done(py, r)
+    fn set_all_gather(&self, enabled: bool) {
+        lock(&self.inner).set_all_gather(enabled);
     }
 
     fn consume(&self, py: Python<'_>, address: u64, bytes: u64) -> PyRes<()> {
