@@ -1074,6 +1074,8 @@ fn whole_table(table: &SegmentTable) -> PrefetchParams {
         n: table.len() as u64,
         chunk: l2_prefetch::DEFAULT_CHUNK,
         _pad: 0,
+        partitions: 0,
+        claims: 0,
         timeline: fetchahead::device_abi::params::TimelineParams::OFF,
     }
 }

@@ -821,6 +821,8 @@ fn prefetch_kernel_runs_clean() -> Result<()> {
                 n: table.len() as u64,
                 chunk,
                 _pad: 0,
+                partitions: 0,
+                claims: 0,
                 timeline: fetchahead::device_abi::params::TimelineParams::OFF,
             };
             // SAFETY: the table holds checked segments inside `buffer`, alive past the sync.
@@ -1007,6 +1009,39 @@ fn a_replayed_plan_brings_readers_near_hand_warmed() -> Result<()> {
     Ok(())
 }
 
+/// The plan's L2 partition map (`l2_plan::partitions`): every SM is probed, and a device found
+/// to have two partitions has SMs in both, the far ones clearly slower to hit lines SM 0 read.
+fn measures_the_l2_partitions_of_every_sm() -> Result<()> {
+    let Some((kernels, stream, _lock)) = open("measures_the_l2_partitions_of_every_sm")? else {
+        return Ok(());
+    };
+    let map = fetchahead::l2_plan::partitions::Partitions::measure(&kernels, &stream)?;
+    println!("{map}");
+    let sms = kernels.gpu().multiprocessors as usize;
+    assert_eq!(map.cycles.len(), sms);
+    assert!(
+        map.cycles.iter().all(|&c| c > 0),
+        "SMs without a probe block: {:?}",
+        map.cycles
+    );
+    assert_eq!(map.of_sm[0], 0, "SM 0 is near itself");
+    if map.two {
+        let (near, far) = map.sizes();
+        assert!(near > 0 && far > 0, "{near} near, {far} far");
+    }
+    let plan = L2Plan::new(
+        kernels.clone(),
+        stream.clone(),
+        PlanConfig::for_l2(kernels.gpu().l2_bytes),
+    )?;
+    assert_eq!(
+        plan.partitions().is_some(),
+        map.two,
+        "the plan measures the same map"
+    );
+    Ok(())
+}
+
 common::harness::tests! {
     cpu: [
         reads_its_settings_from_the_environment,
@@ -1030,6 +1065,7 @@ common::harness::tests! {
         a_stale_plan_keeps_outputs_exact,
         forward_is_bit_identical_with_prefetch_in_a_graph,
         a_replayed_plan_brings_readers_near_hand_warmed,
+        measures_the_l2_partitions_of_every_sm,
         prefetch_kernel_runs_clean,
     ],
 }

@@ -105,6 +105,8 @@ impl Launches {
             n: self.prefetch.len() as u64,
             chunk: l2_prefetch::DEFAULT_CHUNK,
             _pad: 0,
+            partitions: 0,
+            claims: 0,
             timeline: TimelineParams::OFF,
         };
         // SAFETY: the table holds checked segments inside `_buffer`, alive past the sync; the

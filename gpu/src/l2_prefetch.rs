@@ -118,6 +118,13 @@ variants! {
 
 variant_handle!(PrefetchVariant, "l2_prefetch");
 
+/// The L2 partition probe's entry (`PartitionProbeParams`): how far each SM is from the lines
+/// SM 0 read, so that the host can tell the L2 partitions apart.
+pub const PARTITION_PROBE_KERNEL: &str = "l2_partition_probe";
+
+/// Bytes a job of a partitioned `l2_prefetch_loads` reads: one round of a block's loads.
+pub const LOADS_JOB: u64 = LOADS_THREADS as u64 * 16 * LOADS_IN_FLIGHT as u64;
+
 /// The plain bulk prefetch, `l2_prefetch`.
 pub const BULK_VARIANT: PrefetchVariant = PrefetchVariant::must("l2_prefetch");
 /// The SMs' read, `l2_prefetch_loads`.
@@ -149,13 +156,14 @@ pub fn launch_shape(
 mod kernels {
     use core::num::NonZeroU64;
 
-    use super::LOADS_IN_FLIGHT;
+    use super::{LOADS_IN_FLIGHT, LOADS_JOB};
     use crate::device::{
-        block, blocks, evict_last_policy, load_16, load_i64, prefetch_l2, prefetch_l2_evict_last,
-        prefetch_line_l2, thread_in_block, threads_in_block,
+        atomic_add_u32, atomic_exch_u32, block, block_sync, blocks, evict_last_policy, fence_gpu,
+        load_16, load_i64, load_l2_8, load_u8, prefetch_l2, prefetch_l2_evict_last,
+        prefetch_line_l2, sm_id, store_v2_u32, thread_in_block, threads_in_block,
     };
-    use crate::params::PrefetchParams;
-    use crate::smem::{shared_buffer, store_shared_16};
+    use crate::params::{MAX_SMS, PROBE_LINE_STRIDE, PartitionProbeParams, PrefetchParams};
+    use crate::smem::{load_shared_16, shared_buffer, store_shared_16};
 
     /// Bytes between the `prefetch.global.L2` of `l2_prefetch_lines`: one L2 line.
     const LINE: u64 = 128;
@@ -207,7 +215,12 @@ mod kernels {
     /// has a slot for each of the 1024 threads a block can have.
     #[inline(always)]
     pub(super) unsafe fn read_segments(p: &PrefetchParams) {
-        let sink = shared_buffer::<{ 1024 * 16 }>();
+        if p.partitions != 0 {
+            // SAFETY: the host's map and claims, as `read_by_partition` requires.
+            return unsafe { read_by_partition(p) };
+        }
+        // One buffer for both paths (a shared buffer is one static per size).
+        let sink = shared_buffer::<{ 1024 * 16 + 16 }>();
         let mut fold = [0u32; 4];
         let word = 16u64;
         // With more blocks than segments, `parts` blocks share each segment, interleaved by
@@ -249,6 +262,132 @@ mod kernels {
         }
         // SAFETY: this thread's own 16-byte slot of the sink (a block has at most 1024 threads).
         unsafe { store_shared_16(sink + thread_in_block() * 16, fold) };
+    }
+
+    /// `read_segments` with a partition map: each partition's blocks take [`LOADS_JOB`]-byte
+    /// jobs (segment `j / 4`, quarter `j % 4`) from their own counter until every job is read,
+    /// so that every byte is read by an SM of each partition that has a block. The launch's last
+    /// block zeroes the counters for the next launch on the stream.
+    ///
+    /// # Safety
+    /// As `read_segments`; `p.partitions` holds `MAX_SMS` bytes and `p.claims` is a zeroed,
+    /// writable `PrefetchClaims` no other running launch uses; segments are at most 512 KiB.
+    #[inline(always)]
+    unsafe fn read_by_partition(p: &PrefetchParams) {
+        let sink = shared_buffer::<{ 1024 * 16 + 16 }>();
+        let slot = sink + 1024 * 16;
+        let sm = (sm_id() as usize).min(MAX_SMS - 1) as u64;
+        // SAFETY: the map holds MAX_SMS bytes.
+        let part = (unsafe { load_u8(p.partitions + sm) } & 1) as u64;
+        let jobs = p.n * 4;
+        let mut fold = [0u32; 4];
+        loop {
+            if thread_in_block() == 0 {
+                // SAFETY: the claims are writable and 4-byte aligned (the host's).
+                let job = unsafe { atomic_add_u32(p.claims + 4 * part, 1) };
+                // SAFETY: the block's slot after the sink.
+                unsafe { store_shared_16(slot, [job, 0, 0, 0]) };
+            }
+            block_sync();
+            // SAFETY: written above, before the barrier.
+            let job = unsafe { load_shared_16(slot) }[0] as u64;
+            block_sync();
+            if job >= jobs {
+                break;
+            }
+            let s = job / 4;
+            // SAFETY: s < n, so segment s lies in the table the host validated.
+            let (address, bytes) = unsafe {
+                (
+                    load_i64(p.segments + 16 * s) as u64,
+                    load_i64(p.segments + 16 * s + 8) as u64,
+                )
+            };
+            let lo = (job % 4) * LOADS_JOB;
+            let hi = bytes.min(lo + LOADS_JOB);
+            let stride = threads_in_block() as u64 * 16;
+            let mut at = lo + thread_in_block() as u64 * 16;
+            if lo + LOADS_JOB <= bytes && threads_in_block() == 1024 {
+                // A whole job: every load unconditional, all in flight before the fold.
+                let mut words = [[0u32; 4]; LOADS_IN_FLIGHT as usize];
+                for j in 0..LOADS_IN_FLIGHT as usize {
+                    // SAFETY: inside the segment (a whole job of it), 16-byte aligned.
+                    words[j] = unsafe { load_16(address + at + j as u64 * stride) };
+                }
+                for j in 0..LOADS_IN_FLIGHT as usize {
+                    fold = xor(fold, words[j]);
+                }
+            } else {
+                while at < hi {
+                    // SAFETY: at < hi <= bytes, 16-byte aligned.
+                    fold = xor(fold, unsafe { load_16(address + at) });
+                    at += stride;
+                }
+            }
+        }
+        // SAFETY: this thread's own 16-byte slot of the sink.
+        unsafe { store_shared_16(sink + thread_in_block() * 16, fold) };
+        if thread_in_block() == 0 {
+            fence_gpu();
+            // SAFETY: the claims, as above; only the last block to finish writes them back.
+            unsafe {
+                if atomic_add_u32(p.claims + 8, 1) == blocks() - 1 {
+                    atomic_exch_u32(p.claims, 0);
+                    atomic_exch_u32(p.claims + 4, 0);
+                    atomic_exch_u32(p.claims + 8, 0);
+                }
+            }
+        }
+    }
+
+    /// The L2 partition probe; see `PartitionProbeParams`.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "gpu-kernel" fn l2_partition_probe(p: PartitionProbeParams) {
+        if thread_in_block() != 0 {
+            return;
+        }
+        let sm = sm_id();
+        if sm >= p.sms {
+            return;
+        }
+        let me = if p.mode == 0 { 0 } else { sm };
+        if p.mode == 0 && sm != 0 {
+            return;
+        }
+        // SAFETY: the claims hold one u32 per SM (`sms` of them).
+        if unsafe { atomic_exch_u32(p.claims + 4 * me as u64, 1) } != 0 {
+            return;
+        }
+        let (first, count) = if p.mode == 0 {
+            (0, p.per_sm as u64 * p.sms as u64)
+        } else {
+            (sm as u64 * p.per_sm as u64, p.per_sm as u64)
+        };
+        let mut carry = 0u64;
+        let t0 = clock();
+        for i in first..first + count {
+            // SAFETY: line i < per_sm * sms lies in the host's buffer; `carry` is 0 (mask 0)
+            // at run time, so the address stays the line's while depending on the last load.
+            let v = unsafe { load_l2_8(p.lines + i * PROBE_LINE_STRIDE + carry) };
+            carry = (v[0] & p.mask) as u64;
+        }
+        let cycles = (clock() - t0) / count.max(1) + carry;
+        if p.mode == 1 {
+            // SAFETY: out holds two u32 per SM; this block alone claimed SM `sm`.
+            unsafe { store_v2_u32(p.out + 8 * sm as u64, [cycles as u32, 1]) };
+        }
+    }
+
+    /// The SM's cycle counter (`%clock64`).
+    #[inline(always)]
+    fn clock() -> u64 {
+        let c: u64;
+        // SAFETY: reading a special register has no preconditions.
+        unsafe {
+            core::arch::asm!("mov.u64 {0}, %clock64;", out(reg64) c,
+                options(nomem, nostack, preserves_flags));
+        }
+        c
     }
 
     #[inline(always)]

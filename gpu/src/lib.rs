@@ -270,6 +270,11 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
                 spin,
                 "busy-waits on the GPU clock: a layer's compute in the demo and benches",
             ),
+            entry(
+                l2_prefetch::PARTITION_PROBE_KERNEL,
+                size_of::<params::PartitionProbeParams>(),
+                "times each SM's L2 hits on lines SM 0 read: tells the L2 partitions apart",
+            ),
         ])
         // The timed twins, after every plain entry, so that a plain entry's index (the kernel
         // id a timeline record carries) does not depend on them.

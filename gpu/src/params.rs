@@ -120,9 +120,53 @@ pub struct PrefetchParams {
     pub n: u64,
     pub chunk: u32,
     pub _pad: u32,
+    /// `l2_prefetch_loads` only: the device address of a [`SmPartitions`] map, one byte per SM
+    /// naming its L2 partition (0 or 1); each partition's blocks then read every byte, so that
+    /// both partitions hold the lines. 0: no map, each byte read once.
+    pub partitions: u64,
+    /// With `partitions`: the device address of the launch's [`PrefetchClaims`] (zero before
+    /// the first launch; the launch's last block zeroes it again).
+    pub claims: u64,
     /// The device timeline (`TimelineParams::OFF`: not recorded).
     pub timeline: TimelineParams,
 }
+
+/// Bytes of a partition map (one per SM, SMs up to this many).
+pub const MAX_SMS: usize = 256;
+
+/// The L2 partition of each SM, as `l2_prefetch_loads` reads it ([`PrefetchParams::partitions`]).
+pub type SmPartitions = [u8; MAX_SMS];
+
+/// A partitioned `l2_prefetch_loads` launch's work counters: the next job of each partition's
+/// blocks, and the blocks that finished.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefetchClaims {
+    pub next: [u32; 2],
+    pub done: u32,
+    pub _pad: u32,
+}
+
+/// The L2 partition probe (`l2_partition_probe`): lines `LINE_STRIDE` bytes apart at `lines`,
+/// `per_sm` of them for each SM. Mode 0: the block that claims SM 0 reads every line. Mode 1:
+/// the first block on each SM `s` chases its own `per_sm` lines (each load's address depends
+/// on the one before through `mask`, which the host sets to 0) and stores the mean cycles a hop
+/// at `out[s]` (u32).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PartitionProbeParams {
+    pub lines: u64,
+    pub out: u64,
+    /// One u32 per SM, zero before the launch: which SMs a block has claimed.
+    pub claims: u64,
+    pub per_sm: u32,
+    pub sms: u32,
+    pub mode: u32,
+    pub mask: u32,
+}
+
+/// Bytes between the probe's lines.
+pub const PROBE_LINE_STRIDE: u64 = 1024;
 
 /// The device record of a check-mode comparison: how many compared pairs of buffers differed.
 /// The host zeroes it once; launches keep `mismatch` and `blocks_done` at zero between them.

@@ -72,6 +72,7 @@ pub struct Kernels {
     pub(crate) collective: Loaded,
     check: Loaded,
     staged: Loaded,
+    partition_probe: Loaded,
     #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
     pub(crate) hash: Loaded,
     #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
@@ -132,6 +133,7 @@ impl Kernels {
             collective: load(collective::KERNEL)?,
             check: load(check::KERNEL)?,
             staged: load(staged::KERNEL)?,
+            partition_probe: load(l2_prefetch::PARTITION_PROBE_KERNEL)?,
             hash: load(hash::KERNEL)?,
             spin: load(spin::KERNEL)?,
             _module: module,
@@ -355,6 +357,22 @@ impl Kernels {
                 gather::BLOCK_THREADS,
             )
         }
+    }
+
+    /// Launches the L2 partition probe (`l2_partition_probe`, 4 blocks of 32 threads an SM,
+    /// so that every SM gets one).
+    ///
+    /// # Safety
+    /// `p.lines` holds `p.per_sm * p.sms` lines `PROBE_LINE_STRIDE` apart, `p.out` two writable
+    /// u32 per SM and `p.claims` one zeroed, writable u32 per SM, all alive until the launch ends.
+    pub unsafe fn launch_partition_probe(
+        &self,
+        stream: sys::CUstream,
+        p: fetchahead_gpu::params::PartitionProbeParams,
+    ) -> Result<()> {
+        let blocks = p.sms.saturating_mul(4).max(1);
+        // SAFETY: as the caller guarantees; the probe's block and thread counts are fixed.
+        unsafe { self.launch_exact(&self.partition_probe.function, blocks, 32, stream, p) }
     }
 
     /// Launches L2 prefetch `variant` over `p.n`

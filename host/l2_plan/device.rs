@@ -11,6 +11,7 @@ use crate::driver::stream;
 use crate::error::CudaCall;
 use crate::kernels::Kernels;
 use crate::l2_plan::access_policy::PersistingL2;
+use crate::l2_plan::partitions::Partitions;
 use crate::l2_plan::planner::{
     CollectiveKind, Counters, ForwardSummary, Learned, PlanConfig, Planner, Replay, Signature,
     auto_variant, no_forward,
@@ -54,6 +55,8 @@ pub struct L2Plan {
     deferred: Option<Deferred>,
     /// Windows with all three events recorded, not yet read.
     pending: Vec<Measure>,
+    /// The device's L2 partitions, when measured ([`PlanConfig::partitions`]) and two.
+    partitions: Option<Partitions>,
 }
 
 /// Timing events of one window of an eager forward.
@@ -108,6 +111,22 @@ impl L2Plan {
                 config.budget_per_window,
             )?),
         };
+        let partitions = match config.replay {
+            Replay::AccessPolicy => None,
+            _ if !config.partitions => None,
+            _ => match Partitions::measure(&kernels, &main) {
+                Ok(p) => {
+                    log::info!("L2 plan: {p}");
+                    p.two.then_some(p)
+                }
+                Err(e) => {
+                    log::warn!(
+                        "L2 plan: the L2 partitions were not measured ({e}); each byte is read once"
+                    );
+                    None
+                }
+            },
+        };
         let ctx = main.context().clone();
         Ok(L2Plan {
             side: ctx.new_stream().call("cuStreamCreate")?,
@@ -127,6 +146,7 @@ impl L2Plan {
             awaiting: None,
             deferred: None,
             pending: Vec::new(),
+            partitions,
         })
     }
 
@@ -140,6 +160,11 @@ impl L2Plan {
 
     pub fn config(&self) -> &PlanConfig {
         &self.config
+    }
+
+    /// The device's L2 partitions as the plan measured them, if it found two.
+    pub fn partitions(&self) -> Option<&Partitions> {
+        self.partitions.as_ref()
     }
 
     /// The side stream prefetches run on.
@@ -280,6 +305,10 @@ impl L2Plan {
                     self.config.max_blocks,
                     self.config.threads,
                 );
+                let (partitions, claims) = match variant.variant().method {
+                    l2_prefetch::Method::Loads => table.partitioned(),
+                    _ => (0, 0),
+                };
                 let measure =
                     (!captured && self.config.fit && self.fit.wants_measure(signature, k))
                         .then_some(Measure {
@@ -306,17 +335,20 @@ impl L2Plan {
                         .record(&self.main)
                         .call("cuEventRecord")?;
                 }
+                let params = PrefetchParams {
+                    segments: table.address_of(span.start),
+                    n: n as u64,
+                    chunk: self.config.chunk,
+                    _pad: 0,
+                    partitions,
+                    claims,
+                    timeline: fetchahead_gpu::params::TimelineParams::OFF,
+                };
                 self.fork.record(&self.main).call("cuEventRecord")?;
                 self.side.wait(&self.fork).call("cuStreamWaitEvent")?;
                 self.deferred = Some(Deferred {
                     variant,
-                    params: PrefetchParams {
-                        segments: table.address_of(span.start),
-                        n: n as u64,
-                        chunk: self.config.chunk,
-                        _pad: 0,
-                        timeline: fetchahead_gpu::params::TimelineParams::OFF,
-                    },
+                    params,
                     blocks,
                     threads,
                     issued,
@@ -450,7 +482,8 @@ impl L2Plan {
                 .map_or(&[][..], |w| w.segments());
             // The old table (if any) is freed in the main stream's order, after every prefetch
             // that read it: those were joined into the main stream.
-            let table = Arc::new(SegmentTable::upload(&self.main, segments)?);
+            let map = self.partitions.as_ref().map(|p| &p.of_sm);
+            let table = Arc::new(SegmentTable::upload_with(&self.main, segments, map)?);
             self.tables.insert(summary.signature, table);
         }
         if summary.new_signature {

@@ -20,6 +20,7 @@
 //! - [`planner`]: [`Planner`], the plan logic alone, on the CPU, and its configuration.
 //! - [`device`]: [`L2Plan`], which drives the device with a planner.
 //! - `window_fit`: the byte caps that fit each window's prefetch into its window.
+//! - [`partitions`]: which L2 partition each SM is near, measured on the device.
 //! - [`segments`]: prefetch segments checked on the host and uploaded as a device table.
 //! - [`access_policy`]: the persisting-L2 access-policy window, the plan's alternative mode.
 //!
@@ -28,6 +29,7 @@
 
 pub mod access_policy;
 pub mod device;
+pub mod partitions;
 pub mod planner;
 pub mod segments;
 pub(crate) mod window_fit;

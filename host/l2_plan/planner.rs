@@ -116,6 +116,10 @@ pub struct PlanConfig {
     /// Whether windows announced as all-gathers ([`CollectiveKind::AllGather`]) are warmed;
     /// off, they are counted (the windows keep their numbers) but nothing is prefetched in them.
     pub all_gather: bool,
+    /// Whether the plan measures the device's L2 partitions when it is made
+    /// (`l2_plan::partitions`) and `l2_prefetch_loads` then reads each byte from an SM of each
+    /// partition, so that a reader on any SM finds it near.
+    pub partitions: bool,
 }
 
 /// What kind of collective a window runs, as the caller announces it
@@ -158,7 +162,7 @@ impl CollectiveKind {
 }
 
 /// The `FETCHAHEAD_L2_*` settings [`PlanConfig::from_env`] reads, each with what it takes.
-pub const PLAN_ENV_SETTINGS: [(&str, &str); 5] = [
+pub const PLAN_ENV_SETTINGS: [(&str, &str); 6] = [
     (
         "FETCHAHEAD_L2_BUDGET_MB",
         "budget_per_window: MiB a window may warm at most (a decimal number, > 0)",
@@ -175,6 +179,10 @@ pub const PLAN_ENV_SETTINGS: [(&str, &str); 5] = [
     (
         "FETCHAHEAD_L2_ALL_GATHER",
         "all_gather: 1 (the default: all-gather windows warmed too) or 0",
+    ),
+    (
+        "FETCHAHEAD_L2_PARTITIONS",
+        "partitions: 1 (the default: each byte read from both L2 partitions) or 0",
     ),
 ];
 
@@ -194,7 +202,9 @@ pub enum PrefetchLaunch {
     /// so that only the branch counts), a branch whose prefetch node came after the collective's
     /// cost the step 0.082 ms over its 138 windows, one whose node came first 0.025 ms; eagerly
     /// the two placements saved the same, and launching at `consume` keeps `collective` cheap
-    /// for a host-bound caller.
+    /// for a host-bound caller. Handing eager launches to a worker thread instead was measured
+    /// and dropped: from Python, `collective` (which then only recorded the fork event) took
+    /// 8.3-8.7 us a call against 0.9 inline, the two threads' driver calls waiting on each other.
     Auto,
 }
 
@@ -223,6 +233,7 @@ impl PlanConfig {
             launch: PrefetchLaunch::Auto,
             fit: true,
             all_gather: true,
+            partitions: true,
         }
     }
 
@@ -239,7 +250,8 @@ impl PlanConfig {
         let bad = |name: &'static str, value: &str, want: &str| {
             Error::invalid(name, format!("`{value}`; want {want}"))
         };
-        let [budget, replay, launch, fit, all_gather] = PLAN_ENV_SETTINGS.map(|(name, _)| name);
+        let [budget, replay, launch, fit, all_gather, partitions] =
+            PLAN_ENV_SETTINGS.map(|(name, _)| name);
         if let Some(v) = var(budget) {
             let mib: f64 = v
                 .trim()
@@ -271,6 +283,9 @@ impl PlanConfig {
         }
         if let Some(v) = var(all_gather) {
             config.all_gather = switch(all_gather, &v)?;
+        }
+        if let Some(v) = var(partitions) {
+            config.partitions = switch(partitions, &v)?;
         }
         Ok(config)
     }

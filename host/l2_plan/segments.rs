@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use fetchahead_gpu::params::Segment;
+use fetchahead_gpu::params::{Segment, SmPartitions};
 
 use crate::error::CudaCall;
 use crate::{Error, Result};
@@ -61,23 +61,60 @@ pub struct SegmentTable {
     address: u64,
     len: usize,
     bytes: u64,
+    /// With a partition map: its device address and the claims' (0 without).
+    partitions: u64,
+    claims: u64,
 }
 
 impl SegmentTable {
     /// Checks every segment and copies the table to the device in `stream`'s order.
     pub fn upload(stream: &Arc<CudaStream>, segments: &[Segment]) -> Result<SegmentTable> {
+        SegmentTable::upload_with(stream, segments, None)
+    }
+
+    /// [`SegmentTable::upload`] with the device's L2 partition map after the segments, and the
+    /// zeroed claims a partitioned `l2_prefetch_loads` launch counts its jobs in: the table then
+    /// holds everything such a launch reads, for as long as a graph that baked it in needs it.
+    pub fn upload_with(
+        stream: &Arc<CudaStream>,
+        segments: &[Segment],
+        partitions: Option<&SmPartitions>,
+    ) -> Result<SegmentTable> {
         segments.iter().try_for_each(check_segment)?;
-        let words: Vec<u64> = segments.iter().flat_map(|s| [s.address, s.bytes]).collect();
+        let mut words: Vec<u64> = segments.iter().flat_map(|s| [s.address, s.bytes]).collect();
         // One word at least, so that even an empty table has an address.
-        let words = if words.is_empty() { vec![0, 0] } else { words };
+        if words.is_empty() {
+            words = vec![0, 0];
+        }
+        let tail = words.len() as u64 * 8;
+        if let Some(map) = partitions {
+            // The claims (16 bytes, zero), then the map's bytes as little-endian words.
+            words.extend([0, 0]);
+            words.extend(
+                map.chunks(8)
+                    .map(|b| u64::from_le_bytes(b.try_into().expect("8-byte chunks"))),
+            );
+        }
         let words = stream.clone_htod(&words).call("cuMemcpyHtoD")?;
         let address = words.device_ptr(stream).0;
+        let (claims, partitions) = match partitions {
+            Some(_) => (address + tail, address + tail + 16),
+            None => (0, 0),
+        };
         Ok(SegmentTable {
             _words: words,
             address,
             len: segments.len(),
             bytes: segments.iter().map(|s| s.bytes).sum(),
+            partitions,
+            claims,
         })
+    }
+
+    /// The partition map's and the claims' device addresses (`PrefetchParams::partitions` and
+    /// `::claims`), both 0 for a table without a map.
+    pub fn partitioned(&self) -> (u64, u64) {
+        (self.partitions, self.claims)
     }
 
     /// Device address of segment 0 (16-byte aligned: segments are 16 bytes).

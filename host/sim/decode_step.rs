@@ -1334,6 +1334,8 @@ impl<'a> CleanFlush<'a> {
             n: n as u64,
             chunk: l2_prefetch::DEFAULT_CHUNK,
             _pad: 0,
+            partitions: 0,
+            claims: 0,
             timeline: fetchahead_gpu::params::TimelineParams::OFF,
         };
         // SAFETY: the table holds the flush buffer's pieces, live while this flush lives.
