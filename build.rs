@@ -1,6 +1,10 @@
 //! Compiles `gpu/` to PTX with rustc's own `nvptx64-nvidia-cuda` target, once per arch listed in
-//! `FETCHAHEAD_ARCHS` (default `sm_121a,sm_90`), checks every kernel entry the host will load, and
-//! embeds the PTX through `$OUT_DIR/ptx.rs`.
+//! `FETCHAHEAD_ARCHS` (default `sm_121a,sm_90,sm_80`), checks that each PTX holds exactly the
+//! kernels its arch can run (a kernel's `needs`, from gpu/'s declarations), and embeds the PTX
+//! through `$OUT_DIR/ptx.rs`.
+//!
+//! The sm_80 PTX is the baseline: the driver JIT-compiles a plain (not `a`) PTX for any newer
+//! device, so it runs the kernels that need nothing newer on A100, L40S and the RTX parts.
 //!
 //! The kernel crate needs nightly features, so its child build alone runs with
 //! `RUSTC_BOOTSTRAP=1`, `-Zbuild-std=core` and `-Cpanic=immediate-abort`, with this build's
@@ -11,8 +15,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const DEFAULT_ARCHS: &str = "sm_121a,sm_90";
+const DEFAULT_ARCHS: &str = "sm_121a,sm_90,sm_80";
 const TARGET: &str = "nvptx64-nvidia-cuda";
+/// The arch tiers above the baseline whose kernels a PTX holds only from that SM on (the
+/// `fetchahead_sm{N}` cfgs of gpu/).
+const TIERS: [u32; 2] = [89, 90];
 const COMPONENTS: [&str; 3] = ["rust-src", "llvm-bitcode-linker", "llvm-tools"];
 
 fn main() {
@@ -129,9 +136,22 @@ fn build_arch(rustc: &str, manifest_dir: &Path, target_dir: &Path, arch: &str) -
         // over constant bounds unroll fully.
         "-Cllvm-args=-unroll-threshold=2000".to_string(),
     ];
-    // sm_90 defaults to PTX 7.8; the bulk L2 prefetch needs PTX 8.0.
-    if parse_arch(arch).is_some_and(|(sm, _)| sm < 100) {
-        flags.push("-Ctarget-feature=+ptx80".to_string());
+    let sm = parse_arch(arch).map_or(0, |(sm, _)| sm);
+    // LLVM's default PTX ISA for an arch is older than some instructions the kernels use: the
+    // bulk L2 prefetch needs PTX 8.0 (sm_90 defaults to 7.8), the e4m3 conversion 7.8, and
+    // the cache hints (`L1::no_allocate`, `L2::256B`, `createpolicy`) 7.4 (sm_80 defaults to
+    // 7.0). From sm_100 on the default is new enough.
+    match sm {
+        90..100 => flags.push("-Ctarget-feature=+ptx80".to_string()),
+        89 => flags.push("-Ctarget-feature=+ptx78".to_string()),
+        0..89 => flags.push("-Ctarget-feature=+ptx74".to_string()),
+        _ => {}
+    }
+    // The kernels' tiers (gpu/src/lib.rs `for_tier!`): an entry is compiled into this PTX only
+    // when the arch has what it needs.
+    for tier in TIERS.iter().filter(|&&t| sm >= t) {
+        flags.push("--cfg".to_string());
+        flags.push(format!("fetchahead_sm{tier}"));
     }
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
@@ -168,14 +188,28 @@ fn build_arch(rustc: &str, manifest_dir: &Path, target_dir: &Path, arch: &str) -
     })
 }
 
-/// Every kernel the host loads is an entry of this PTX, and takes a parameter block of exactly
-/// the size the host passes.
+/// Every kernel the host loads on this arch (those whose `needs` it meets) is an entry of this
+/// PTX, taking a parameter block of exactly the size the host passes; no other kernel is.
 fn check_entries(arch: &str, ptx: &str) {
+    let sm = parse_arch(arch).map_or(0, |(sm, _)| sm);
     for entry in fetchahead_gpu::all_kernels() {
         let (name, size) = (entry.name, entry.param_bytes);
-        if !ptx.contains(&format!(".entry {name}(")) {
+        let present = ptx.contains(&format!(".entry {name}("));
+        if entry.needs > sm {
+            if present {
+                fail(&format!(
+                    "{arch} PTX has kernel `{name}`, which its declaration says needs sm_{} \
+                     (its tier in gpu/ and its entry's cfg disagree)",
+                    entry.needs
+                ));
+            }
+            continue;
+        }
+        if !present {
             fail(&format!(
-                "{arch} PTX has no kernel `{name}` (listed in gpu/'s variant tables)"
+                "{arch} PTX has no kernel `{name}` (listed in gpu/'s variant tables, needing \
+                 sm_{})",
+                entry.needs
             ));
         }
         if !ptx.contains(&format!(".param .align 8 .b8 {name}_param_0[{size}]")) {

@@ -20,7 +20,9 @@ pub enum Error {
 
     #[error(
         "no PTX for {device} (compute capability {major}.{minor}, arch {wanted}); this build has \
-         {built}. Rebuild with FETCHAHEAD_ARCHS={wanted},{built} cargo build --release"
+         {built}, none of which runs there (a plain PTX runs on its arch and newer ones, an `a` \
+         PTX on its arch only; the kernels need sm_80 or newer). For a newer chip, rebuild with \
+         FETCHAHEAD_ARCHS={wanted},{built} cargo build --release"
     )]
     NoPtxForDevice {
         device: String,
@@ -32,6 +34,20 @@ pub enum Error {
 
     #[error("no PTX built for arch `{arch}`; this build has {built}")]
     UnknownArch { arch: String, built: String },
+
+    #[error(
+        "kernel `{kernel}` needs sm_{needs} or newer, and the loaded PTX is {loaded} ({why}); \
+         run it on a device of compute capability {}.{} or newer without FETCHAHEAD_PTX_ARCH, \
+         or pick another variant (`fetchahead kernels` lists each PTX's)",
+        needs / 10, needs % 10
+    )]
+    KernelNeedsArch {
+        kernel: &'static str,
+        needs: u32,
+        loaded: &'static str,
+        /// Why that PTX was loaded (`crate::kernels::ptx::Choice`'s text).
+        why: String,
+    },
 
     #[error(
         "{count} of {n} ids outside 0..{rows}; the first at position {first_index} is {first_id} \

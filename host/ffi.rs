@@ -47,9 +47,10 @@ thread_local! {
 
 fn code(e: &Error) -> c_int {
     match e {
-        Error::Cuda { .. } | Error::NoPtxForDevice { .. } | Error::UnknownArch { .. } => {
-            FETCHAHEAD_ERR_CUDA
-        }
+        Error::Cuda { .. }
+        | Error::NoPtxForDevice { .. }
+        | Error::UnknownArch { .. }
+        | Error::KernelNeedsArch { .. } => FETCHAHEAD_ERR_CUDA,
         Error::NoDevice(_) => FETCHAHEAD_ERR_NO_DEVICE,
         Error::RowOutOfRange { .. }
         | Error::InjectedFault { .. }

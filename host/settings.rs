@@ -6,9 +6,10 @@ use crate::l2_plan::PLAN_ENV_SETTINGS;
 use crate::store::ENV_SETTINGS;
 
 /// The variables outside the settings tables that fetchahead, its tests, benches and build read.
-const OTHER_ENV: [&str; 7] = [
+const OTHER_ENV: [&str; 8] = [
     crate::logging::LOG_ENV,
     crate::timeline::TIMELINE_ENV,
+    crate::kernels::ptx::PTX_ARCH_ENV,
     "FETCHAHEAD_REQUIRE_GPU",
     "FETCHAHEAD_ARCHS",
     "FETCHAHEAD_TMPFS",

@@ -29,7 +29,8 @@ extern "C" {
 enum {
     FETCHAHEAD_OK = 0,
     FETCHAHEAD_ERR_INVALID = 1,      /* a bad argument: null, misaligned, out of range */
-    FETCHAHEAD_ERR_CUDA = 2,         /* a CUDA call failed (the message names it) */
+    FETCHAHEAD_ERR_CUDA = 2,         /* a CUDA call failed, no PTX runs on the device, or a
+                                        kernel needs a newer arch than the PTX loaded */
     FETCHAHEAD_ERR_NO_DEVICE = 3,
     FETCHAHEAD_ERR_LOOKUP = 4,       /* a row lookup failed (its rows were zero-filled) */
     FETCHAHEAD_ERR_NOT_WARMED = 5,   /* first use inside a graph capture: warm first */

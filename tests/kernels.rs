@@ -25,19 +25,54 @@ struct Setup {
     kernels: Kernels,
     stream: Arc<CudaStream>,
     rng: SmallRng,
+    /// The variants checked, and those left out because the loaded PTX does not hold them.
+    checked: Vec<&'static str>,
+    not_held: Vec<&'static str>,
 }
 
 fn setup(what: &str) -> Option<Setup> {
+    setup_arch(what, None)
+}
+
+/// As [`setup`], with the PTX of `arch` loaded (as `FETCHAHEAD_PTX_ARCH` would) when given.
+fn setup_arch(what: &str, arch: Option<&str>) -> Option<Setup> {
     let gpu = Gpu::for_test(what).expect("opening the GPU")?;
-    let kernels = Kernels::load(&gpu).expect("loading the kernels");
+    let kernels = match arch {
+        Some(arch) => Kernels::load_arch(&gpu, arch),
+        None => Kernels::load(&gpu),
+    }
+    .expect("loading the kernels");
     let stream = gpu.ctx.default_stream();
     let seed = fresh_seed();
-    eprintln!("{what}: seed {seed}");
+    eprintln!("{what}: seed {seed}, {}", kernels.ptx_choice());
     Some(Setup {
         kernels,
         stream,
         rng: SmallRng::seed_from_u64(seed),
+        checked: Vec::new(),
+        not_held: Vec::new(),
     })
+}
+
+impl Setup {
+    /// Whether to check `name`: the loaded PTX holds it (otherwise it is recorded, and said, as
+    /// left out).
+    fn held(&mut self, name: &'static str) -> bool {
+        if self.kernels.holds(name) {
+            if !self.checked.contains(&name) {
+                self.checked.push(name);
+            }
+            return true;
+        }
+        if !self.not_held.contains(&name) {
+            eprintln!(
+                "  {name}: not in the {} PTX (needs a newer arch), not checked",
+                self.kernels.arch()
+            );
+            self.not_held.push(name);
+        }
+        false
+    }
 }
 
 fn random_bytes(rng: &mut SmallRng, len: usize) -> Vec<u8> {
@@ -99,6 +134,9 @@ fn check_gathers(s: &mut Setup, row_bytes: usize, placements: &[Placement], size
             let mut out = s.stream.alloc_zeros::<u8>((n * row_bytes).max(1)).unwrap();
             for variant in GatherVariant::all() {
                 let v = variant.variant();
+                if !s.held(v.name) {
+                    continue;
+                }
                 poison(&s.stream, &mut out).unwrap();
                 table
                     .gather(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
@@ -169,6 +207,9 @@ fn check_dequant_dim(
             let mut outputs = Vec::new();
             for variant in DequantVariant::all() {
                 let v = variant.variant();
+                if !s.held(v.name) {
+                    continue;
+                }
                 poison(&s.stream, &mut out).unwrap();
                 table
                     .gather_dequant(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
@@ -231,6 +272,106 @@ fn gather_dequant_matches_the_reference_at_other_dims() {
         let scales = random_bytes(&mut s.rng, rows * dim / 32);
         let what = format!("random, dim {dim}");
         check_dequant_dim(&mut s, &weights, &scales, dim, &[1, 37, 1000, 5003], &what);
+    }
+}
+
+/// The baseline (sm_80) PTX, forced on this device: every gather and gather + dequant variant
+/// it holds, bit-exact against the same references, on the same inputs as the tests above. It
+/// holds exactly the variants that need nothing newer, and a launch of another says which arch
+/// that variant needs.
+fn the_baseline_ptx_matches_the_reference() {
+    let Some(mut s) = setup_arch("baseline PTX", Some("sm_80")) else {
+        return;
+    };
+    assert_eq!(s.kernels.arch(), "sm_80");
+    assert_eq!(
+        s.kernels.ptx_choice().reason,
+        fetchahead::kernels::ptx::Reason::Forced
+    );
+    check_gathers(&mut s, DIM, &PLACEMENTS, &SIZES);
+    check_gathers(&mut s, 48, &[Placement::Device], &[1, 31, 1000, 4099]);
+    let (weights, scales) = edge_table(&mut s.rng);
+    check_dequant(
+        &mut s,
+        &weights,
+        &scales,
+        &[1, 31, 1000],
+        "baseline, edge scales",
+    );
+    let rows = 1usize << 15;
+    let weights = random_bytes(&mut s.rng, rows * DIM);
+    let scales = random_bytes(&mut s.rng, rows * DIM / 32);
+    check_dequant(&mut s, &weights, &scales, &SIZES, "baseline, random");
+    check_dequant_dim(
+        &mut s,
+        &weights[..4099 * 96],
+        &scales[..4099 * 3],
+        96,
+        &[1, 37, 1000],
+        "baseline, dim 96",
+    );
+
+    let needs = |name: &str| fetchahead::kernels::ptx::kernel_needs(name).unwrap();
+    let variants: Vec<&str> = gather::VARIANTS
+        .iter()
+        .map(|v| v.name)
+        .chain(
+            fetchahead::device_abi::dequant::VARIANTS
+                .iter()
+                .map(|v| v.name),
+        )
+        .collect();
+    let want_checked: Vec<&str> = variants
+        .iter()
+        .copied()
+        .filter(|n| needs(n) <= 80)
+        .collect();
+    let want_absent: Vec<&str> = variants.iter().copied().filter(|n| needs(n) > 80).collect();
+    assert_eq!(
+        s.checked, want_checked,
+        "the variants checked on the baseline"
+    );
+    assert_eq!(
+        s.not_held, want_absent,
+        "the variants left out of the baseline"
+    );
+    assert!(
+        s.checked.len() >= 30,
+        "{} variants checked",
+        s.checked.len()
+    );
+    eprintln!(
+        "baseline PTX: {} variants bit-exact, {} left out (they need sm_89 or sm_90)",
+        s.checked.len(),
+        s.not_held.len()
+    );
+
+    // A variant the baseline lacks: refused before any launch, naming the arch it needs.
+    let p = fetchahead::device_abi::params::GatherParams {
+        table: 0x1000,
+        ids: 0x2000,
+        out: 0x3000,
+        status: 0x4000,
+        n: 10,
+        rows: 10,
+        row_bytes: 256,
+        _pad: 0,
+        timeline: fetchahead::device_abi::params::TimelineParams::OFF,
+    };
+    let bulk = GatherVariant::named("gather_bulk").unwrap();
+    // SAFETY: refused before launch (the loaded PTX does not hold it), so no address is touched.
+    let result = unsafe { s.kernels.launch_gather(s.stream.cu_stream(), bulk, p) };
+    match result {
+        Err(e @ Error::KernelNeedsArch { needs: 90, .. }) => {
+            let m = e.to_string();
+            assert!(
+                m.contains("gather_bulk")
+                    && m.contains("sm_90")
+                    && m.contains("FETCHAHEAD_PTX_ARCH"),
+                "{m}"
+            );
+        }
+        other => panic!("gather_bulk on the baseline: {other:?}"),
     }
 }
 
@@ -392,5 +533,6 @@ common::harness::tests! {
         gather_dequant_matches_the_reference_at_other_dims,
         ids_outside_the_table_write_zero_rows_and_are_reported,
         launches_refuse_bad_shapes_with_an_error,
+        the_baseline_ptx_matches_the_reference,
     ],
 }

@@ -150,3 +150,84 @@ fn declared_shapes_are_the_launch_shapes() {
         (l2_prefetch::Priority::EvictLast, l2_prefetch::Method::Bulk)
     );
 }
+
+/// Each variant's `NEEDS` comes from its declaration's tokens: the hardware FP8 conversion needs
+/// sm_89, bulk copies and prefetches and clusters sm_90, everything else the sm_80 baseline;
+/// every kernel entry (twins included) carries its variant's.
+#[test]
+fn each_variant_needs_the_arch_its_declaration_implies() {
+    use fetchahead::device_abi::BASELINE_SM;
+    assert_eq!(gather::NEEDS.len(), gather::VARIANTS.len());
+    assert_eq!(dequant::NEEDS.len(), dequant::VARIANTS.len());
+    assert_eq!(l2_prefetch::NEEDS.len(), l2_prefetch::VARIANTS.len());
+    assert_eq!(gemv::NEEDS.len(), gemv::VARIANTS.len());
+    for (v, &needs) in gather::VARIANTS.iter().zip(gather::NEEDS) {
+        let bulk = matches!(v.shape, gather::Shape::TilePerBlock { .. });
+        let want = if bulk || v.name == "gather_chunk16_ahead" {
+            90
+        } else {
+            BASELINE_SM
+        };
+        assert_eq!(needs, want, "{}", v.name);
+    }
+    for (v, &needs) in dequant::VARIANTS.iter().zip(dequant::NEEDS) {
+        let want = match v.conversion {
+            dequant::Conversion::Hardware => 89,
+            dequant::Conversion::Packed if v.name.ends_with("_ahead") => 90,
+            dequant::Conversion::Packed => BASELINE_SM,
+        };
+        assert_eq!(needs, want, "{}", v.name);
+    }
+    for (v, &needs) in l2_prefetch::VARIANTS.iter().zip(l2_prefetch::NEEDS) {
+        let want = if v.method == l2_prefetch::Method::Bulk {
+            90
+        } else {
+            BASELINE_SM
+        };
+        assert_eq!(needs, want, "{}", v.name);
+    }
+    for (v, &needs) in gemv::VARIANTS.iter().zip(gemv::NEEDS) {
+        let want = if v.reduce == gemv::Reduce::Cluster {
+            90
+        } else {
+            BASELINE_SM
+        };
+        assert_eq!(needs, want, "{}", v.name);
+    }
+    for entry in all_kernels() {
+        let plain = entry.name.strip_suffix("_timed").unwrap_or(entry.name);
+        let family_needs = [
+            (gather::find(plain), gather::NEEDS),
+            (dequant::find(plain), dequant::NEEDS),
+            (l2_prefetch::find(plain), l2_prefetch::NEEDS),
+            (
+                gemv::VARIANTS.iter().position(|v| v.name == plain),
+                gemv::NEEDS,
+            ),
+        ]
+        .into_iter()
+        .find_map(|(i, needs)| i.map(|i| needs[i]));
+        assert_eq!(
+            entry.needs,
+            family_needs.unwrap_or(BASELINE_SM),
+            "{}",
+            entry.name
+        );
+    }
+}
+
+/// `FETCHAHEAD_PTX_ARCH` is a setting fetchahead reads: set, it draws no typo warning, and a
+/// misspelling of it does.
+#[test]
+fn the_ptx_arch_setting_is_known() {
+    assert_eq!(
+        fetchahead::settings::unknown_env_names(
+            ["FETCHAHEAD_PTX_ARCH", "FETCHAHEAD_PTX_ARC"].map(String::from)
+        ),
+        vec!["FETCHAHEAD_PTX_ARC".to_string()]
+    );
+    assert_eq!(
+        fetchahead::kernels::ptx::PTX_ARCH_ENV,
+        "FETCHAHEAD_PTX_ARCH"
+    );
+}

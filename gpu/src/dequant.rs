@@ -117,8 +117,29 @@ macro_rules! dequant_body {
     };
 }
 
+/// The arch tier a variant's instructions need, from the same tokens as its row: the hardware
+/// conversion (`cvt.rn.f16x2.e4m3x2`) needs sm_89, the next row's L2 bulk prefetch (`ahead`)
+/// sm_90; the packed conversion sm_80.
+macro_rules! dequant_needs {
+    ($then:ident!($($pre:tt)*) chunk16 { conversion: Hardware, $($rest:tt)* }) => {
+        $then! { $($pre)* sm_89 }
+    };
+    (
+        $then:ident!($($pre:tt)*)
+        units8 { unroll: $u:literal, one_pass: $one:literal, conversion: Hardware, $($rest:tt)* }
+    ) => {
+        $then! { $($pre)* sm_89 }
+    };
+    ($then:ident!($($pre:tt)*) chunk16 { conversion: $c:ident, ahead: true, $($rest:tt)* }) => {
+        $then! { $($pre)* sm_90 }
+    };
+    ($then:ident!($($pre:tt)*) $($kind:tt)*) => {
+        $then! { $($pre)* sm_80 }
+    };
+}
+
 variants! {
-    params: DequantParams, row: dequant_row, body: dequant_body;
+    params: DequantParams, row: dequant_row, body: dequant_body, needs: dequant_needs;
     gather_dequant_cvt: chunk16 { conversion: Hardware, ahead: false, hint: STREAM }
         => "hardware e4m3x2 -> f16x2 conversion, f32 scale multiply";
     gather_dequant_packed: chunk16 { conversion: Packed, ahead: false, hint: STREAM }

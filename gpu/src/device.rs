@@ -343,17 +343,30 @@ pub fn permute_bytes(a: u32, b: u32, selector: u32) -> u32 {
     r
 }
 
-/// Packed bf16 multiply, one rounding to nearest even, subnormals kept (sm_90 and later).
+/// Packed bf16 multiply, one rounding to nearest even, subnormals kept: `mul.rn.bf16x2` on
+/// sm_90 and later; before, `fma.rn.bf16x2` adding -0 (sm_80), which gives the same bits: the
+/// exact product rounded once, and `x + -0 = x` for every x, zeros' signs included.
 #[inline(always)]
 pub fn mul_bf16x2(a: u32, b: u32) -> u32 {
     let r: u32;
     // SAFETY: a pure register operation.
+    #[cfg(fetchahead_sm90)]
     unsafe {
         asm!("mul.rn.bf16x2 {0}, {1}, {2};", out(reg32) r, in(reg32) a, in(reg32) b,
              options(pure, nomem, nostack, preserves_flags));
     }
+    // SAFETY: a pure register operation.
+    #[cfg(not(fetchahead_sm90))]
+    unsafe {
+        asm!("fma.rn.bf16x2 {0}, {1}, {2}, {3};", out(reg32) r, in(reg32) a, in(reg32) b,
+             in(reg32) NEG_ZERO_BF16X2, options(pure, nomem, nostack, preserves_flags));
+    }
     r
 }
+
+/// Two bf16 -0.
+#[cfg(not(fetchahead_sm90))]
+const NEG_ZERO_BF16X2: u32 = 0x8000_8000;
 
 /// Two f32 to packed bf16, round to nearest even, subnormals kept: `lo` in bits 0..16.
 #[inline(always)]

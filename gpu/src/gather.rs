@@ -142,8 +142,23 @@ macro_rules! gather_body {
     };
 }
 
+/// The arch tier a variant's instructions need, from the same tokens as its row: the L2 bulk
+/// prefetch of `ahead` and the bulk copies of `bulk` need sm_90; the rest (16-byte loads,
+/// `cp.async`) sm_80.
+macro_rules! gather_needs {
+    ($then:ident!($($pre:tt)*) pipelined { ahead: true, $($rest:tt)* }) => {
+        $then! { $($pre)* sm_90 }
+    };
+    ($then:ident!($($pre:tt)*) custom { shape: $shape:expr, body: bulk }) => {
+        $then! { $($pre)* sm_90 }
+    };
+    ($then:ident!($($pre:tt)*) $($kind:tt)*) => {
+        $then! { $($pre)* sm_80 }
+    };
+}
+
 variants! {
-    params: GatherParams, row: gather_row, body: gather_body;
+    params: GatherParams, row: gather_row, body: gather_body, needs: gather_needs;
     /// Per thread: one 16-byte chunk at a time; a warp covers two 256-byte rows.
     gather_chunk16: chunk { unroll: 1, streaming: false, hint: STREAM }
         => "a thread per 16-byte chunk, grid-stride";

@@ -138,8 +138,22 @@ macro_rules! gemv_body {
 
 // Every GEMV kernel. The host checked each launch's shape and buffers' alignment (check_gemv)
 // and launched a cluster per row group for the `Cluster` ones.
+/// The arch tier a variant's instructions need: the on-chip split-K sum across a cluster needs
+/// sm_90; the rest (`mma.sync`, 16-byte loads) sm_80.
+macro_rules! gemv_needs {
+    (
+        $then:ident!($($pre:tt)*)
+        gemv { tiles: $t:literal, loads: $l:ident, reduce: Cluster, unroll: $u:ident }
+    ) => {
+        $then! { $($pre)* sm_90 }
+    };
+    ($then:ident!($($pre:tt)*) $($kind:tt)*) => {
+        $then! { $($pre)* sm_80 }
+    };
+}
+
 variants! {
-    params: GemvParams, row: gemv_row, body: gemv_body;
+    params: GemvParams, row: gemv_row, body: gemv_body, needs: gemv_needs;
     /// Per lane: two 16-byte weight loads and one 16-byte activation load per 32 K, one tile.
     gemv_bf16_m8: gemv { tiles: 1, loads: Plain, reduce: Global, unroll: UNROLL }
         => "bf16 GEMV, M <= 8: one mma.m16n8k16 per 16 K, unhinted 16-byte loads";

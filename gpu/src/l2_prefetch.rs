@@ -105,8 +105,19 @@ macro_rules! l2_body {
     };
 }
 
+/// The arch tier a variant's instructions need: `cp.async.bulk.prefetch.L2` needs sm_90; line
+/// prefetches and loads sm_80.
+macro_rules! l2_needs {
+    ($then:ident!($($pre:tt)*) bulk { $($arg:tt)* }) => {
+        $then! { $($pre)* sm_90 }
+    };
+    ($then:ident!($($pre:tt)*) $($kind:tt)*) => {
+        $then! { $($pre)* sm_80 }
+    };
+}
+
 variants! {
-    params: PrefetchParams, row: l2_row, body: l2_body;
+    params: PrefetchParams, row: l2_row, body: l2_body, needs: l2_needs;
     l2_prefetch: bulk { priority: Normal } => "bulk L2 prefetch, normal priority";
     l2_prefetch_evict_last: bulk { priority: EvictLast }
         => "bulk L2 prefetch with an evict_last cache policy";

@@ -12,16 +12,58 @@
 // Kernels take one `#[repr(C)]` struct of u64/u32 fields by value (a `.param .b8[N]` array);
 // build.rs checks every entry's parameter size against the host's `size_of`.
 #![cfg_attr(target_arch = "nvptx64", allow(improper_gpu_kernel_arg))]
+// A PTX older than sm_90 leaves out the kernels that need it (`fetchahead_sm90`, set by
+// build.rs); their helpers are then unused there.
+#![cfg_attr(
+    all(target_arch = "nvptx64", not(fetchahead_sm90)),
+    allow(dead_code, unused_imports)
+)]
+
+/// The oldest arch fetchahead builds PTX for: every kernel that needs nothing newer is in it.
+pub const BASELINE_SM: u32 = 80;
+
+/// The SM number of an arch tier a kernel needs: `sm_80` (nothing newer than the baseline),
+/// `sm_89` (FP8 conversion instructions), `sm_90` (bulk copies and prefetches, clusters).
+macro_rules! sm_number {
+    (sm_80) => {
+        80
+    };
+    (sm_89) => {
+        89
+    };
+    (sm_90) => {
+        90
+    };
+}
+
+/// `$item`, compiled only into the PTX of archs at least `$tier` (build.rs sets the
+/// `fetchahead_sm89` and `fetchahead_sm90` cfgs by the arch it builds).
+#[cfg(target_arch = "nvptx64")]
+macro_rules! for_tier {
+    ({ $($item:tt)* } sm_80) => {
+        $($item)*
+    };
+    ({ $($item:tt)* } sm_89) => {
+        #[cfg(fetchahead_sm89)]
+        $($item)*
+    };
+    ({ $($item:tt)* } sm_90) => {
+        #[cfg(fetchahead_sm90)]
+        $($item)*
+    };
+}
 
 /// Declares a kernel family's variants, each once: its name, what it does and its parameters.
 /// From the one declaration it emits the family's `VARIANTS` row (on the host and the device)
 /// and, for `nvptx64`, the `#[unsafe(no_mangle)]` entry of that name calling the family's generic
 /// body. `$row!(name, about, kind { args })` builds the row and `$body!(p, kind { args })` the
 /// body's call, both from the same `kind { args }` tokens, so a row's shape and its kernel's
-/// const generics cannot disagree.
+/// const generics cannot disagree. `$needs!(then!(..) kind { args })` names, from the same
+/// tokens, the arch tier the variant's instructions need (`sm_80`, `sm_89`, `sm_90`): the
+/// family's `NEEDS` row, and the entry compiled only into the PTX of archs that have them.
 macro_rules! variants {
     (
-        params: $params:ident, row: $row:ident, body: $body:ident;
+        params: $params:ident, row: $row:ident, body: $body:ident, needs: $needs:ident;
         $(
             $(#[$doc:meta])*
             $name:ident: $kind:ident { $($arg:tt)* } => $about:literal;
@@ -34,14 +76,22 @@ macro_rules! variants {
         /// Each variant's twin that records the device timeline (`VARIANTS[i]`'s is `TIMED[i]`).
         pub const TIMED: &[&str] = &[ $( concat!(stringify!($name), "_timed"), )* ];
 
+        /// The oldest SM whose PTX holds each variant and its twin (`VARIANTS[i]`'s is
+        /// `NEEDS[i]`): what its instructions need.
+        pub const NEEDS: &[u32] = &[ $( $needs!(sm_number!() $kind { $($arg)* }), )* ];
+
         #[cfg(target_arch = "nvptx64")]
         mod entries {
-            $( variant_entry!(plain, $body, $params, [$(#[$doc])*] $name, $kind { $($arg)* }); )*
+            $( $needs!(for_tier!({
+                variant_entry!(plain, $body, $params, [$(#[$doc])*] $name, $kind { $($arg)* });
+            }) $kind { $($arg)* }); )*
         }
 
         #[cfg(target_arch = "nvptx64")]
         mod timed_entries {
-            $( variant_entry!(timed, $body, $params, [$(#[$doc])*] $name, $kind { $($arg)* }); )*
+            $( $needs!(for_tier!({
+                variant_entry!(timed, $body, $params, [$(#[$doc])*] $name, $kind { $($arg)* });
+            }) $kind { $($arg)* }); )*
         }
     };
 }
@@ -200,6 +250,14 @@ pub struct Entry {
     pub name: &'static str,
     pub param_bytes: usize,
     pub about: &'static str,
+    /// The oldest SM whose PTX holds it (80, 89 or 90): what its instructions need.
+    pub needs: u32,
+}
+
+/// The SM number of an arch as build.rs names it: `sm_121a` -> 121.
+pub fn arch_sm(arch: &str) -> Option<u32> {
+    let digits = arch.strip_prefix("sm_")?;
+    digits.strip_suffix('a').unwrap_or(digits).parse().ok()
 }
 
 /// Every kernel entry point, the one list the host, `build.rs` and `fetchahead kernels` use.
@@ -207,10 +265,18 @@ pub struct Entry {
 /// `param_bytes`.
 pub fn all_kernels() -> impl Iterator<Item = Entry> {
     use core::mem::size_of;
-    let entry = |name, param_bytes, about| Entry {
+    let entry = |name, param_bytes, about, needs| Entry {
         name,
         param_bytes,
         about,
+        needs,
+    };
+    // A family's timed twins, each needing what its variant needs.
+    let twins = move |names: &'static [&'static str], needs: &'static [u32], param_bytes| {
+        names
+            .iter()
+            .zip(needs)
+            .map(move |(&name, &needs)| entry(name, param_bytes, TIMED, needs))
     };
     let gather = size_of::<params::GatherParams>();
     let dequant = size_of::<params::DequantParams>();
@@ -220,55 +286,66 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
     let staged = size_of::<params::StagedParams>();
     let spin = size_of::<params::SpinParams>();
     const TIMED: &str = "the same kernel, recording its blocks on the device timeline";
+    const BASE: u32 = BASELINE_SM;
     gather::VARIANTS
         .iter()
-        .map(move |v| entry(v.name, gather, v.about))
+        .zip(gather::NEEDS)
+        .map(move |(v, &needs)| entry(v.name, gather, v.about, needs))
         .chain([entry(
             gather::EMPTY_KERNEL,
             gather,
             "does nothing: the launch-cost floor for benches",
+            BASE,
         )])
         .chain(
             dequant::VARIANTS
                 .iter()
-                .map(move |v| entry(v.name, dequant, v.about)),
+                .zip(dequant::NEEDS)
+                .map(move |(v, &needs)| entry(v.name, dequant, v.about, needs)),
         )
         .chain(
             l2_prefetch::VARIANTS
                 .iter()
-                .map(move |v| entry(v.name, prefetch, v.about)),
+                .zip(l2_prefetch::NEEDS)
+                .map(move |(v, &needs)| entry(v.name, prefetch, v.about, needs)),
         )
         .chain(
             gemv::VARIANTS
                 .iter()
-                .map(move |v| entry(v.name, gemv, v.about)),
+                .zip(gemv::NEEDS)
+                .map(move |(v, &needs)| entry(v.name, gemv, v.about, needs)),
         )
         .chain([
             entry(
                 collective::KERNEL,
                 collective,
                 "simulated collective: 1-8 CTAs poll a flag for T ns",
+                BASE,
             ),
             entry(
                 staged::KERNEL,
                 size_of::<params::StagedParams>(),
                 "gather + dequant of staged rows that waits in the kernel for each row's tag \
                  (the prefetcher's Join::Tags)",
+                BASE,
             ),
             entry(
                 check::KERNEL,
                 size_of::<params::CheckParams>(),
                 "counts launches whose two bf16 buffers differ (the prefetcher's check mode)",
+                BASE,
             ),
             entry(
                 hash::KERNEL,
                 size_of::<params::HashParams>(),
                 "hashes token n-grams into Engram row ids (the demo's hasher)",
+                BASE,
             ),
             entry(
                 spin::KERNEL,
                 spin,
                 "busy-waits on the GPU clock: a layer's compute in the demo and benches",
+                BASE,
             ),
             entry(
                 l2_prefetch::PARTITION_PROBE_KERNEL,
@@ -278,22 +355,14 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
         ])
         // The timed twins, after every plain entry, so that a plain entry's index (the kernel
         // id a timeline record carries) does not depend on them.
-        .chain(gather::TIMED.iter().map(move |&n| entry(n, gather, TIMED)))
-        .chain(
-            dequant::TIMED
-                .iter()
-                .map(move |&n| entry(n, dequant, TIMED)),
-        )
-        .chain(
-            l2_prefetch::TIMED
-                .iter()
-                .map(move |&n| entry(n, prefetch, TIMED)),
-        )
-        .chain(gemv::TIMED.iter().map(move |&n| entry(n, gemv, TIMED)))
+        .chain(twins(gather::TIMED, gather::NEEDS, gather))
+        .chain(twins(dequant::TIMED, dequant::NEEDS, dequant))
+        .chain(twins(l2_prefetch::TIMED, l2_prefetch::NEEDS, prefetch))
+        .chain(twins(gemv::TIMED, gemv::NEEDS, gemv))
         .chain([
-            entry(collective::KERNEL_TIMED, collective, TIMED),
-            entry(spin::KERNEL_TIMED, spin, TIMED),
-            entry(staged::KERNEL_TIMED, staged, TIMED),
+            entry(collective::KERNEL_TIMED, collective, TIMED, BASE),
+            entry(spin::KERNEL_TIMED, spin, TIMED, BASE),
+            entry(staged::KERNEL_TIMED, staged, TIMED, BASE),
         ])
 }
 

@@ -83,6 +83,19 @@ fn run_with(args: &CheckArgs, require_gpu: bool) -> fetchahead::Result<ExitCode>
         gpu.multiprocessors,
         kernels.arch()
     );
+    println!("PTX: {}", kernels.ptx_choice());
+    let absent = selfcheck::not_held(&kernels);
+    if !absent.is_empty() && args.variant.is_none() {
+        let names: Vec<String> = absent
+            .iter()
+            .map(|(name, needs)| format!("{name} (sm_{needs})"))
+            .collect();
+        println!(
+            "not checked, not in the {} PTX (each needs the arch named): {}",
+            kernels.arch(),
+            names.join(", ")
+        );
+    }
     let outcomes = selfcheck::run_only(&kernels, rows, n, seed, args.variant.as_deref())?;
     println!(
         "{:<22} {:<11} {:>6} {:>10}",

@@ -13,9 +13,29 @@ pub fn list() -> fetchahead::Result<ExitCode> {
     };
     let mut text = String::new();
     for built in ptx::BUILT {
-        text += &format!("{} ({} bytes of PTX)\n", built.arch, built.text.len());
+        let held = ptx::entries(built.text).count();
+        let runs_on = if built.arch.ends_with('a') {
+            "exactly that arch"
+        } else {
+            "that arch and newer"
+        };
+        text += &format!(
+            "{} ({} bytes of PTX, {held} kernels; runs on {runs_on})\n",
+            built.arch,
+            built.text.len()
+        );
         for entry in ptx::entries(built.text) {
             text += &format!("  {entry:<28} {}\n", about(entry));
+        }
+        let absent: Vec<String> = all_kernels()
+            .filter(|k| !built.holds(k.needs) && !k.name.ends_with("_timed"))
+            .map(|k| format!("{} (sm_{})", k.name, k.needs))
+            .collect();
+        if !absent.is_empty() {
+            text += &format!(
+                "  not here, each needing the arch named (and its _timed twin): {}\n",
+                absent.join(", ")
+            );
         }
     }
     write_stdout(&text)

@@ -18,7 +18,7 @@ use fetchahead_gpu::{
 use crate::driver;
 use crate::error::CudaCall;
 use crate::kernels::gpu::Gpu;
-use crate::kernels::ptx::{self, BuiltPtx};
+use crate::kernels::ptx::{self, Choice};
 use crate::timeline::TimelineSwitch;
 use crate::{Error, Result};
 
@@ -55,19 +55,31 @@ impl Loaded {
     }
 }
 
-/// Every kernel of the variant tables in `gpu/`, loaded for one device (the simulation's hash,
-/// spin, collective and GEMV kernels too; their launches are in `crate::sim`).
+/// A variant's kernel, or why the loaded PTX does not hold it.
+#[derive(Debug)]
+pub(crate) enum Slot {
+    Loaded(Loaded),
+    /// Its instructions need SM `needs`, newer than the loaded PTX's arch.
+    Absent {
+        name: &'static str,
+        needs: u32,
+    },
+}
+
+/// Every kernel of the variant tables in `gpu/` that the loaded PTX holds, for one device (the
+/// simulation's hash, spin, collective and GEMV kernels too; their launches are in
+/// `crate::sim`). A variant that needs a newer arch is absent, and its launch says so.
 #[derive(Debug)]
 pub struct Kernels {
     pub(crate) gpu: Gpu,
-    ptx: &'static BuiltPtx,
+    choice: Choice,
     _module: Arc<CudaModule>,
-    gather: Vec<Loaded>,
+    gather: Vec<Slot>,
     empty: Loaded,
-    dequant: Vec<Loaded>,
-    prefetch: Vec<Loaded>,
+    dequant: Vec<Slot>,
+    prefetch: Vec<Slot>,
     #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
-    pub(crate) gemv: Vec<Loaded>,
+    pub(crate) gemv: Vec<Slot>,
     #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
     pub(crate) collective: Loaded,
     check: Loaded,
@@ -82,10 +94,22 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// Loads the PTX built for `gpu`'s compute capability.
+    /// Loads the PTX for `gpu`'s compute capability: the newest embedded not newer than it, or
+    /// the one `FETCHAHEAD_PTX_ARCH` names ([`ptx::for_device`]).
     pub fn load(gpu: &Gpu) -> Result<Kernels> {
         let (major, minor) = gpu.compute_capability;
-        let ptx = ptx::for_compute_capability(&gpu.name, major, minor)?;
+        Kernels::load_choice(gpu, ptx::for_device(&gpu.name, major, minor)?)
+    }
+
+    /// Loads the PTX of `arch` (as `FETCHAHEAD_PTX_ARCH={arch}` would), checked to run on
+    /// `gpu`: the tests run the baseline this way on a newer chip.
+    pub fn load_arch(gpu: &Gpu, arch: &str) -> Result<Kernels> {
+        let choice = ptx::choose(ptx::BUILT, &gpu.name, gpu.compute_capability, Some(arch))?;
+        Kernels::load_choice(gpu, choice)
+    }
+
+    fn load_choice(gpu: &Gpu, choice: Choice) -> Result<Kernels> {
+        let ptx = choice.ptx;
         let module = gpu
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx.text))
@@ -112,23 +136,37 @@ impl Kernels {
             })
         };
         let load = |name: &str| load_blocks_of(name, gather::BLOCK_THREADS);
+        // A variant's kernel when this PTX holds it (build.rs checked that it holds exactly
+        // those whose needs its arch meets).
+        let slot = |name: &'static str, needs: u32, block_threads: u32| -> Result<Slot> {
+            if ptx.holds(needs) {
+                load_blocks_of(name, block_threads).map(Slot::Loaded)
+            } else {
+                Ok(Slot::Absent { name, needs })
+            }
+        };
+        let threads = gather::BLOCK_THREADS;
         let kernels = Kernels {
             gather: gather::VARIANTS
                 .iter()
-                .map(|v| load_blocks_of(v.name, v.shape.block_threads()))
+                .zip(gather::NEEDS)
+                .map(|(v, &needs)| slot(v.name, needs, v.shape.block_threads()))
                 .collect::<Result<_>>()?,
             empty: load(gather::EMPTY_KERNEL)?,
             dequant: dequant::VARIANTS
                 .iter()
-                .map(|v| load(v.name))
+                .zip(dequant::NEEDS)
+                .map(|(v, &needs)| slot(v.name, needs, threads))
                 .collect::<Result<_>>()?,
             prefetch: l2_prefetch::VARIANTS
                 .iter()
-                .map(|v| load(v.name))
+                .zip(l2_prefetch::NEEDS)
+                .map(|(v, &needs)| slot(v.name, needs, threads))
                 .collect::<Result<_>>()?,
             gemv: gemv::VARIANTS
                 .iter()
-                .map(|v| load(v.name))
+                .zip(gemv::NEEDS)
+                .map(|(v, &needs)| slot(v.name, needs, threads))
                 .collect::<Result<_>>()?,
             collective: load(collective::KERNEL)?,
             check: load(check::KERNEL)?,
@@ -137,7 +175,7 @@ impl Kernels {
             hash: load(hash::KERNEL)?,
             spin: load(spin::KERNEL)?,
             _module: module,
-            ptx,
+            choice,
             gpu: gpu.clone(),
             timeline: TimelineSwitch::off(),
         };
@@ -153,12 +191,23 @@ impl Kernels {
 
     /// The arch whose PTX was loaded.
     pub fn arch(&self) -> &'static str {
-        self.ptx.arch
+        self.choice.ptx.arch
+    }
+
+    /// Which PTX was loaded and why (its `Display`: "sm_90 PTX for a 10.0 device: ...").
+    pub fn ptx_choice(&self) -> &Choice {
+        &self.choice
+    }
+
+    /// Whether the loaded PTX holds kernel `name`: false for a kernel that needs a newer arch
+    /// (and for a name that is no kernel).
+    pub fn holds(&self, name: &str) -> bool {
+        ptx::kernel_needs(name).is_some_and(|needs| self.choice.ptx.holds(needs))
     }
 
     /// The default variants for this device's arch (`fetchahead_gpu::defaults`).
     pub fn defaults(&self) -> &'static defaults::Defaults {
-        defaults::for_arch(self.ptx.arch)
+        defaults::for_arch(self.choice.ptx.arch)
     }
 
     /// The gather + dequant variant `name`, or of this arch's default for `None`.
@@ -190,7 +239,7 @@ impl Kernels {
         p: GatherParams,
     ) -> Result<()> {
         let (threads, block_threads) = gather_threads(variant, &p, self.gpu.multiprocessors)?;
-        let kernel = pick(&self.gather, variant.index(), "gather")?;
+        let kernel = self.pick(&self.gather, variant.index(), "gather")?;
         let p = GatherParams {
             timeline: self.timeline.params(kernel.id),
             ..p
@@ -210,7 +259,9 @@ impl Kernels {
         p: GatherParams,
     ) -> Result<()> {
         let (threads, block_threads) = gather_threads(variant, &p, self.gpu.multiprocessors)?;
-        let empty = pick(&self.gather, variant.index(), "gather")?.empty_like(&self.empty);
+        let empty = self
+            .pick(&self.gather, variant.index(), "gather")?
+            .empty_like(&self.empty);
         // SAFETY: the empty kernel touches no memory.
         unsafe {
             self.launch(
@@ -236,7 +287,9 @@ impl Kernels {
         p: DequantParams,
     ) -> Result<()> {
         let shape = dequant_shape(variant)?;
-        let empty = pick(&self.dequant, variant.index(), "gather_dequant")?.empty_like(&self.empty);
+        let empty = self
+            .pick(&self.dequant, variant.index(), "gather_dequant")?
+            .empty_like(&self.empty);
         let unused = GatherParams {
             table: 0,
             ids: 0,
@@ -293,7 +346,7 @@ impl Kernels {
         // The kernels index 8-element units in u32.
         check_chunk_count(p.n * (p.dim / 8) as u64)?;
         let threads = shape.threads(p.n, p.dim);
-        let kernel = pick(&self.dequant, variant.index(), "gather_dequant")?;
+        let kernel = self.pick(&self.dequant, variant.index(), "gather_dequant")?;
         let p = DequantParams {
             timeline: self.timeline.params(kernel.id),
             ..p
@@ -405,7 +458,7 @@ impl Kernels {
             return Ok(());
         }
         check_aligned_to("segments", p.segments, 16)?;
-        let kernel = pick(&self.prefetch, variant.index(), "l2_prefetch")?;
+        let kernel = self.pick(&self.prefetch, variant.index(), "l2_prefetch")?;
         let p = PrefetchParams {
             timeline: self.timeline.params(kernel.id),
             ..p
@@ -434,6 +487,29 @@ impl Kernels {
                 p,
                 gather::BLOCK_THREADS,
             )
+        }
+    }
+
+    /// Variant `variant`'s kernel in `slots`, or why there is none: an index past the family,
+    /// or a kernel the loaded PTX does not hold (naming the arch it needs).
+    pub(crate) fn pick<'a>(
+        &self,
+        slots: &'a [Slot],
+        variant: usize,
+        family: &'static str,
+    ) -> Result<&'a Loaded> {
+        match slots.get(variant) {
+            Some(Slot::Loaded(kernel)) => Ok(kernel),
+            Some(&Slot::Absent { name, needs }) => Err(Error::KernelNeedsArch {
+                kernel: name,
+                needs,
+                loaded: self.choice.ptx.arch,
+                why: self.choice.to_string(),
+            }),
+            None => Err(Error::invalid(
+                "variant",
+                format!("{family} has no variant {variant}"),
+            )),
         }
     }
 
@@ -602,12 +678,6 @@ pub(crate) fn check_aligned_to(what: &'static str, address: u64, align: u64) -> 
         ));
     }
     Ok(())
-}
-
-fn pick<'a>(loaded: &'a [Loaded], variant: usize, family: &'static str) -> Result<&'a Loaded> {
-    loaded
-        .get(variant)
-        .ok_or_else(|| Error::invalid("variant", format!("{family} has no variant {variant}")))
 }
 
 #[cfg(test)]

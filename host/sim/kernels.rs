@@ -131,10 +131,11 @@ impl Kernels {
             attrs: attrs.as_mut_ptr(),
             numAttrs: attrs.len() as u32,
         };
+        let kernel = self.pick(&self.gemv, variant, "gemv")?;
         self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
         // SAFETY: `config` and its attribute live across the query; the function is this
         // module's, its context bound above.
-        unsafe { driver::launch::max_active_clusters(&self.gemv[variant].function, &config) }
+        unsafe { driver::launch::max_active_clusters(&kernel.function, &config) }
     }
 
     /// GEMV `variant` (an index into `gemv::VARIANTS`), or an error naming it.
@@ -175,8 +176,9 @@ impl Kernels {
     ) -> Result<()> {
         let v = Kernels::gemv_variant_at(variant)?;
         check_gemv(&p, v.reduce)?;
+        let kernel = self.pick(&self.gemv, variant, "gemv")?;
         let p = GemvParams {
-            timeline: self.timeline.params(self.gemv[variant].id),
+            timeline: self.timeline.params(kernel.id),
             ..p
         };
         if p.m > v.max_m {
@@ -220,13 +222,7 @@ impl Kernels {
         self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
         // SAFETY: `p` is the struct the kernel takes; `config` and its attributes live across
         // the call; the caller guarantees the buffers and the stream.
-        unsafe {
-            driver::launch::launch_kernel_ex(
-                self.gemv[variant].function_for(&p.timeline),
-                &config,
-                p,
-            )
-        }
+        unsafe { driver::launch::launch_kernel_ex(kernel.function_for(&p.timeline), &config, p) }
     }
 
     /// Launches the simulated collective: `blocks` (1..=8) CTAs polling `flag` (0: none) for

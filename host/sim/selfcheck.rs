@@ -57,6 +57,9 @@ pub fn run_only(
         check_variant_name(name)?;
     }
     let wanted = |name: &str| only.is_none_or(|o| o == name);
+    // Unless named, a variant the loaded PTX does not hold (it needs a newer arch) is left
+    // out ([`not_held`] lists them); named, its launch fails saying which arch it needs.
+    let skipped = |name: &str| only.is_none() && !kernels.holds(name);
     let stream = kernels.gpu().ctx.default_stream();
     let mut rng = SmallRng::seed_from_u64(seed);
     let dim = ROW_BYTES as usize;
@@ -82,7 +85,7 @@ pub fn run_only(
         let mut out = stream.alloc_zeros::<u8>(n * dim).call("cuMemAlloc")?;
         for variant in GatherVariant::all() {
             let v = variant.variant();
-            if !wanted(v.name) {
+            if !wanted(v.name) || skipped(v.name) {
                 continue;
             }
             let bytes_per_s = time(&stream, &mut out, |out| {
@@ -104,7 +107,7 @@ pub fn run_only(
         let mut out = stream.alloc_zeros::<u16>(n * dim).call("cuMemAlloc")?;
         for variant in DequantVariant::all() {
             let v = variant.variant();
-            if !wanted(v.name) {
+            if !wanted(v.name) || skipped(v.name) {
                 continue;
             }
             let bytes_per_s = time(&stream, &mut out, |out| {
@@ -124,6 +127,15 @@ pub fn run_only(
         }
     }
     Ok(outcomes)
+}
+
+/// The variants [`run`] leaves out on `kernels` because the loaded PTX does not hold them, each
+/// with the SM its instructions need.
+pub fn not_held(kernels: &Kernels) -> Vec<(&'static str, u32)> {
+    checked_variants()
+        .filter(|name| !kernels.holds(name))
+        .map(|name| (name, crate::kernels::ptx::kernel_needs(name).unwrap_or(0)))
+        .collect()
 }
 
 /// `Ok` when [`run`] checks a variant named `name`; otherwise an error that lists the names.

@@ -86,6 +86,7 @@ __all__ = [
     "gather_dequant",
     "gather_dequant_out",
     "gather_out",
+    "loaded_ptx",
     "make_table",
     "variants",
 ]
@@ -516,6 +517,16 @@ class IdStatus:
                 first_id=None,
                 rows=rows,
             )
+
+
+def loaded_ptx(device: Any = None) -> dict[str, Any]:
+    """Which embedded PTX fetchahead loaded for CUDA ``device`` (None: the current one) and why:
+    ``{"arch": "sm_90", "why": "sm_90 PTX for a 10.0 device: the newest embedded PTX not newer
+    than the device ...", "not_held": [(variant, sm), ...]}``, ``not_held`` listing the variants
+    that PTX lacks (each needs the newer SM given). ``FETCHAHEAD_PTX_ARCH`` forces the choice."""
+    t = _torch_ops()
+    native = t.native_device(t.cuda_device(device))
+    return {"arch": native.arch, "why": native.ptx_reason, "not_held": list(native.not_held)}
 
 
 _TORCH_FUNCTIONS = ("gather", "gather_out", "gather_dequant", "gather_dequant_out")

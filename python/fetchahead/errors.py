@@ -54,7 +54,8 @@ class NoDeviceError(Error):
 
 
 class NoPtxError(Error):
-    """This build has no PTX for the device's arch (``.arch``; ``.built`` lists those built)."""
+    """This build has no PTX for the device's arch (``.arch``; ``.built`` lists those built), or
+    a kernel (``.kernel``) needs an arch (``.arch``) newer than the loaded PTX (``.built``)."""
 
     arch: str
     built: str

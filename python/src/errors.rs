@@ -34,6 +34,17 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("built", built)?;
             "NoPtxError"
         }
+        Error::KernelNeedsArch {
+            kernel,
+            needs,
+            loaded,
+            ..
+        } => {
+            a.set_item("kernel", *kernel)?;
+            a.set_item("arch", format!("sm_{needs}"))?;
+            a.set_item("built", *loaded)?;
+            "NoPtxError"
+        }
         Error::IdsOutOfRange {
             count,
             n,

@@ -141,6 +141,14 @@ fn dropped_log_records() -> u64 {
     logs::dropped()
 }
 
+/// The gather and gather + dequant variants' names, in table order.
+fn fetchahead_gpu_names() -> impl Iterator<Item = &'static str> {
+    gather::VARIANTS
+        .iter()
+        .map(|v| v.name)
+        .chain(dequant::VARIANTS.iter().map(|v| v.name))
+}
+
 /// The kernels of one device and a scratch id status for launches given none.
 #[pyclass(frozen, module = "fetchahead._native")]
 struct Device {
@@ -183,6 +191,27 @@ impl Device {
     #[getter]
     fn arch(&self) -> &'static str {
         self.kernels.arch()
+    }
+
+    /// Why this PTX was loaded: "sm_90 PTX for a 10.0 device: the newest embedded PTX not
+    /// newer than the device ...", or "... forced by FETCHAHEAD_PTX_ARCH=sm_80".
+    #[getter]
+    fn ptx_reason(&self) -> String {
+        self.kernels.ptx_choice().to_string()
+    }
+
+    /// The kernel variants this PTX lacks (they need a newer arch), with the SM each needs.
+    #[getter]
+    fn not_held(&self) -> Vec<(&'static str, u32)> {
+        fetchahead_gpu_names()
+            .filter(|name| !self.kernels.holds(name))
+            .map(|name| {
+                (
+                    name,
+                    fetchahead::kernels::ptx::kernel_needs(name).unwrap_or(0),
+                )
+            })
+            .collect()
     }
 
     #[getter]
