@@ -351,6 +351,7 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
                 l2_prefetch::PARTITION_PROBE_KERNEL,
                 size_of::<params::PartitionProbeParams>(),
                 "times each SM's L2 hits on lines SM 0 read: tells the L2 partitions apart",
+                BASE,
             ),
         ])
         // The timed twins, after every plain entry, so that a plain entry's index (the kernel
