@@ -980,8 +980,7 @@ fn the_row_cache_keeps_up_with_lru_arc_w_tinylfu_and_exact_lfu_on_zipf() {
     use fetchahead::store::policies::Policy;
     use fetchahead::store::zipf::ZipfRows;
     use fetchahead::store::{cache_bytes_for, cache_rows, replay_row_cache};
-    // Independent draws, where frequency is all there is to learn. (On traces with strong
-    // document bursts, LRU and ARC beat it: the cache has no recency window; issue 25's notes.)
+    // Independent draws, where frequency is all there is to learn (bursts: the next test).
     for s in [0.8, 1.0] {
         let trace = ZipfRows::new(0..300_000, 1, s, 9)
             .unwrap()
@@ -1004,5 +1003,43 @@ fn the_row_cache_keeps_up_with_lru_arc_w_tinylfu_and_exact_lfu_on_zipf() {
                 "s={s} {cap} rows: {shipped:.3} vs {peers:?}"
             );
         }
+    }
+}
+
+#[test]
+fn the_row_cache_keeps_up_with_lru_arc_w_tinylfu_and_exact_lfu_on_document_bursts() {
+    use fetchahead::store::policies::Policy;
+    use fetchahead::store::zipf::ZipfRows;
+    use fetchahead::store::{cache_bytes_for, cache_rows, replay_row_cache};
+    // Real lookups are not independent draws: a document repeats its own rows for a while.
+    // Half of each batch from a flat law over the table, half from the current document's
+    // 3,000 rows (a law of its own), a new document every 12 batches.
+    let mut common = ZipfRows::new(0..400_000, 1, 0.8, 4).unwrap();
+    let mut local = ZipfRows::new(0..3_000, 1, 1.0, 5).unwrap();
+    let trace: Vec<Vec<i64>> = (0..3000u64)
+        .map(|b| {
+            let doc = 1_000_000 + (b / 12) * 3_000;
+            let mut ids = common.batch(128);
+            ids.extend(local.batch(128).into_iter().map(|r| doc as i64 + r));
+            ids
+        })
+        .collect();
+    let from = trace.len() / 2;
+    for rows in [4_000u64, 20_000] {
+        let bytes = cache_bytes_for(rows, DIM);
+        let cap = cache_rows(bytes, DIM);
+        let shipped = replay_row_cache(bytes, DIM, &trace, from).rate();
+        let peers: Vec<(Policy, f64)> = Policy::ALL
+            .iter()
+            .map(|&p| (p, p.replay(&trace, cap, from).rate()))
+            .collect();
+        let best = peers.iter().map(|p| p.1).fold(0.0, f64::max);
+        eprintln!("{cap} rows: shipped {shipped:.3}, {peers:?}");
+        // ARC leads at 4,000 rows (0.410 against 0.396 when this was written); before its
+        // window the cache reached 0.282 there, below LRU's 0.385.
+        assert!(
+            shipped >= 0.95 * best,
+            "{cap} rows: {shipped:.3} vs {peers:?}"
+        );
     }
 }

@@ -1,17 +1,22 @@
 //! The DRAM row cache: hot rows (weights and scales together) under a byte budget that counts
-//! everything it allocates: the rows, their keys, its index and its frequency sketch.
+//! everything it allocates: the rows, their keys, its index, its window, ghosts and frequency
+//! sketch.
 //!
-//! Policy: a sampled LFU behind TinyLFU admission (Einziger, Friedman and Manes, 2017). A
-//! count-min sketch counts every id a lookup asks for (duplicates within a batch too, since the
-//! hit rate weights them); a missed row is admitted while there is room, and once full only if
-//! the sketch says it is asked for more often than the least frequent of `SAMPLE` rows drawn at
-//! random, which it replaces. On real lookup traces and Zipf laws this is as good as exact LFU
-//! (a count per row ever seen) within a memory that holds rows: `bench-io --trace` and
-//! `examples/cache_policies` measure it beside LRU, ARC, W-TinyLFU and exact LFU.
+//! Policy: W-TinyLFU (Einziger, Friedman and Manes, 2017) with its window sized as ARC sizes its
+//! recency list (Megiddo and Modha, FAST 2003). A count-min sketch counts every id a lookup asks
+//! for (duplicates within a batch too, since the hit rate weights them). A missed row always
+//! enters the window, a FIFO; the row the window then drops enters the main part only if the
+//! sketch says it is asked for more often than the least frequent of `SAMPLE` main rows drawn at
+//! random, which it replaces. Evicted rows leave a ghost (a fingerprint, by where they left
+//! from); a miss on a window ghost grows the window, one on a main ghost shrinks it. Real
+//! lookups burst (a document repeats its own n-grams), which a pure LFU misses; a scan or a
+//! flat law leaves through the window without flushing the frequent head. `bench-io --trace`
+//! and `examples/cache_policies` measure it beside LRU, ARC, W-TinyLFU and exact LFU.
 //!
 //! Layout: `SHARDS` shards by key hash, each a mutex over one allocation of `capacity` rows, the
-//! rows' keys and an open-addressing index (linear probing, load at most one half), all sized
-//! once when the cache is made; nothing is allocated after that, a hit or an insert included.
+//! rows' keys, an open-addressing index (linear probing, load at most one half), the window's
+//! ring and a ghost table, all sized once when the cache is made; nothing is allocated after
+//! that, a hit or an insert included. Each shard sizes its own window.
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -22,7 +27,10 @@ const SHARDS: usize = 16;
 /// Rows a shard should hold at least before the cache uses more than one.
 const MIN_SHARD_ROWS: usize = 1024;
 /// Resident rows sampled for the eviction victim.
-const SAMPLE: usize = 8;
+const SAMPLE: usize = 16;
+/// The window's share of a shard's rows when it opens, and at most (percent).
+const WINDOW_START_PERCENT: usize = 1;
+const WINDOW_MOST_PERCENT: usize = 80;
 /// Sketch counters (bytes) per cached row: fewer forget the head of a flat law (s = 0.8).
 const SKETCH_COUNTERS: usize = 32;
 /// Requests between halvings of the sketch, in cached rows.
@@ -38,6 +46,11 @@ fn allocated(bytes: u64) -> u64 {
     } else {
         bytes.next_multiple_of(16) + 16
     }
+}
+
+/// Ghost buckets (u32 fingerprints) a shard of `rows` rows keeps: about one per row.
+fn ghost_buckets(rows: usize) -> usize {
+    rows.next_power_of_two().max(1)
 }
 
 /// Buckets a future reference is looked for from its home (the marks table is never full:
@@ -92,6 +105,9 @@ impl Plan {
         let shard = allocated((self.shard_rows * row_bytes) as u64)
             + allocated((self.shard_rows * 8) as u64)
             + allocated((self.buckets * 4) as u64)
+            + allocated((self.shard_rows * 4) as u64)
+            + allocated(self.shard_rows as u64)
+            + allocated((ghost_buckets(self.shard_rows) * 4) as u64)
             + if self.marks > 0 {
                 allocated((self.marks * std::mem::size_of::<Mark>()) as u64)
             } else {
@@ -147,6 +163,21 @@ struct Shard {
     rng: u64,
     /// Future references (`advise_future`), by probing from the key's hash.
     marks: Box<[Mark]>,
+    /// The window's slots, oldest first from `head` (a ring of `capacity`).
+    window: Box<[u32]>,
+    head: usize,
+    in_window: usize,
+    /// Per slot: whether the row is in the window (else in the main part).
+    windowed: Box<[bool]>,
+    /// Rows the window aims to hold (ghost hits move it, within `0..=most_window`).
+    target: usize,
+    most_window: usize,
+    /// Fingerprints of rows evicted lately, by the key's hash, each with where it left from
+    /// (top bit: the window): ARC's ghosts, which move the window's target.
+    ghosts: Box<[u32]>,
+    /// Live ghosts from the window and from the main part.
+    ghosts_window: usize,
+    ghosts_main: usize,
 }
 
 impl Shard {
@@ -159,7 +190,79 @@ impl Shard {
             capacity,
             rng: seed | 1,
             marks: vec![Mark::default(); marks].into_boxed_slice(),
+            window: vec![0u32; capacity].into_boxed_slice(),
+            head: 0,
+            in_window: 0,
+            windowed: vec![false; capacity].into_boxed_slice(),
+            target: capacity * WINDOW_START_PERCENT / 100,
+            most_window: capacity * WINDOW_MOST_PERCENT / 100,
+            ghosts: vec![0u32; ghost_buckets(capacity)].into_boxed_slice(),
+            ghosts_window: 0,
+            ghosts_main: 0,
         }
+    }
+
+    /// The ghost bucket of `key` and its fingerprint (never 0: 0 is a free bucket).
+    fn ghost_of(&self, key: u64) -> (usize, u32) {
+        let h = mix(key ^ 0x9e37_79b9_7f4a_7c15);
+        let b = h as usize & (self.ghosts.len() - 1);
+        (b, ((h >> 33) as u32 & 0x7fff_ffff).max(1))
+    }
+
+    /// Notes that the row in `slot` leaves the cache, from the window or not.
+    fn bury(&mut self, slot: usize, from_window: bool) {
+        let (b, f) = self.ghost_of(self.keys[slot]);
+        match self.ghosts[b] {
+            0 => {}
+            g if g >> 31 == 1 => self.ghosts_window -= 1,
+            _ => self.ghosts_main -= 1,
+        }
+        self.ghosts[b] = f | (u32::from(from_window) << 31);
+        if from_window {
+            self.ghosts_window += 1;
+        } else {
+            self.ghosts_main += 1;
+        }
+    }
+
+    /// A missed row that left lately moves the window's target: toward a larger window when
+    /// it left from the window, a smaller one when from the main part.
+    fn mourn(&mut self, key: u64) {
+        let (b, f) = self.ghost_of(key);
+        let g = self.ghosts[b];
+        if g == 0 || g & 0x7fff_ffff != f {
+            return;
+        }
+        self.ghosts[b] = 0;
+        let (w, m) = (self.ghosts_window.max(1), self.ghosts_main.max(1));
+        // ARC's steps: by the other ghosts' share, so that the rarer ghost hit weighs more.
+        if g >> 31 == 1 {
+            self.ghosts_window -= 1;
+            self.target = (self.target + (m / w).max(1)).min(self.most_window);
+        } else {
+            self.ghosts_main -= 1;
+            self.target = self.target.saturating_sub((w / m).max(1));
+        }
+    }
+
+    /// Appends `slot` to the window (there is room: the ring holds every slot).
+    fn push_window(&mut self, slot: usize) {
+        let at = (self.head + self.in_window) % self.capacity;
+        self.window[at] = slot as u32;
+        self.in_window += 1;
+        self.windowed[slot] = true;
+    }
+
+    /// Takes the window's oldest slot out of it (the row stays in its slot).
+    fn pop_window(&mut self) -> Option<usize> {
+        if self.in_window == 0 {
+            return None;
+        }
+        let slot = self.window[self.head] as usize;
+        self.head = (self.head + 1) % self.capacity;
+        self.in_window -= 1;
+        self.windowed[slot] = false;
+        Some(slot)
     }
 
     /// Whether a coming lookup (by lookup `now` of the key's layer) asks for `key`.
@@ -369,34 +472,63 @@ impl RowCache {
         }
         let now = self.now(layer_index);
         let wanted = shard.marked(key, now);
+        shard.mourn(key);
+        let mut to_window = true;
         let slot = if shard.len < shard.capacity {
             shard.len += 1;
             shard.len - 1
         } else {
-            // The least frequent of the sampled rows that no coming lookup is known to ask for.
-            let mut victim = None;
-            for _ in 0..SAMPLE {
-                let s = shard.random_slot();
-                let k = shard.keys[s];
-                if shard.marked(k, now) {
-                    continue;
+            let target = shard.target;
+            // A window over its target hands its oldest rows to the main part.
+            while shard.in_window > target {
+                shard.pop_window();
+            }
+            if shard.in_window < target {
+                // The window grows: the main part gives up a row.
+                let Some((victim, _)) = self.victim(&mut shard, now, usize::MAX) else {
+                    return;
+                };
+                self.evict(&mut shard, victim, false);
+                victim
+            } else if shard.in_window == 0 {
+                // No window: the new row is the candidate for the main part.
+                let Some((victim, least)) = self.victim(&mut shard, now, usize::MAX) else {
+                    return;
+                };
+                if !wanted && self.sketch.estimate(key) <= least {
+                    return;
                 }
-                let f = self.sketch.estimate(k);
-                if victim.is_none_or(|(_, least)| f < least) {
-                    victim = Some((s, f));
+                to_window = false;
+                self.evict(&mut shard, victim, false);
+                victim
+            } else {
+                // The window's oldest row enters the main part only if the sketch says it is
+                // asked for more often than the main row it would displace (or a coming lookup
+                // asks for it).
+                let Some(candidate) = shard.pop_window() else {
+                    return;
+                };
+                let k = shard.keys[candidate];
+                match self.victim(&mut shard, now, candidate) {
+                    Some((victim, least))
+                        if shard.marked(k, now) || self.sketch.estimate(k) > least =>
+                    {
+                        self.evict(&mut shard, victim, false);
+                        victim
+                    }
+                    _ => {
+                        self.evict(&mut shard, candidate, true);
+                        candidate
+                    }
                 }
             }
-            let Some((victim, least)) = victim else {
-                return;
-            };
-            // A row a coming lookup asks for is admitted whatever its count.
-            if !wanted && self.sketch.estimate(key) <= least {
-                return;
-            }
-            let (vb, _) = shard.find(shard.keys[victim]);
-            shard.remove_bucket(vb);
-            victim
         };
+        if to_window {
+            shard.push_window(slot);
+            if shard.len < shard.capacity && shard.in_window > shard.target {
+                shard.pop_window();
+            }
+        }
         // After any removal (which shifts runs), where the key goes now.
         let (bucket, _) = shard.find(key);
         shard.index[bucket] = slot as u32;
@@ -405,6 +537,40 @@ impl RowCache {
         let (w, s) = shard.rows[at..at + self.row_bytes].split_at_mut(weights.len());
         w.copy_from_slice(weights);
         s.copy_from_slice(scales);
+    }
+
+    /// The least frequent of `SAMPLE` main-part rows drawn at random that no coming lookup is
+    /// known to ask for, with its estimate.
+    fn victim(&self, shard: &mut Shard, now: u64, skip: usize) -> Option<(usize, u8)> {
+        let mut victim: Option<(usize, u8)> = None;
+        let mut drawn = 0;
+        // Window rows are drawn too and passed over: at most `most_window` of the rows.
+        for _ in 0..4 * SAMPLE {
+            if drawn == SAMPLE {
+                break;
+            }
+            let s = shard.random_slot();
+            if shard.windowed[s] || s == skip {
+                continue;
+            }
+            drawn += 1;
+            let k = shard.keys[s];
+            if shard.marked(k, now) {
+                continue;
+            }
+            let f = self.sketch.estimate(k);
+            if victim.is_none_or(|(_, least)| f < least) {
+                victim = Some((s, f));
+            }
+        }
+        victim
+    }
+
+    /// Drops the row in `slot` from the index (the slot is then reused).
+    fn evict(&self, shard: &mut Shard, slot: usize, from_window: bool) {
+        shard.bury(slot, from_window);
+        let (b, _) = shard.find(shard.keys[slot]);
+        shard.remove_bucket(b);
     }
 
     pub fn len(&self) -> usize {
@@ -472,5 +638,123 @@ mod tests {
         assert_eq!(found, 63);
         // Layers are apart.
         assert!(!c.get(1, 5, &mut w, &mut s, true));
+    }
+
+    /// One lookup as the store makes it: every id asked, then the distinct misses offered.
+    /// Returns the hits.
+    fn lookup(c: &RowCache, ids: &[u64]) -> usize {
+        let (mut w, mut s) = ([0u8; 8], [0u8; 1]);
+        let mut missed: Vec<u64> = ids
+            .iter()
+            .copied()
+            .filter(|&r| !c.get(0, r, &mut w, &mut s, true))
+            .collect();
+        c.asked(0, ids.len());
+        let hits = ids.len() - missed.len();
+        missed.sort_unstable();
+        missed.dedup();
+        for r in missed {
+            c.insert(0, r, &[r as u8; 8], &[0]);
+        }
+        hits
+    }
+
+    fn target(c: &RowCache) -> usize {
+        c.shards[0].lock().unwrap().target
+    }
+
+    #[test]
+    fn a_scan_does_not_flush_the_frequent_head() {
+        let c = RowCache::new(bytes_for_rows(512, 9, false), 9, 1, false);
+        assert_eq!((c.shards.len(), c.rows), (1, 512));
+        let head: Vec<u64> = (0..300).collect();
+        for _ in 0..10 {
+            lookup(&c, &head);
+        }
+        // 20,000 rows asked once each, 50 a lookup: 40 x the cache.
+        for b in 0..400u64 {
+            let scan: Vec<u64> = (0..50).map(|i| 1_000_000 + b * 50 + i).collect();
+            lookup(&c, &scan);
+        }
+        let kept = lookup(&c, &head);
+        assert!(
+            kept >= 295,
+            "the scan flushed {} of 300 head rows",
+            300 - kept
+        );
+        // The scan left through the window, which did not grow for it (no scan row came back).
+        assert!(target(&c) <= 512 / 100, "window target {}", target(&c));
+    }
+
+    #[test]
+    fn a_recency_burst_is_kept_as_the_window_grows() {
+        let c = RowCache::new(bytes_for_rows(1000, 9, false), 9, 1, false);
+        assert_eq!((c.shards.len(), c.rows), (1, 1000));
+        // The main part full of rows asked three times.
+        let old: Vec<u64> = (0..1000).collect();
+        for _ in 0..3 {
+            lookup(&c, &old);
+        }
+        let start = target(&c);
+        // Then bursts: each new row asked in one lookup and again 40 lookups (200 rows) on,
+        // never after. A 1% window drops it first; only a grown window keeps it.
+        let (mut late_hits, mut late_asked) = (0, 0);
+        for b in 0..2000u64 {
+            let mut ids: Vec<u64> = (0..5).map(|i| 10_000 + b * 5 + i).collect();
+            if b >= 40 {
+                ids.extend((0..5).map(|i| 10_000 + (b - 40) * 5 + i));
+            }
+            let hits = lookup(&c, &ids);
+            if b >= 1000 {
+                late_hits += hits;
+                late_asked += 5;
+            }
+        }
+        assert!(
+            target(&c) >= 250,
+            "the window stayed at {} rows (from {start})",
+            target(&c)
+        );
+        assert!(
+            late_hits as f64 >= 0.9 * late_asked as f64,
+            "{late_hits} of {late_asked} second asks hit"
+        );
+    }
+
+    #[test]
+    fn the_window_shrinks_under_a_frequency_law() {
+        use rand::rngs::SmallRng;
+        use rand::{RngExt, SeedableRng};
+        let c = RowCache::new(bytes_for_rows(1000, 9, false), 9, 1, false);
+        let most = c.shards[0].lock().unwrap().most_window;
+        c.shards[0].lock().unwrap().target = most;
+        // Independent draws over 20,000 rows, rank k with weight 1 / k: what a cache can hold
+        // for them is the head, so the main part should have the room.
+        let weights: Vec<f64> = (1..=20_000).map(|k| 1.0 / k as f64).collect();
+        let total: f64 = weights.iter().sum();
+        let cdf: Vec<f64> = weights
+            .iter()
+            .scan(0.0, |a, w| {
+                *a += w / total;
+                Some(*a)
+            })
+            .collect();
+        let mut rng = SmallRng::seed_from_u64(3);
+        let mut draw = || cdf.partition_point(|&p| p < rng.random::<f64>()) as u64;
+        // The target wanders with the ghosts it meets (160-350 rows once settled, this seed):
+        // its mean over the second half is checked.
+        let mut sum = 0;
+        for i in 0..8000 {
+            let ids: Vec<u64> = (0..50).map(|_| draw()).collect();
+            lookup(&c, &ids);
+            if i >= 4000 {
+                sum += target(&c);
+            }
+        }
+        let mean = sum / 4000;
+        assert!(
+            mean <= most / 2,
+            "the window stayed at {mean} of {most} rows"
+        );
     }
 }

@@ -6,8 +6,7 @@
 //! - [`tune`]: `Auto`'s measured choice of path by batch size.
 //! - [`make`]: writing generated tables; [`measure`]: timing lookups and raw reads.
 //! - [`belady`], [`zipf`]: the optimum the row cache is measured against, and the workload.
-//! - [`sketch`]: a TinyLFU frequency sketch, which the policy replay (`examples/cache_policies`)
-//!   tried as the row cache's admission (the cache does not use it).
+//! - [`sketch`]: the TinyLFU frequency sketch the row cache admits and evicts by.
 //! - [`trace`]: real lookup traces (`.u64`, `.u64.xz`) and their scheduler steps, as batches;
 //!   [`policies`]: LRU, ARC, W-TinyLFU and exact LFU replayed on them, the row cache's peers.
 //! - [`LayerRows`]: one layer of a store as a [`RowLookup`](crate::prefetch::lookup::RowLookup).

@@ -1,7 +1,6 @@
 //! How often each row was asked for, approximately: TinyLFU's count-min sketch (Einziger, Friedman
-//! and Manes, 2017): a cache's memory of frequency beyond the rows it holds. The row cache does
-//! not use it: `examples/cache_policies` measured admission by it against the shipped policy
-//! (docs/benchmarks-log.md, issue 16).
+//! and Manes, 2017): a cache's memory of frequency beyond the rows it holds. The row cache
+//! admits and evicts by it; the W-TinyLFU peer replay keeps one too.
 //!
 //! Four one-byte counters a key, all in one 64-byte block (one cache line a record); a record
 //! raises only the smallest of them (conservative update), and every `sample` requests all
