@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use cudarc::driver::sys;
 
+use crate::error::ErrorKind;
 use crate::kernels::Kernels;
 use crate::kernels::gpu::Gpu;
 use crate::prefetch::flag_worker::FlagLane;
@@ -45,36 +46,30 @@ thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
+/// The status code of `e`, from its [`ErrorKind`] (the mapping the Python classes come from).
 fn code(e: &Error) -> c_int {
-    match e {
-        Error::Cuda { .. } | Error::NoPtxForDevice { .. } | Error::UnknownArch { .. } => {
-            FETCHAHEAD_ERR_CUDA
-        }
-        Error::NoDevice(_) => FETCHAHEAD_ERR_NO_DEVICE,
-        Error::RowOutOfRange { .. }
-        | Error::InjectedFault { .. }
-        | Error::LookupPanicked(_)
-        | Error::RowsOutOfRange { .. }
-        | Error::RowRead { .. }
-        | Error::ShardChanged { .. } => FETCHAHEAD_ERR_LOOKUP,
-        Error::IdsOutOfRange { .. } | Error::Invalid { .. } => FETCHAHEAD_ERR_INVALID,
+    kind_code(e.kind())
+}
+
+/// The C status code of each error kind.
+pub fn kind_code(kind: ErrorKind) -> c_int {
+    match kind {
+        ErrorKind::Cuda | ErrorKind::NoPtx => FETCHAHEAD_ERR_CUDA,
+        ErrorKind::NoDevice => FETCHAHEAD_ERR_NO_DEVICE,
+        ErrorKind::RowId | ErrorKind::RowLookup | ErrorKind::RowRead => FETCHAHEAD_ERR_LOOKUP,
+        ErrorKind::IdsOutOfRange | ErrorKind::InvalidArgument => FETCHAHEAD_ERR_INVALID,
         // Opening a row store: a table that is missing, malformed or unreadable.
-        Error::Io { .. }
-        | Error::TableHeader { .. }
-        | Error::TableIndex { .. }
-        | Error::MissingTensor { .. }
-        | Error::BadTensor { .. }
-        | Error::TruncatedShard { .. }
-        | Error::NoSuchLayer { .. }
-        | Error::ReadPathUnavailable { .. }
-        | Error::NotRegularFile { .. }
-        | Error::OutOfMemory { .. }
-        | Error::NoSpace { .. }
-        | Error::WouldOverwrite { .. }
-        | Error::LayerRowsDiffer { .. } => FETCHAHEAD_ERR_INVALID,
-        Error::StagingFull { .. } => FETCHAHEAD_ERR_STAGING_FULL,
-        Error::NotWarmed { .. } => FETCHAHEAD_ERR_NOT_WARMED,
-        Error::PrefetchOrder(_) => FETCHAHEAD_ERR_ORDER,
+        ErrorKind::File
+        | ErrorKind::FileNotFound
+        | ErrorKind::FilePermission
+        | ErrorKind::Table
+        | ErrorKind::ReadPathUnavailable
+        | ErrorKind::OutOfMemory
+        | ErrorKind::NoSpace
+        | ErrorKind::WouldOverwrite => FETCHAHEAD_ERR_INVALID,
+        ErrorKind::StagingFull => FETCHAHEAD_ERR_STAGING_FULL,
+        ErrorKind::NotWarmed => FETCHAHEAD_ERR_NOT_WARMED,
+        ErrorKind::PrefetchOrder => FETCHAHEAD_ERR_ORDER,
     }
 }
 

@@ -32,8 +32,10 @@ from .errors import (
     CudaError,
     Error,
     FileError,
+    FilePermissionError,
     IdsOutOfRangeError,
     InvalidArgumentError,
+    MissingFileError,
     NoDeviceError,
     NoPtxError,
     NoSpaceError,
@@ -58,8 +60,10 @@ __all__ = [
     "Error",
     "CudaError",
     "FileError",
+    "FilePermissionError",
     "IdsOutOfRangeError",
     "InvalidArgumentError",
+    "MissingFileError",
     "NoDeviceError",
     "NoPtxError",
     "NoSpaceError",
@@ -478,6 +482,27 @@ def _torch_ops() -> Any:
     return _torch
 
 
+def _device_ordinal(device: Any) -> int:
+    """The CUDA ordinal ``device`` names (None, ``"cuda"``: the current one, taken as 0 here),
+    read without torch: an int, ``"cuda"`` / ``"cuda:N"``, or an object with ``.type`` and
+    ``.index`` (a ``torch.device``). Anything else is left for torch to refuse later."""
+    if device is None:
+        return 0
+    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+        return max(int(device), 0)
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        return int(index) if kind == "cuda" and index.isdigit() else 0
+    index = getattr(device, "index", None)
+    return index if isinstance(index, int) else 0
+
+
+def _require_device(device: Any) -> None:
+    """:class:`NoDeviceError` when there is no CUDA driver or no such device, before torch (or
+    its CUDA state) is touched: every constructor that needs a GPU calls it first."""
+    _native.require_device(_device_ordinal(device))
+
+
 class IdStatus:
     """A device record of ids outside ``0..rows`` that gather launches given it update: the
     count and the first position. Reading it waits for the device; launching never does.
@@ -487,6 +512,7 @@ class IdStatus:
     """
 
     def __init__(self, device: Any = None) -> None:
+        _require_device(device)
         import torch
 
         dev = torch.device("cuda") if device is None else torch.device(device)
@@ -579,6 +605,7 @@ class Prefetcher:
         capacity = _int_arg("capacity", capacity, 1, _U64)
         check_log_ms = _int_arg("check_log_ms", check_log_ms, 0, _U64)
         rank = _int_arg("rank", rank, 0, _U32)
+        _require_device(device)
         t = _torch_ops()
         self._device = t.cuda_device(device)
         native_source = source._store if isinstance(source, RowStore) else source._table
@@ -681,6 +708,7 @@ class L2Plan:
         """``replay`` names how a window is warmed: ``"auto"`` (the default: windows up to a
         half of L2 read by the SMs, larger ones bulk-prefetched), ``"access_policy"``, or an
         L2 prefetch variant (``"l2_prefetch"``, ``"l2_prefetch_loads"``, ...)."""
+        _require_device(device)
         t = _torch_ops()
         self._device = t.cuda_device(device)
         self._plan = _native.L2Plan(

@@ -8,6 +8,8 @@ from .errors import (
     CudaError as CudaError,
     Error as Error,
     FileError as FileError,
+    FilePermissionError as FilePermissionError,
+    MissingFileError as MissingFileError,
     IdsOutOfRangeError as IdsOutOfRangeError,
     InvalidArgumentError as InvalidArgumentError,
     NoDeviceError as NoDeviceError,

@@ -985,6 +985,22 @@ fn driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// Raises `NoDeviceError` unless CUDA device `ordinal` exists; returns the device count. Creates
+/// no context (the Python constructors call it before torch touches a device).
+#[pyfunction]
+fn require_device(py: Python<'_>, ordinal: usize) -> PyRes<usize> {
+    done(py, fetchahead::Gpu::check_present(ordinal))
+}
+
+/// Every error kind as `(python class, C status code)`: the one mapping both are made from.
+#[pyfunction]
+fn error_kinds() -> Vec<(&'static str, i32)> {
+    fetchahead::error::ErrorKind::ALL
+        .iter()
+        .map(|k| (k.python_class(), fetchahead::ffi::kind_code(*k)))
+        .collect()
+}
+
 /// Raises the exception of one example error of kind `kind` (tests of the mapping).
 #[pyfunction]
 fn _raise_example(py: Python<'_>, kind: &str) -> PyRes<()> {
@@ -1004,6 +1020,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyRes<()> {
     m.add_function(wrap_pyfunction!(env_settings, m)?)?;
     m.add_function(wrap_pyfunction!(_raise_example, m)?)?;
     m.add_function(wrap_pyfunction!(driver_present, m)?)?;
+    m.add_function(wrap_pyfunction!(require_device, m)?)?;
+    m.add_function(wrap_pyfunction!(error_kinds, m)?)?;
     m.add_function(wrap_pyfunction!(logs::_log_example, m)?)?;
     m.add_class::<Device>()?;
     m.add_class::<RowStore>()?;
