@@ -55,6 +55,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __version__: str = _native.__version__
+#: The git commit the native module was built from ("unknown" outside a git checkout).
+__git_commit__: str = _native.__git_commit__
 
 __all__ = [
     "Error",
@@ -85,6 +87,7 @@ __all__ = [
     "RowStore",
     "default_variant",
     "env_settings",
+    "show_config",
     "flush_logs",
     "gather",
     "gather_dequant",
@@ -166,6 +169,22 @@ def default_variant(family: str, arch: Optional[str] = None) -> str:
 def env_settings() -> list[tuple[str, str]]:
     """The ``FETCHAHEAD_*`` variables that override row store defaults, with their meaning."""
     return _native.env_settings()
+
+
+def show_config(*, file: Any = None, print_it: bool = True) -> dict[str, Any]:
+    """Prints (to ``file``, default stdout; not when ``print_it`` is False) and returns what this
+    build is and what it finds here, as ``fetchahead info`` does: ``version``, ``git_commit``,
+    ``archs`` (the embedded PTX), ``device`` (name, compute capability and the ``ptx`` it
+    loads, or ``"no device (...)"``), ``default_variants`` per arch, ``read_paths`` (io_uring
+    probed with the features it got), ``nvtx`` and ``settings``: every ``FETCHAHEAD_*``
+    setting with its ``value`` and ``source`` (``"env"`` or ``"default"``)."""
+    import json
+    import sys
+
+    report, text = _native.config_report()
+    if print_it:
+        print(text, end="", file=sys.stdout if file is None else file)
+    return json.loads(report)
 
 
 def make_table(
@@ -569,20 +588,25 @@ class Prefetcher:
     """Prefetches one Engram layer's rows on a side stream; see the module documentation.
 
     ``source`` is a :class:`RowStore` (reading ``layer``) or a :class:`MemoryTable`.
-    ``completion="flag"`` (the default, the measured best: lookups on a lookup thread, the side
-    stream waits on a pinned flag) or ``"host_function"`` (lookups in a host function on the
-    driver's callback thread). ``lane`` shares one :class:`FlagLane` between layers (``rank``:
-    the layer's gather order). ``check=True`` also runs the synchronous path after every gather
-    and counts differing outputs on the device (:meth:`check_differed`). With
+    ``completion="flag"`` (the default, the measured best: lookups on a lookup thread, the
+    device's default lane shared by the prefetchers made without ``lane``, one lookup at a time;
+    the side stream waits on a pinned flag) or ``"host_function"`` (lookups in a host function on
+    the driver's callback thread). ``lane`` puts the prefetcher on a :class:`FlagLane` of the
+    caller's instead (``rank``: the layer's gather order). ``join="tags"`` (the default, the
+    decode step's measured best) has each gather wait on the device for its rows' tags and
+    :meth:`finish` join the side stream once after the step's last gather (a CUDA graph capture
+    cannot end without it; an eager caller may skip it); ``"at_gather"`` waits for the side
+    stream at each gather. ``check=True`` also runs the synchronous path after every gather and
+    counts differing outputs on the device (:meth:`check_differed`). With
     ``fallback_on_error`` a failed lookup switches gathers to the synchronous path until
     :meth:`resume`; :meth:`take_errors` returns the failures.
 
     Call :meth:`prefetch` then :meth:`gather_dequant` with the same ids, in pairs, on the
-    current stream; both are torch ops (``torch.ops.fetchahead.prefetch`` /
-    ``prefetched_gather_dequant``), fine under ``torch.compile`` and inside
-    ``torch.cuda.graph`` capture. Do not write to the ids tensor before the gather (the
-    prefetcher holds a reference to it until then), and keep the prefetcher alive as long as a
-    graph that captured it may be replayed.
+    current stream, and :meth:`finish` after the step's last gather; all are torch ops
+    (``torch.ops.fetchahead.prefetch`` / ``prefetched_gather_dequant`` / ``finish_prefetch``),
+    fine under ``torch.compile`` and inside ``torch.cuda.graph`` capture. Do not write to the
+    ids tensor before the gather (the prefetcher holds a reference to it until then), and keep
+    the prefetcher alive as long as a graph that captured it may be replayed.
     """
 
     def __init__(
@@ -599,6 +623,7 @@ class Prefetcher:
         check_log_ms: int = 0,
         lane: Optional[FlagLane] = None,
         rank: int = 0,
+        join: str = "tags",
     ) -> None:
         # Checked before torch or a device is touched.
         layer = _int_arg("layer", layer, 0, _U32)
@@ -621,6 +646,7 @@ class Prefetcher:
             check_log_ms,
             None if lane is None else lane._lane,
             rank,
+            join,
         )
         self.handle, self._ticket = t.register_prefetcher(self._prefetcher, self._device)
         self._t = t
@@ -646,6 +672,17 @@ class Prefetcher:
         """Joins the side stream and returns the rows of the ``ids`` last prefetched as
         ``[n, dim]`` bfloat16 (into ``out`` when given)."""
         return self._t.prefetched_gather_dequant(self.handle, ids, self._ticket, out)
+
+    def finish(self) -> None:
+        """``join="tags"``: the current stream waits for the side stream's work of the last
+        prefetch, which the tagged gathers did not wait for. Call it once after the step's last
+        gather (inside a capture: before it ends); nothing to do with ``join="at_gather"``."""
+        self._t.finish_prefetch(self.handle, self._ticket)
+
+    def late_rows(self) -> int:
+        """``join="tags"``: rows the gathers since the last call gave up on after the tag
+        timeout (1 s; gathered as zeros, and logged). Waits for the device."""
+        return self._prefetcher.late_rows()
 
     def gather_dequant_sync(self, ids: "torch.Tensor") -> "torch.Tensor":
         """The synchronous path: lookup and gather of ``ids`` on the current stream."""
