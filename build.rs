@@ -1,7 +1,10 @@
 //! Compiles `gpu/` to PTX with rustc's own `nvptx64-nvidia-cuda` target, once per arch listed in
 //! `FETCHAHEAD_ARCHS` (default `sm_121a,sm_90,sm_80`), checks that each PTX holds exactly the
 //! kernels its arch can run (a kernel's `needs`, from gpu/'s declarations), and embeds the PTX
-//! through `$OUT_DIR/ptx.rs`.
+//! through `$OUT_DIR/ptx.rs`. Each arch's build is reported as a cargo warning line with its time
+//! (cargo shows them when this script ends; the arch builds take most of a first build's time).
+//! It also records the git commit built (`FETCHAHEAD_GIT_COMMIT`, "unknown" outside a git
+//! checkout, e.g. from an sdist).
 //!
 //! The sm_80 PTX is the baseline: the driver JIT-compiles a plain (not `a`) PTX for any newer
 //! device, so it runs the kernels that need nothing newer on A100, L40S and the RTX parts.
@@ -45,6 +48,7 @@ fn main() {
         fail("FETCHAHEAD_ARCHS names no arch; set it to e.g. sm_121a,sm_90");
     }
 
+    git_commit();
     let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     ensure_components(&rustc);
 
@@ -58,8 +62,16 @@ fn main() {
         .join("fetchahead-ptx");
 
     let mut table = String::from("pub const BUILT: &[BuiltPtx] = &[\n");
-    for arch in &archs {
+    for (i, arch) in archs.iter().enumerate() {
+        let started = std::time::Instant::now();
         let ptx = build_arch(&rustc, &manifest_dir, &ptx_root.join(arch), arch);
+        println!(
+            "cargo:warning=fetchahead: kernels for {arch} compiled to PTX ({} of {}, {:.1} s; \
+             FETCHAHEAD_ARCHS picks the archs)",
+            i + 1,
+            archs.len(),
+            started.elapsed().as_secs_f64()
+        );
         check_entries(arch, &ptx);
         let file = format!("{arch}.ptx");
         fs::write(out_dir.join(&file), &ptx).unwrap();
@@ -71,6 +83,31 @@ fn main() {
     }
     table.push_str("];\n");
     fs::write(out_dir.join("ptx.rs"), table).unwrap();
+    println!("cargo:rustc-env=FETCHAHEAD_BUILT_ARCHS={}", archs.join(","));
+}
+
+/// `FETCHAHEAD_GIT_COMMIT` for the crate: the checkout's commit, or "unknown" outside a git
+/// checkout. Reruns when HEAD moves (not on every edit: uncommitted changes are not marked).
+fn git_commit() {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .stderr(Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    if let Some(p) = git(&["rev-parse", "--git-path", "HEAD"]) {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"])
+        && let Some(p) = git(&["rev-parse", "--git-path", &branch])
+    {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    println!("cargo:rustc-env=FETCHAHEAD_GIT_COMMIT={commit}");
 }
 
 /// `sm_121a` -> (121, true). Kept in step with `host/kernels/ptx.rs`.
@@ -105,26 +142,54 @@ fn components_present(sysroot: &Path) -> bool {
         && bin.join("llvm-link").is_file()
 }
 
+/// The toolchain cargo runs this build with: rustup's proxy sets `RUSTUP_TOOLCHAIN`; else what
+/// `rustup show active-toolchain` names.
+fn active_toolchain() -> Option<String> {
+    env::var("RUSTUP_TOOLCHAIN").ok().or_else(|| {
+        let out = Command::new("rustup")
+            .args(["show", "active-toolchain"])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.split_whitespace().next().map(str::to_string)
+    })
+}
+
 /// The child build needs the core sources, the bitcode linker, and LLVM's tools (the linker
-/// calls `llvm-link`, and an older system `llvm-link` on PATH rejects its arguments).
+/// calls `llvm-link`, and an older system `llvm-link` on PATH rejects its arguments). Missing
+/// ones are added with rustup, for the toolchain in use; rustup's own output is passed through
+/// when that fails.
 fn ensure_components(rustc: &str) {
     let root = sysroot(rustc);
     if components_present(&root) {
         return;
     }
-    let fix = format!("rustup component add {}", COMPONENTS.join(" "));
-    println!("cargo:warning=fetchahead: adding rustup components: {fix}");
+    let toolchain = active_toolchain();
+    let mut fix = format!("rustup component add {}", COMPONENTS.join(" "));
+    if let Some(t) = &toolchain {
+        write!(fix, " --toolchain {t}").unwrap();
+    }
+    println!("cargo:warning=fetchahead: adding the rustup components the PTX build needs: {fix}");
     let mut rustup = Command::new("rustup");
     rustup.args(["component", "add"]).args(COMPONENTS);
-    if let Ok(toolchain) = env::var("RUSTUP_TOOLCHAIN") {
-        rustup.args(["--toolchain", &toolchain]);
+    if let Some(t) = &toolchain {
+        rustup.args(["--toolchain", t]);
     }
-    let added = rustup.stdout(Stdio::null()).stderr(Stdio::null()).status();
-    if !matches!(added, Ok(s) if s.success()) || !components_present(&root) {
-        fail(&format!(
-            "the PTX build needs rustup components {COMPONENTS:?}; run `{fix}`"
-        ));
-    }
+    let said = match rustup.output() {
+        Ok(out) if out.status.success() && components_present(&root) => return,
+        Ok(out) => format!(
+            "rustup exited with {}:\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => format!("rustup could not be run ({e}); is the toolchain installed by rustup?"),
+    };
+    eprintln!("{said}");
+    fail(&format!(
+        "the PTX build needs rustup components {COMPONENTS:?} (rustup's output is above); run \
+         `{fix}`"
+    ));
 }
 
 fn build_arch(rustc: &str, manifest_dir: &Path, target_dir: &Path, arch: &str) -> String {

@@ -46,7 +46,7 @@ use cudarc::driver::{CudaGraph, CudaStream, DevicePtr, sys};
 use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::prefetch::lookup::{MemoryRows, RowLookup};
-use fetchahead::prefetch::prefetcher::{Completion, Prefetcher, PrefetcherConfig};
+use fetchahead::prefetch::prefetcher::{Completion, Join, Prefetcher, PrefetcherConfig};
 use fetchahead::sim::forward::{
     FlagLanes, ForwardShape, GatherPath, LEAD_IN_US, LayerTable, SimulatedForward, StepTime,
 };
@@ -343,6 +343,8 @@ fn forwards(
                 tokens,
                 PrefetcherConfig {
                     completion: v.completion,
+                    // The Prefetcher table's figures were measured joined at each gather.
+                    join: Join::AtGather,
                     ..Default::default()
                 },
                 v.lanes,
@@ -486,6 +488,7 @@ fn chain_overhead(gpu: &Gpu, kernels: &Arc<Kernels>, n: usize) -> Vec<String> {
             let config = PrefetcherConfig {
                 capacity: n,
                 completion,
+                join: Join::AtGather,
                 ..Default::default()
             };
             let mut p = Prefetcher::new(kernels.clone(), lookup.clone(), config).unwrap();

@@ -212,6 +212,84 @@ pub enum Error {
     LayerRowsDiffer { rows: Vec<(u32, u64)> },
 }
 
+/// What kind of failure an [`Error`] is: the one mapping from which the C ABI's status codes
+/// (`ffi`) and the Python package's exception classes are both made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    Cuda,
+    NoDevice,
+    NoPtx,
+    InvalidArgument,
+    IdsOutOfRange,
+    RowId,
+    RowLookup,
+    RowRead,
+    StagingFull,
+    NotWarmed,
+    PrefetchOrder,
+    /// A file operation failed for another reason than the two below.
+    File,
+    /// The file does not exist (Python: also a `FileNotFoundError`).
+    FileNotFound,
+    /// The file may not be opened or written (Python: also a `PermissionError`).
+    FilePermission,
+    Table,
+    ReadPathUnavailable,
+    OutOfMemory,
+    NoSpace,
+    WouldOverwrite,
+}
+
+impl ErrorKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ErrorKind; 19] = [
+        ErrorKind::Cuda,
+        ErrorKind::NoDevice,
+        ErrorKind::NoPtx,
+        ErrorKind::InvalidArgument,
+        ErrorKind::IdsOutOfRange,
+        ErrorKind::RowId,
+        ErrorKind::RowLookup,
+        ErrorKind::RowRead,
+        ErrorKind::StagingFull,
+        ErrorKind::NotWarmed,
+        ErrorKind::PrefetchOrder,
+        ErrorKind::File,
+        ErrorKind::FileNotFound,
+        ErrorKind::FilePermission,
+        ErrorKind::Table,
+        ErrorKind::ReadPathUnavailable,
+        ErrorKind::OutOfMemory,
+        ErrorKind::NoSpace,
+        ErrorKind::WouldOverwrite,
+    ];
+
+    /// The class of `fetchahead.errors` that Python raises for this kind.
+    pub fn python_class(self) -> &'static str {
+        match self {
+            ErrorKind::Cuda => "CudaError",
+            ErrorKind::NoDevice => "NoDeviceError",
+            ErrorKind::NoPtx => "NoPtxError",
+            ErrorKind::InvalidArgument => "InvalidArgumentError",
+            ErrorKind::IdsOutOfRange => "IdsOutOfRangeError",
+            ErrorKind::RowId => "RowIdError",
+            ErrorKind::RowLookup => "RowLookupError",
+            ErrorKind::RowRead => "RowReadError",
+            ErrorKind::StagingFull => "StagingFullError",
+            ErrorKind::NotWarmed => "NotWarmedError",
+            ErrorKind::PrefetchOrder => "PrefetchOrderError",
+            ErrorKind::File => "FileError",
+            ErrorKind::FileNotFound => "MissingFileError",
+            ErrorKind::FilePermission => "FilePermissionError",
+            ErrorKind::Table => "TableError",
+            ErrorKind::ReadPathUnavailable => "ReadPathUnavailableError",
+            ErrorKind::OutOfMemory => "OutOfMemoryError",
+            ErrorKind::NoSpace => "NoSpaceError",
+            ErrorKind::WouldOverwrite => "WouldOverwriteError",
+        }
+    }
+}
+
 /// Row ids named by an error; prints the first few and the count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowIds(pub Vec<u64>);
@@ -235,6 +313,45 @@ impl fmt::Display for RowIds {
 }
 
 impl Error {
+    /// The kind of failure: what the C status code and the Python class are made from.
+    pub fn kind(&self) -> ErrorKind {
+        use std::io::ErrorKind as Io;
+        match self {
+            Error::Cuda { .. } => ErrorKind::Cuda,
+            Error::NoDevice(_) => ErrorKind::NoDevice,
+            Error::NoPtxForDevice { .. }
+            | Error::UnknownArch { .. }
+            | Error::KernelNeedsArch { .. } => ErrorKind::NoPtx,
+            Error::Invalid { .. } => ErrorKind::InvalidArgument,
+            Error::IdsOutOfRange { .. } => ErrorKind::IdsOutOfRange,
+            Error::RowOutOfRange { .. } | Error::RowsOutOfRange { .. } => ErrorKind::RowId,
+            Error::InjectedFault { .. } | Error::LookupPanicked(_) | Error::ShardChanged { .. } => {
+                ErrorKind::RowLookup
+            }
+            Error::RowRead { .. } => ErrorKind::RowRead,
+            Error::StagingFull { .. } => ErrorKind::StagingFull,
+            Error::NotWarmed { .. } => ErrorKind::NotWarmed,
+            Error::PrefetchOrder(_) => ErrorKind::PrefetchOrder,
+            Error::Io { source, .. } => match source.kind() {
+                Io::NotFound => ErrorKind::FileNotFound,
+                Io::PermissionDenied => ErrorKind::FilePermission,
+                _ => ErrorKind::File,
+            },
+            Error::NotRegularFile { .. } => ErrorKind::File,
+            Error::TableHeader { .. }
+            | Error::TableIndex { .. }
+            | Error::MissingTensor { .. }
+            | Error::BadTensor { .. }
+            | Error::TruncatedShard { .. }
+            | Error::NoSuchLayer { .. }
+            | Error::LayerRowsDiffer { .. } => ErrorKind::Table,
+            Error::ReadPathUnavailable { .. } => ErrorKind::ReadPathUnavailable,
+            Error::OutOfMemory { .. } => ErrorKind::OutOfMemory,
+            Error::NoSpace { .. } => ErrorKind::NoSpace,
+            Error::WouldOverwrite { .. } => ErrorKind::WouldOverwrite,
+        }
+    }
+
     pub(crate) fn io(file: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
         Error::Io {
             file: file.into(),

@@ -14,11 +14,12 @@ use std::time::Duration;
 
 use cudarc::driver::sys;
 
+use crate::error::ErrorKind;
 use crate::kernels::Kernels;
 use crate::kernels::gpu::Gpu;
 use crate::prefetch::flag_worker::FlagLane;
 use crate::prefetch::lookup::{MemoryRows, RowLookup, lookup_or_zero};
-use crate::prefetch::prefetcher::{Completion, Prefetcher, PrefetcherConfig};
+use crate::prefetch::prefetcher::{Completion, Join, Prefetcher, PrefetcherConfig};
 use crate::{Error, Result};
 
 pub const FETCHAHEAD_OK: c_int = 0;
@@ -45,37 +46,30 @@ thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
+/// The status code of `e`, from its [`ErrorKind`] (the mapping the Python classes come from).
 fn code(e: &Error) -> c_int {
-    match e {
-        Error::Cuda { .. }
-        | Error::NoPtxForDevice { .. }
-        | Error::UnknownArch { .. }
-        | Error::KernelNeedsArch { .. } => FETCHAHEAD_ERR_CUDA,
-        Error::NoDevice(_) => FETCHAHEAD_ERR_NO_DEVICE,
-        Error::RowOutOfRange { .. }
-        | Error::InjectedFault { .. }
-        | Error::LookupPanicked(_)
-        | Error::RowsOutOfRange { .. }
-        | Error::RowRead { .. }
-        | Error::ShardChanged { .. } => FETCHAHEAD_ERR_LOOKUP,
-        Error::IdsOutOfRange { .. } | Error::Invalid { .. } => FETCHAHEAD_ERR_INVALID,
+    kind_code(e.kind())
+}
+
+/// The C status code of each error kind.
+pub fn kind_code(kind: ErrorKind) -> c_int {
+    match kind {
+        ErrorKind::Cuda | ErrorKind::NoPtx => FETCHAHEAD_ERR_CUDA,
+        ErrorKind::NoDevice => FETCHAHEAD_ERR_NO_DEVICE,
+        ErrorKind::RowId | ErrorKind::RowLookup | ErrorKind::RowRead => FETCHAHEAD_ERR_LOOKUP,
+        ErrorKind::IdsOutOfRange | ErrorKind::InvalidArgument => FETCHAHEAD_ERR_INVALID,
         // Opening a row store: a table that is missing, malformed or unreadable.
-        Error::Io { .. }
-        | Error::TableHeader { .. }
-        | Error::TableIndex { .. }
-        | Error::MissingTensor { .. }
-        | Error::BadTensor { .. }
-        | Error::TruncatedShard { .. }
-        | Error::NoSuchLayer { .. }
-        | Error::ReadPathUnavailable { .. }
-        | Error::NotRegularFile { .. }
-        | Error::OutOfMemory { .. }
-        | Error::NoSpace { .. }
-        | Error::WouldOverwrite { .. }
-        | Error::LayerRowsDiffer { .. } => FETCHAHEAD_ERR_INVALID,
-        Error::StagingFull { .. } => FETCHAHEAD_ERR_STAGING_FULL,
-        Error::NotWarmed { .. } => FETCHAHEAD_ERR_NOT_WARMED,
-        Error::PrefetchOrder(_) => FETCHAHEAD_ERR_ORDER,
+        ErrorKind::File
+        | ErrorKind::FileNotFound
+        | ErrorKind::FilePermission
+        | ErrorKind::Table
+        | ErrorKind::ReadPathUnavailable
+        | ErrorKind::OutOfMemory
+        | ErrorKind::NoSpace
+        | ErrorKind::WouldOverwrite => FETCHAHEAD_ERR_INVALID,
+        ErrorKind::StagingFull => FETCHAHEAD_ERR_STAGING_FULL,
+        ErrorKind::NotWarmed => FETCHAHEAD_ERR_NOT_WARMED,
+        ErrorKind::PrefetchOrder => FETCHAHEAD_ERR_ORDER,
     }
 }
 
@@ -156,6 +150,28 @@ pub unsafe extern "C" fn fetchahead_last_error(buf: *mut c_char, len: usize) -> 
         })
     })
     .unwrap_or(0)
+}
+
+/// The library's version, NUL-terminated and static (Cargo's version: the wheel's and the
+/// crate's too).
+#[unsafe(no_mangle)]
+pub extern "C" fn fetchahead_version() -> *const c_char {
+    static VERSION: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+    VERSION
+        .get_or_init(|| std::ffi::CString::new(crate::info::VERSION).unwrap_or_default())
+        .as_ptr()
+}
+
+/// What the library was built as, a static NUL-terminated JSON object: `version`,
+/// `git_commit`, `archs` (the embedded PTX), `simulation`, `target`. `fetchahead info` adds
+/// what it finds on the machine (device, read paths, settings).
+#[unsafe(no_mangle)]
+pub extern "C" fn fetchahead_build_info() -> *const c_char {
+    static INFO: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+    INFO.get_or_init(|| {
+        std::ffi::CString::new(crate::info::build().to_string()).unwrap_or_default()
+    })
+    .as_ptr()
 }
 
 /// A row table open for lookups: what the prefetchers and [`fetchahead_lookup`] read.
@@ -452,12 +468,14 @@ pub struct FfiPrefetcherConfig {
     pub completion: u32,
     /// Check mode: the count's log period in milliseconds (0: the default, 10 s).
     pub check_log_ms: u32,
-    pub _reserved: u32,
+    /// `FETCHAHEAD_JOIN_TAGS` (the default: call [`fetchahead_prefetcher_finish`] once after the
+    /// step's last gather) or `FETCHAHEAD_JOIN_AT_GATHER` (0, what a zeroed config asks for).
+    pub join: u32,
 }
 
-/// Writes the recommended configuration to `*out`: capacity 4096, the arch's fastest measured
-/// gather + dequant variant (`variant` null), flag completion (the measured best), fallback
-/// on, check mode off.
+/// Writes the recommended configuration to `*out`, `PrefetcherConfig::default()`'s: capacity
+/// 4096, the arch's fastest measured gather + dequant variant (`variant` null), flag completion
+/// and tagged gathers (the measured best), fallback on, check mode off.
 ///
 /// # Safety
 /// `out` is writable.
@@ -479,11 +497,21 @@ pub unsafe extern "C" fn fetchahead_prefetcher_config_default(
                 Completion::Flag => FETCHAHEAD_COMPLETION_FLAG,
             },
             check_log_ms: 0,
-            _reserved: 0,
+            join: match d.join {
+                Join::AtGather => FETCHAHEAD_JOIN_AT_GATHER,
+                Join::Tags => FETCHAHEAD_JOIN_TAGS,
+            },
         };
         Ok(())
     })
 }
+
+/// Each gather waits for its prefetch's side stream (an event): nothing else to call.
+pub const FETCHAHEAD_JOIN_AT_GATHER: u32 = 0;
+/// Each gather waits on the device for its rows' tags; the caller's stream joins the side stream
+/// at [`fetchahead_prefetcher_finish`], once after the step's last gather (a graph capture
+/// cannot end without it). The default.
+pub const FETCHAHEAD_JOIN_TAGS: u32 = 1;
 
 /// Lookups run in a host function on the driver's callback thread.
 pub const FETCHAHEAD_COMPLETION_HOST_FUNCTION: u32 = 0;
@@ -618,7 +646,11 @@ unsafe fn create_prefetcher(
             }
         },
         check_log_every,
-        // The C ABI has no finish call: its gathers join the side stream themselves.
+        join: match config.join {
+            FETCHAHEAD_JOIN_AT_GATHER => Join::AtGather,
+            FETCHAHEAD_JOIN_TAGS => Join::Tags,
+            other => return Err(Error::invalid("join", format!("no join mode {other}"))),
+        },
         ..PrefetcherConfig::default()
     };
     let store = table.store.clone();
@@ -703,6 +735,36 @@ pub unsafe extern "C" fn fetchahead_gather_dequant(
 ) -> c_int {
     // SAFETY: the caller's contract.
     guard(|| unsafe { prefetcher(p)?.gather_dequant(out as u64, stream) })
+}
+
+/// `FETCHAHEAD_JOIN_TAGS`: makes `stream` wait for the side stream's work of the last
+/// prefetch, which the tagged gathers did not wait for. Call it once after a step's last gather
+/// (before a capture ends); nothing to do with `FETCHAHEAD_JOIN_AT_GATHER`. Capturable.
+///
+/// # Safety
+/// `p` is a live prefetcher; `stream` the stream its gathers were given.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_prefetcher_finish(
+    p: *mut PrefetcherHandle,
+    stream: sys::CUstream,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { prefetcher(p)?.finish(stream) })
+}
+
+/// `FETCHAHEAD_JOIN_TAGS`: writes to `*late` the rows the gathers since the last call gave up
+/// on after the tag timeout (1 s; written as zeros, and logged). Waits for the device.
+///
+/// # Safety
+/// `p` is a live prefetcher; `late` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_late_rows(p: *mut PrefetcherHandle, late: *mut u32) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let (p, late) = unsafe { (prefetcher(p)?, late.as_mut().ok_or(null("late"))?) };
+        *late = p.late_rows()?;
+        Ok(())
+    })
 }
 
 /// The synchronous path: looks up and gathers `count` ids into `out`, all on `stream`.

@@ -17,19 +17,29 @@
 //!   step, CPU reference, self-check). An engine may build with `default-features = false`.
 //! - [`timeline`]: the device-side timeline (each instrumented kernel's blocks, start and end)
 //!   and its Chrome trace.
+//! - `cli` (feature `cli`, on by default): the `fetchahead` command line, which the binary and
+//!   the Python wheel's command both run; [`info`]: the build and configuration report;
+//!   [`nvtx`]: the profiler ranges (`FETCHAHEAD_NVTX=1`).
 //! - [`error`], [`logging`], [`memory`]: the one error type, the stderr logger of the CLI and the
 //!   C library (`FETCHAHEAD_LOG`), allocations sized by input, checked and fallible;
 //!   [`settings`]: every `FETCHAHEAD_*` variable's name, and the warning about unknown ones.
 //!
 //! The main types are re-exported here.
 
+// The CLI's modules name the crate as its users do.
+extern crate self as fetchahead;
+
+#[cfg(feature = "cli")]
+pub mod cli;
 pub(crate) mod driver;
 pub mod error;
 pub mod ffi;
+pub mod info;
 pub mod kernels;
 pub mod l2_plan;
 pub mod logging;
 pub mod memory;
+pub mod nvtx;
 pub mod prefetch;
 pub mod settings;
 #[cfg(feature = "simulation")]
@@ -48,7 +58,7 @@ pub use l2_plan::{
     AccessWindow, L2Plan, PersistingL2, PlanConfig, Planner, Replay, SegmentTable, Signature,
 };
 pub use prefetch::{
-    Completion, FlagLane, MemoryRows, Prefetcher, PrefetcherConfig, RowLookup, StagingLayout,
+    Completion, FlagLane, Join, MemoryRows, Prefetcher, PrefetcherConfig, RowLookup, StagingLayout,
 };
 pub use store::{LayerRows, ReadPath, RowStore, StoreOptions};
 pub use tables::{Mxfp8Table, Placement, RowTable};

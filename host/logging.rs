@@ -7,7 +7,7 @@ use std::sync::Once;
 pub const LOG_ENV: &str = "FETCHAHEAD_LOG";
 
 /// The level when `FETCHAHEAD_LOG` is unset or not a level.
-const DEFAULT_LEVEL: &str = "warn";
+pub const DEFAULT_LEVEL: &str = "warn";
 
 /// Installs the stderr logger once per process; does nothing when another logger (an engine's,
 /// or the Python package's) is already installed. A `FETCHAHEAD_LOG` that is not a level (empty,

@@ -6,10 +6,11 @@ use crate::l2_plan::PLAN_ENV_SETTINGS;
 use crate::store::ENV_SETTINGS;
 
 /// The variables outside the settings tables that fetchahead, its tests, benches and build read.
-const OTHER_ENV: [&str; 8] = [
+const OTHER_ENV: [&str; 9] = [
     crate::logging::LOG_ENV,
     crate::timeline::TIMELINE_ENV,
     crate::kernels::ptx::PTX_ARCH_ENV,
+    crate::nvtx::NVTX_ENV,
     "FETCHAHEAD_REQUIRE_GPU",
     "FETCHAHEAD_ARCHS",
     "FETCHAHEAD_TMPFS",
@@ -55,4 +56,108 @@ pub fn warn_unknown_env() {
             );
         }
     });
+}
+
+/// One `FETCHAHEAD_*` setting as it stands in this process: its value and where that came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InEffect {
+    pub name: &'static str,
+    pub value: String,
+    /// `env` (set in the environment) or `default`.
+    pub source: &'static str,
+    pub about: &'static str,
+}
+
+/// Every runtime setting (the row store's, the L2 plan's, logging, the timeline, NVTX) with the
+/// value in effect and its source; an L2 budget's default is per device (half of `l2_bytes`,
+/// `None`: no device known).
+pub fn in_effect(l2_bytes: Option<u64>) -> Vec<InEffect> {
+    use crate::l2_plan::PlanConfig;
+    use crate::store::StoreOptions;
+    let store = StoreOptions::default();
+    let plan = PlanConfig::for_l2(l2_bytes.unwrap_or(0));
+    let flag = |on: bool| if on { "1" } else { "0" }.to_string();
+    let defaults: Vec<(&'static str, String, &'static str)> = vec![
+        (
+            ENV_SETTINGS[0].0,
+            store.read_path.to_string(),
+            ENV_SETTINGS[0].1,
+        ),
+        (
+            ENV_SETTINGS[1].0,
+            store.cache_bytes.to_string(),
+            ENV_SETTINGS[1].1,
+        ),
+        (
+            ENV_SETTINGS[2].0,
+            store.uring_depth.to_string(),
+            ENV_SETTINGS[2].1,
+        ),
+        (
+            ENV_SETTINGS[3].0,
+            store.preadv_threads.to_string(),
+            ENV_SETTINGS[3].1,
+        ),
+        (ENV_SETTINGS[4].0, flag(store.direct_io), ENV_SETTINGS[4].1),
+        (
+            PLAN_ENV_SETTINGS[0].0,
+            match l2_bytes {
+                Some(_) => format!("{}", plan.budget_per_window as f64 / (1u64 << 20) as f64),
+                None => "half of the device's L2".to_string(),
+            },
+            PLAN_ENV_SETTINGS[0].1,
+        ),
+        (
+            PLAN_ENV_SETTINGS[1].0,
+            plan.replay.name().to_string(),
+            PLAN_ENV_SETTINGS[1].1,
+        ),
+        (
+            PLAN_ENV_SETTINGS[2].0,
+            format!("{:?}", plan.launch).to_lowercase(),
+            PLAN_ENV_SETTINGS[2].1,
+        ),
+        (
+            PLAN_ENV_SETTINGS[3].0,
+            flag(plan.fit),
+            PLAN_ENV_SETTINGS[3].1,
+        ),
+        (
+            PLAN_ENV_SETTINGS[4].0,
+            flag(plan.all_gather),
+            PLAN_ENV_SETTINGS[4].1,
+        ),
+        (
+            crate::logging::LOG_ENV,
+            crate::logging::DEFAULT_LEVEL.to_string(),
+            "the stderr logger's level (CLI and C library)",
+        ),
+        (
+            crate::timeline::TIMELINE_ENV,
+            "0".to_string(),
+            "1: record instrumented kernels on the device timeline",
+        ),
+        (
+            crate::nvtx::NVTX_ENV,
+            "0".to_string(),
+            "1: NVTX ranges for Nsight Systems and the torch profiler",
+        ),
+    ];
+    defaults
+        .into_iter()
+        .map(|(name, default, about)| match std::env::var(name) {
+            Ok(v) => InEffect {
+                name,
+                value: v,
+                source: "env",
+                about,
+            },
+            Err(_) => InEffect {
+                name,
+                value: default,
+                source: "default",
+                about,
+            },
+        })
+        .collect()
 }

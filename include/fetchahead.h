@@ -15,6 +15,8 @@
  *   fetchahead_prefetch(p, ids, n, stream);      right after the hasher wrote ids
  *   ... the layers before this one run on stream ...
  *   fetchahead_gather_dequant(p, out, stream);   out: [n, dim] bf16
+ * and once after the step's last gather (the default FETCHAHEAD_JOIN_TAGS):
+ *   fetchahead_prefetcher_finish(p, stream);
  */
 #ifndef FETCHAHEAD_H
 #define FETCHAHEAD_H
@@ -50,6 +52,13 @@ typedef struct fetchahead_flag_lane fetchahead_flag_lane;
  * clears it when it succeeds: after a success the message is "" (length 0). A NUL inside a
  * message (from a file name) is written as the two characters \0. */
 size_t fetchahead_last_error(char *buf, size_t len);
+
+/* The library's version (Cargo's, the wheel's too), static. */
+const char *fetchahead_version(void);
+
+/* What the library was built as, a static JSON object: {"version", "git_commit", "archs" (the
+ * embedded PTX), "simulation", "target"}. */
+const char *fetchahead_build_info(void);
 
 /* ---- tables ---------------------------------------------------------------------------- */
 
@@ -121,19 +130,31 @@ typedef struct fetchahead_prefetcher_config {
     uint32_t fallback_on_error; /* nonzero: after a lookup error, gather synchronously */
     uint32_t completion;        /* FETCHAHEAD_COMPLETION_* */
     uint32_t check_log_ms;      /* check mode: the count's log period in ms (0: 10000) */
-    uint32_t _reserved;         /* 0 */
+    uint32_t join;              /* FETCHAHEAD_JOIN_* (0, a zeroed config: AT_GATHER) */
 } fetchahead_prefetcher_config;
 
-/* The recommended configuration: capacity 4096, variant NULL (the arch's fastest measured
- * gather + dequant variant), FETCHAHEAD_COMPLETION_FLAG (the measured best), fallback on, check
+/* The recommended configuration (the Rust PrefetcherConfig::default(), Python's and the demo's):
+ * capacity 4096, variant NULL (the arch's fastest measured gather + dequant variant),
+ * FETCHAHEAD_COMPLETION_FLAG and FETCHAHEAD_JOIN_TAGS (the measured best), fallback on, check
  * mode off. */
 int fetchahead_prefetcher_config_default(fetchahead_prefetcher_config *out);
 
 enum {
+    /* Each gather makes `stream` wait for its prefetch's side stream (an event). */
+    FETCHAHEAD_JOIN_AT_GATHER = 0,
+    /* Each gather waits on the device for its rows' tags; `stream` joins the side stream at
+     * fetchahead_prefetcher_finish, once after the step's last gather (a graph capture cannot
+     * end without it). In a replayed decode step it stalled 0.6-1.5% of the lookup time
+     * against 3.7-6.2% joined at each gather (H200). */
+    FETCHAHEAD_JOIN_TAGS = 1
+};
+
+enum {
     /* The lookup runs in a host function, on the driver's one callback thread (all streams). */
     FETCHAHEAD_COMPLETION_HOST_FUNCTION = 0,
-    /* The lookup runs on a lookup thread of the library's (the prefetcher's own, or a shared
-     * fetchahead_flag_lane); the side stream waits on a pinned flag (cuStreamWaitValue32). */
+    /* The lookup runs on a lookup thread of the library's (the device's default lane, shared by
+     * the prefetchers made with fetchahead_prefetcher_create, or a fetchahead_flag_lane); the
+     * side stream waits on a pinned flag (cuStreamWaitValue32). */
     FETCHAHEAD_COMPLETION_FLAG = 1
 };
 
@@ -165,9 +186,18 @@ int fetchahead_prefetcher_warm(fetchahead_prefetcher *p);
 int fetchahead_prefetch(fetchahead_prefetcher *p, const int64_t *ids, uint64_t count,
                         fetchahead_stream stream);
 
-/* `stream` waits for the side stream; out[i] = bf16 of row ids[i] (count * dim bf16, 16-byte
- * aligned). In check mode the synchronous path then runs and the outputs are compared. */
+/* out[i] = bf16 of row ids[i] (count * dim bf16, 16-byte aligned), after `stream` waits for the
+ * side stream (FETCHAHEAD_JOIN_AT_GATHER) or for each row's tag on the device (JOIN_TAGS). In
+ * check mode the synchronous path then runs and the outputs are compared. */
 int fetchahead_gather_dequant(fetchahead_prefetcher *p, uint16_t *out, fetchahead_stream stream);
+
+/* FETCHAHEAD_JOIN_TAGS: `stream` waits for the side stream's work of the last prefetch; once
+ * after the step's last gather, and before a capture ends. Nothing to do with JOIN_AT_GATHER. */
+int fetchahead_prefetcher_finish(fetchahead_prefetcher *p, fetchahead_stream stream);
+
+/* FETCHAHEAD_JOIN_TAGS: *late = rows the gathers since the last call gave up on after the tag
+ * timeout (1 s; gathered as zeros, and logged). Waits for the device. */
+int fetchahead_late_rows(fetchahead_prefetcher *p, uint32_t *late);
 
 /* The synchronous path: lookup and gather all on `stream`. */
 int fetchahead_gather_dequant_sync(fetchahead_prefetcher *p, const int64_t *ids, uint64_t count,
@@ -252,14 +282,14 @@ typedef struct fetchahead_l2_counters {
  *       fetchahead_l2_plan_consume(plan, weight, bytes) for each weight read after it
  *   fetchahead_l2_plan_end_forward(plan, &summary);            summary may be NULL
  * A captured signature is frozen; its tables live as long as the plan. */
-int fetchahead_l2_plan_create(int device, fetchahead_stream stream, uint64_t budget_per_window,
+int fetchahead_l2_plan_create(int32_t device, fetchahead_stream stream, uint64_t budget_per_window,
                               fetchahead_l2_plan **out);
 /* As fetchahead_l2_plan_create, each window warmed by the replay named `replay`: "auto" (or
  * NULL: reads windows up to half of L2, bulk-prefetches larger ones), "access_policy", or an
  * L2 prefetch variant ("l2_prefetch", "l2_prefetch_evict_last", "l2_prefetch_lines",
  * "l2_prefetch_loads"). An unknown name fails with FETCHAHEAD_ERR_INVALID, its message listing
  * the names. */
-int fetchahead_l2_plan_create_with_replay(int device, fetchahead_stream stream,
+int fetchahead_l2_plan_create_with_replay(int32_t device, fetchahead_stream stream,
                                           uint64_t budget_per_window, const char *replay,
                                           fetchahead_l2_plan **out);
 int fetchahead_l2_plan_begin_forward(fetchahead_l2_plan *plan, uint64_t signature,

@@ -145,7 +145,7 @@ fn prefetch_and_gather_through_the_abi() {
         fallback_on_error: 1,
         completion: FETCHAHEAD_COMPLETION_HOST_FUNCTION,
         check_log_ms: 0,
-        _reserved: 0,
+        join: FETCHAHEAD_JOIN_AT_GATHER,
     };
     let mut p = ptr::null_mut();
     // SAFETY: `table` is open, `config` readable, `p` writable.
@@ -274,7 +274,7 @@ fn two_prefetchers_share_a_flag_lane_through_the_abi() {
         fallback_on_error: 1,
         completion,
         check_log_ms: 1,
-        _reserved: 0,
+        join: FETCHAHEAD_JOIN_AT_GATHER,
     };
     let flag = config(FETCHAHEAD_COMPLETION_FLAG);
     let mut layers = [ptr::null_mut(); 2];

@@ -30,12 +30,17 @@ fn the_default_config_is_the_measured_best() {
         fallback_on_error: 9,
         completion: 9,
         check_log_ms: 9,
-        _reserved: 9,
+        join: 9,
     };
     // SAFETY: `config` is writable.
     let rc = unsafe { fetchahead_prefetcher_config_default(&mut config) };
     assert_eq!(rc, FETCHAHEAD_OK);
     assert_eq!(config.completion, FETCHAHEAD_COMPLETION_FLAG);
+    assert_eq!(config.join, FETCHAHEAD_JOIN_TAGS);
+    // The same as Rust's default (the demo's and Python's are checked against that one).
+    let rust = fetchahead::PrefetcherConfig::default();
+    assert_eq!(rust.completion, fetchahead::Completion::Flag);
+    assert_eq!(rust.join, fetchahead::prefetch::prefetcher::Join::Tags);
     assert!(config.variant.is_null(), "the arch's default variant");
     assert_eq!(
         (config.capacity, config.check, config.fallback_on_error),

@@ -581,6 +581,7 @@ fn a_capture_before_warm_up_is_an_error_naming_the_fix() -> Result<()> {
         &table,
         PrefetcherConfig {
             capacity: 64,
+            join: Join::AtGather,
             ..Default::default()
         },
     )?;
@@ -617,6 +618,7 @@ fn check_mode_counts_no_difference_over_1000_replays() -> Result<()> {
         capacity: 512,
         check: true,
         check_log_every: Duration::ZERO,
+        join: Join::AtGather,
         ..Default::default()
     };
     let mut p = new_prefetcher(&s, &table, config)?;
@@ -673,6 +675,7 @@ fn check_mode_counts_a_gather_that_differs() -> Result<()> {
         capacity: 64,
         check: true,
         check_log_every: Duration::ZERO,
+        join: Join::AtGather,
         ..Default::default()
     };
     let mut p = new_prefetcher(&s, &table, config)?;
@@ -719,6 +722,7 @@ fn an_injected_lookup_failure_is_reported_zeroed_and_falls_back() -> Result<()> 
         &table,
         PrefetcherConfig {
             capacity: 128,
+            join: Join::AtGather,
             ..Default::default()
         },
     )?;
@@ -787,6 +791,7 @@ fn a_failure_or_panic_during_a_replay_is_reported_and_the_next_replay_is_right()
     let rows = Arc::new(rows);
     let config = PrefetcherConfig {
         capacity: 32,
+        join: Join::AtGather,
         ..Default::default()
     };
     let mut p = Prefetcher::new(
@@ -968,6 +973,7 @@ fn zero_rows_and_misuse_are_errors_not_crashes() -> Result<()> {
     let table = Arc::new(MemoryRows::generate(1024, DIM, 3)?);
     let config = PrefetcherConfig {
         capacity: 16,
+        join: Join::AtGather,
         ..Default::default()
     };
     let mut p = new_prefetcher(&s, &table, config)?;

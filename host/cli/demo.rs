@@ -20,7 +20,7 @@ use clap::{Args, Parser};
 use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::prefetch::lookup::MemoryRows;
-use fetchahead::prefetch::prefetcher::{Completion, PrefetcherConfig};
+use fetchahead::prefetch::prefetcher::{Completion, Join, PrefetcherConfig};
 use fetchahead::sim::forward::{
     FlagLanes, ForwardShape, GatherPath, LEAD_IN_US, LayerTable, SimulatedForward,
 };
@@ -91,10 +91,16 @@ pub struct DemoArgs {
     pub steps: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Complete lookups through a pinned flag instead of host functions: one lookup thread for
-    /// the forward, the earliest-gathered layer's lookup first.
-    #[arg(long)]
-    pub flag: bool,
+    /// How the side stream learns a lookup is done: flag (a lookup thread shared by the
+    /// forward's layers, the earliest-gathered layer's lookup first; the measured best, and
+    /// `PrefetcherConfig::default()`'s) or host-function (host functions on the driver's thread).
+    #[arg(long, value_enum, default_value_t = CompletionArg::from(PrefetcherConfig::default().completion))]
+    pub completion: CompletionArg,
+    /// How a gather waits for its rows: tags (each row's tag on the device, the step joining
+    /// the side stream once at its end; the measured best, and the default's) or at-gather
+    /// (the stream waits for the side stream at each gather).
+    #[arg(long, value_enum, default_value_t = JoinArg::from(PrefetcherConfig::default().join))]
+    pub join: JoinArg,
     /// Check mode: after each prefetched gather, gather synchronously and count differences.
     #[arg(long)]
     pub check: bool,
@@ -107,6 +113,56 @@ pub struct DemoArgs {
     /// (replaced only with --force).
     #[arg(long, value_name = "FILE")]
     pub timeline: Option<PathBuf>,
+}
+
+/// `--completion`: [`Completion`] as the command line spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompletionArg {
+    Flag,
+    HostFunction,
+}
+
+impl From<Completion> for CompletionArg {
+    fn from(c: Completion) -> Self {
+        match c {
+            Completion::Flag => CompletionArg::Flag,
+            Completion::HostFunction => CompletionArg::HostFunction,
+        }
+    }
+}
+
+impl From<CompletionArg> for Completion {
+    fn from(c: CompletionArg) -> Self {
+        match c {
+            CompletionArg::Flag => Completion::Flag,
+            CompletionArg::HostFunction => Completion::HostFunction,
+        }
+    }
+}
+
+/// `--join`: [`Join`] as the command line spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum JoinArg {
+    Tags,
+    AtGather,
+}
+
+impl From<Join> for JoinArg {
+    fn from(j: Join) -> Self {
+        match j {
+            Join::Tags => JoinArg::Tags,
+            Join::AtGather => JoinArg::AtGather,
+        }
+    }
+}
+
+impl From<JoinArg> for Join {
+    fn from(j: JoinArg) -> Self {
+        match j {
+            JoinArg::Tags => Join::Tags,
+            JoinArg::AtGather => Join::AtGather,
+        }
+    }
 }
 
 impl DemoArgs {
@@ -449,14 +505,11 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         Err(e) => return Err(e),
     };
     let kernels = Arc::new(Kernels::load(&gpu)?);
-    let completion = if args.flag {
-        Completion::Flag
-    } else {
-        Completion::HostFunction
-    };
+    let completion = Completion::from(args.completion);
+    let join = Join::from(args.join);
     println!(
         "{} ({} SMs); {} layers of {} us compute, Engram layers {:?}, {} heads, {}-gram hashes, \
-         lookups completed by {completion:?}",
+         lookups completed by {completion:?}, gathers joined by {join:?}",
         gpu.name,
         gpu.multiprocessors,
         args.layers,
@@ -472,6 +525,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     let max_tokens = phases.iter().map(|p| p.tokens).max().unwrap_or(1);
     let config = PrefetcherConfig {
         completion,
+        join,
         check: args.check,
         variant: args.dequant_variant()?,
         ..Default::default()
@@ -765,6 +819,16 @@ fn run_phase(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_demo_runs_the_librarys_default_modes() {
+        let args = DemoArgs::default();
+        let d = PrefetcherConfig::default();
+        assert_eq!(Completion::from(args.completion), d.completion);
+        assert_eq!(Join::from(args.join), d.join);
+        // The measured best (BENCHMARKS.md: the shared flag lane, tagged gathers).
+        assert_eq!((d.completion, d.join), (Completion::Flag, Join::Tags));
+    }
 
     fn small(dir: &Path) -> DemoArgs {
         DemoArgs {

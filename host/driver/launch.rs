@@ -57,6 +57,7 @@ pub(crate) unsafe fn launch_kernel<P: Copy>(
     stream: sys::CUstream,
     p: P,
 ) -> Result<()> {
+    let _nvtx = crate::nvtx::range(c"fetchahead.launch");
     let mut params = p;
     let mut args = [&mut params as *mut P as *mut c_void];
     // SAFETY: one argument of the struct type the kernel takes (build.rs checked its size);
@@ -85,6 +86,7 @@ pub(crate) unsafe fn launch_kernel_ex<P: Copy>(
     config: &sys::CUlaunchConfig,
     p: P,
 ) -> Result<()> {
+    let _nvtx = crate::nvtx::range(c"fetchahead.launch");
     let mut params = p;
     let mut args = [&mut params as *mut P as *mut c_void];
     // SAFETY: one argument of the struct type the kernel takes (build.rs checked its size);

@@ -20,8 +20,9 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// Opens device `ordinal`, or says why there is none (no driver library, no device).
-    pub fn open(ordinal: usize) -> Result<Gpu> {
+    /// Whether device `ordinal` exists, without creating a context: `Ok(count)` of devices, or
+    /// [`Error::NoDevice`] saying why not (no driver library, no device, too few).
+    pub fn check_present(ordinal: usize) -> Result<usize> {
         // cudarc panics on first use without libcuda.
         if !crate::driver::culib_present() {
             return Err(Error::NoDevice(
@@ -38,6 +39,12 @@ impl Gpu {
                 "device {ordinal} asked for, {count} present"
             )));
         }
+        Ok(count as usize)
+    }
+
+    /// Opens device `ordinal`, or says why there is none (no driver library, no device).
+    pub fn open(ordinal: usize) -> Result<Gpu> {
+        Gpu::check_present(ordinal)?;
         let ctx = CudaContext::new(ordinal).call("cuCtxCreate")?;
         let attr = |a| ctx.attribute(a).call("cuDeviceGetAttribute");
         use sys::CUdevice_attribute::*;

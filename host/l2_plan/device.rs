@@ -241,6 +241,7 @@ impl L2Plan {
     /// [`L2Plan::collective`] for a collective of `kind`: with [`PlanConfig::all_gather`] off,
     /// an all-gather's window is counted but not warmed.
     pub fn collective_of(&mut self, kind: CollectiveKind) -> Result<()> {
+        let _nvtx = crate::nvtx::range(c"fetchahead.l2_window");
         // The last window's prefetch goes out if its reader never came; it is not joined here.
         // A prefetch writes nothing the main stream reads, and the side stream runs the windows'
         // prefetches in order, so the branch is joined once, at `end_forward`: inside a replayed
@@ -391,6 +392,7 @@ impl L2Plan {
 
     /// Launches the forked prefetch, if one waits, on the side stream.
     fn launch_deferred(&mut self) -> Result<()> {
+        let _nvtx = crate::nvtx::range(c"fetchahead.l2_window.prefetch");
         let Some(d) = self.deferred.take() else {
             return Ok(());
         };

@@ -73,6 +73,15 @@ pub enum Replay {
 }
 
 impl Replay {
+    /// The name [`Replay::named`] takes for this replay.
+    pub fn name(self) -> &'static str {
+        match self {
+            Replay::Auto => "auto",
+            Replay::AccessPolicy => "access_policy",
+            Replay::Prefetch { variant } => variant.name(),
+        }
+    }
+
     /// The replay named `name`: `auto`, `access_policy`, or an L2 prefetch variant's name
     /// (`l2_prefetch`, `l2_prefetch_loads`, ...); an unknown name is an error that lists them.
     pub fn named(name: &str) -> Result<Self> {

@@ -8,7 +8,13 @@
 //! their requests arrive in the order their prefetches were enqueued (a forward enqueues its
 //! Engram layers in gather order, so the lookup needed first never waits for a later layer's).
 //! Among requests that wait together, the lane runs the one of the lowest rank first. A
-//! prefetcher made alone gets a lane of its own.
+//! prefetcher made without a lane joins its context's default lane ([`FlagLane::shared_for`]),
+//! the configuration the benches measured best ("flag-lane"). A lane per prefetcher ("flag-layer":
+//! [`FlagLane::start`] and [`Prefetcher::in_lane`](crate::Prefetcher::in_lane) for each) lets
+//! their lookups run at once; that serves only tables on separate disks (or lookups that never
+//! touch one), since on one disk the earliest-gathered layer's lookup then shares the disk with
+//! the later ones': it stalled 92-97% of the lookup time on cold decode lookups in
+//! `benches/prefetcher.rs`, against 1.1-2.6% for one shared lane.
 //!
 //! Per prefetch the stream publishes `count + 1` in its slot's `request` word (after the ids
 //! copy), waits for `done == 1`, clears `done` and copies the rows. The values are the same at
@@ -140,6 +146,30 @@ impl FlagLane {
             thread: Some(thread),
             side: Mutex::new(None),
         }))
+    }
+
+    /// The default lane of `ctx`'s prefetchers, started on first use and kept while a prefetcher
+    /// holds it (the prefetchers made without a lane of their own share it).
+    pub fn shared_for(ctx: &Arc<CudaContext>) -> Result<Arc<FlagLane>> {
+        type Lanes = Vec<(usize, std::sync::Weak<FlagLane>)>;
+        static SHARED: Mutex<Lanes> = Mutex::new(Vec::new());
+        // The context's own address: a live lane holds its side stream, which holds the
+        // context, so the address cannot be reused while the entry's lane is alive.
+        let key = Arc::as_ptr(ctx) as usize;
+        let mut lanes = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+        lanes.retain(|(_, lane)| lane.strong_count() > 0);
+        if let Some(lane) = lanes
+            .iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, lane)| lane.upgrade())
+        {
+            return Ok(lane);
+        }
+        let lane = FlagLane::start(format!("fetchahead-lane{}", ctx.ordinal()))?;
+        // Its side stream now, in this context, so that the key's context stays alive with it.
+        lane.side_stream(ctx)?;
+        lanes.push((key, Arc::downgrade(&lane)));
+        Ok(lane)
     }
 
     /// The side stream of the lane's prefetchers, made on first use in `ctx`: one stream keeps

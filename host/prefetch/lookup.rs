@@ -37,6 +37,7 @@ pub fn lookup_or_zero(
     weights_out: &mut [u8],
     scales_out: &mut [u8],
 ) -> Result<()> {
+    let _nvtx = crate::nvtx::range(c"fetchahead.lookup");
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         store.lookup(ids, weights_out, scales_out)
     }))

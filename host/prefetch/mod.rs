@@ -25,5 +25,5 @@ pub mod staging;
 pub use flag_worker::FlagLane;
 pub use lookup::{MemoryRows, RowLookup, lookup_or_zero};
 pub use lookup_job::LookupFailure;
-pub use prefetcher::{Completion, Prefetcher, PrefetcherConfig, Stats};
+pub use prefetcher::{Completion, Join, Prefetcher, PrefetcherConfig, Stats};
 pub use staging::StagingLayout;

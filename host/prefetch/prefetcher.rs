@@ -57,8 +57,9 @@ pub struct PrefetcherConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Join {
     /// The caller's stream waits for the side stream at each gather (an event), and nothing
-    /// else is needed. The default, since it asks nothing more of the caller.
-    #[default]
+    /// else is needed: for a caller that cannot call [`Prefetcher::finish`]. In a replayed
+    /// graph it stalled the decode step's Engram layers 3.7-6.2% of the lookup time (warm rows),
+    /// against 0.6-1.5% for [`Join::Tags`] (BENCHMARKS.md, "Decode step").
     AtGather,
     /// Each staged row carries the id it holds, copied after the rows, and the gather (the
     /// `staged_dequant_tagged` kernel) waits for row `i`'s tag to equal `ids[i]`; the caller's
@@ -66,7 +67,10 @@ pub enum Join {
     /// forward's last gather (a CUDA graph capture must call it before it ends). Inside a
     /// replayed graph each wait of the main chain on the side branch costs it 2-3 us on the
     /// H200 however early the branch finished (`benches/cuda/graph_join_probe.cu`); the tags
-    /// cost nothing there.
+    /// cost nothing there. The default: the decode step's best measured join. Eager callers
+    /// that never capture may skip `finish` (the tags order every gather after its rows; the
+    /// next prefetch forks after the gather); a capture cannot end without it.
+    #[default]
     Tags,
 }
 
@@ -93,7 +97,7 @@ impl Default for PrefetcherConfig {
             check_log_every: Duration::from_secs(10),
             fallback_on_error: true,
             completion: Completion::Flag,
-            join: Join::AtGather,
+            join: Join::Tags,
             tag_timeout: Duration::from_secs(1),
         }
     }
@@ -169,6 +173,7 @@ impl Stage {
         slot: Option<&FlagSlot>,
         tags: bool,
     ) -> Result<()> {
+        let _nvtx = crate::nvtx::range(c"fetchahead.stage");
         let layout = self.staging.layout();
         let job = self.jobs.job(count).ok_or(Error::StagingFull {
             count,
@@ -183,6 +188,7 @@ impl Stage {
                 Some(slot) => slot.enqueue(count, s)?,
                 None => host_fn::enqueue(s, job)?,
             }
+            let _copies = crate::nvtx::range(c"fetchahead.copy");
             stream::copy_to_device(device.weights, host.weights, layout.weight_bytes(count), s)?;
             stream::copy_to_device(device.scales, host.scales, layout.scale_bytes(count), s)?;
             // After the rows, in stream order: a tag is never ahead of its row.
@@ -254,15 +260,24 @@ pub struct Prefetcher {
 }
 
 impl Prefetcher {
-    /// A prefetcher over `store` on `kernels`' device, with its own side stream (and in flag mode
-    /// a lookup lane of its own). Not yet warm: call [`Prefetcher::warm`] before capturing a
+    /// A prefetcher over `store` on `kernels`' device. In flag mode (the default) its lookups run
+    /// on the device's default lane ([`FlagLane::shared_for`]), shared with the other
+    /// prefetchers made this way, whose side stream it shares too (the measured best: one
+    /// lookup at a time, in the order the prefetches were enqueued); with host functions it has
+    /// a side stream of its own. Not yet warm: call [`Prefetcher::warm`] before capturing a
     /// graph.
     pub fn new(
         kernels: Arc<Kernels>,
         store: Arc<dyn RowLookup>,
         config: PrefetcherConfig,
     ) -> Result<Prefetcher> {
-        Self::build(kernels, store, config, None)
+        match config.completion {
+            Completion::Flag => {
+                let lane = FlagLane::shared_for(&kernels.gpu().ctx)?;
+                Self::build(kernels, store, config, Some((lane, 0)))
+            }
+            Completion::HostFunction => Self::build(kernels, store, config, None),
+        }
     }
 
     /// A flag-mode prefetcher whose lookups run on `lane`, shared with other prefetchers. They
@@ -312,7 +327,7 @@ impl Prefetcher {
             Completion::Flag => {
                 let (lane, rank) = match lane {
                     Some(shared) => shared,
-                    None => (FlagLane::start("fetchahead-lookup".into())?, 0),
+                    None => (FlagLane::shared_for(&ctx)?, 0),
                 };
                 Some(FlagSlot::new(&ctx, &lane, rank, ahead.jobs.clone())?)
             }

@@ -275,10 +275,19 @@ impl EngramLayers {
                 resident.scales.address(main),
             );
             let store: Arc<dyn RowLookup> = table.clone();
-            let mut prefetcher = match &shared_lane {
+            let mut prefetcher = match (&shared_lane, config.completion) {
                 // Ranked in gather order: `engram_layers` is sorted.
-                Some(lane) => Prefetcher::in_lane(kernels.clone(), store, config, lane, k as u32)?,
-                None => Prefetcher::new(kernels.clone(), store, config)?,
+                (Some(lane), _) => {
+                    Prefetcher::in_lane(kernels.clone(), store, config, lane, k as u32)?
+                }
+                // `FlagLanes::PerLayer`: a lane of this layer's own.
+                (None, Completion::Flag) => {
+                    let own = FlagLane::start(format!("fetchahead-layer{k}"))?;
+                    Prefetcher::in_lane(kernels.clone(), store, config, &own, 0)?
+                }
+                (None, Completion::HostFunction) => {
+                    Prefetcher::new(kernels.clone(), store, config)?
+                }
             };
             prefetcher.warm()?;
             let ids = main.alloc_zeros::<i64>(max_ids).call("cuMemAlloc")?;

@@ -675,6 +675,7 @@ impl RowStore {
         scales_out: &mut [u8],
     ) -> Result<()> {
         let path = self.inner.read_path;
+        let _nvtx = crate::nvtx::range(c"fetchahead.lookup");
         self.inner
             .lookup(Caller::User, path, layer, ids, weights_out, scales_out)
     }
@@ -688,6 +689,7 @@ impl RowStore {
         weights_out: &mut [u8],
         scales_out: &mut [u8],
     ) -> Result<()> {
+        let _nvtx = crate::nvtx::range(c"fetchahead.lookup");
         self.inner
             .lookup(Caller::User, path, layer, ids, weights_out, scales_out)
     }
@@ -843,6 +845,39 @@ impl RowStore {
     pub fn inject_read_fault(&self, fault: ReadFault) -> bool {
         self.inner.fault.set(FaultState::new(fault)).is_ok()
     }
+}
+
+/// The read paths this kernel offers, probed once here: io_uring (a small ring, with the
+/// features it got), preadv and buffered reads (always), mmap (always; measured, never chosen
+/// by `auto`). O_DIRECT depends on each table's filesystem and is said when a store opens.
+pub fn read_paths_here() -> Vec<(&'static str, std::result::Result<String, String>)> {
+    let uring = std::fs::File::open("/dev/null")
+        .map_err(|e| format!("cannot open /dev/null to probe with: {e}"))
+        .and_then(|null| {
+            use std::os::fd::AsRawFd;
+            let reader = uring::UringReader::new(8, &[null.as_raw_fd()], None)
+                .map_err(|e| format!("io_uring_setup: {e}"))?;
+            let f = reader.features();
+            let on = |b: bool| if b { "yes" } else { "no" };
+            Ok(format!(
+                "task run {}, no SQ array {}, registered buffers {}, registered files {}, \
+                 registered ring fd {}",
+                f.task_run,
+                on(f.no_sqarray),
+                on(f.registered_buffers),
+                on(f.registered_files),
+                on(f.registered_ring_fd)
+            ))
+        });
+    vec![
+        ("uring", uring),
+        ("preadv", Ok("a pool of preadv threads".to_string())),
+        ("buffered", Ok("pread through the page cache".to_string())),
+        (
+            "mmap",
+            Ok("measured by tune, never chosen by auto (a truncated shard raises SIGBUS)".into()),
+        ),
+    ]
 }
 
 /// The hit count the store's row cache gets on `batches` with a budget of `cache_bytes` for rows

@@ -32,8 +32,10 @@ from .errors import (
     CudaError,
     Error,
     FileError,
+    FilePermissionError,
     IdsOutOfRangeError,
     InvalidArgumentError,
+    MissingFileError,
     NoDeviceError,
     NoPtxError,
     NoSpaceError,
@@ -53,13 +55,17 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __version__: str = _native.__version__
+#: The git commit the native module was built from ("unknown" outside a git checkout).
+__git_commit__: str = _native.__git_commit__
 
 __all__ = [
     "Error",
     "CudaError",
     "FileError",
+    "FilePermissionError",
     "IdsOutOfRangeError",
     "InvalidArgumentError",
+    "MissingFileError",
     "NoDeviceError",
     "NoPtxError",
     "NoSpaceError",
@@ -81,6 +87,7 @@ __all__ = [
     "RowStore",
     "default_variant",
     "env_settings",
+    "show_config",
     "flush_logs",
     "gather",
     "gather_dequant",
@@ -163,6 +170,22 @@ def default_variant(family: str, arch: Optional[str] = None) -> str:
 def env_settings() -> list[tuple[str, str]]:
     """The ``FETCHAHEAD_*`` variables that override row store defaults, with their meaning."""
     return _native.env_settings()
+
+
+def show_config(*, file: Any = None, print_it: bool = True) -> dict[str, Any]:
+    """Prints (to ``file``, default stdout; not when ``print_it`` is False) and returns what this
+    build is and what it finds here, as ``fetchahead info`` does: ``version``, ``git_commit``,
+    ``archs`` (the embedded PTX), ``device`` (name, compute capability and the ``ptx`` it
+    loads, or ``"no device (...)"``), ``default_variants`` per arch, ``read_paths`` (io_uring
+    probed with the features it got), ``nvtx`` and ``settings``: every ``FETCHAHEAD_*``
+    setting with its ``value`` and ``source`` (``"env"`` or ``"default"``)."""
+    import json
+    import sys
+
+    report, text = _native.config_report()
+    if print_it:
+        print(text, end="", file=sys.stdout if file is None else file)
+    return json.loads(report)
 
 
 def make_table(
@@ -479,6 +502,27 @@ def _torch_ops() -> Any:
     return _torch
 
 
+def _device_ordinal(device: Any) -> int:
+    """The CUDA ordinal ``device`` names (None, ``"cuda"``: the current one, taken as 0 here),
+    read without torch: an int, ``"cuda"`` / ``"cuda:N"``, or an object with ``.type`` and
+    ``.index`` (a ``torch.device``). Anything else is left for torch to refuse later."""
+    if device is None:
+        return 0
+    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+        return max(int(device), 0)
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        return int(index) if kind == "cuda" and index.isdigit() else 0
+    index = getattr(device, "index", None)
+    return index if isinstance(index, int) else 0
+
+
+def _require_device(device: Any) -> None:
+    """:class:`NoDeviceError` when there is no CUDA driver or no such device, before torch (or
+    its CUDA state) is touched: every constructor that needs a GPU calls it first."""
+    _native.require_device(_device_ordinal(device))
+
+
 class IdStatus:
     """A device record of ids outside ``0..rows`` that gather launches given it update: the
     count and the first position. Reading it waits for the device; launching never does.
@@ -488,6 +532,7 @@ class IdStatus:
     """
 
     def __init__(self, device: Any = None) -> None:
+        _require_device(device)
         import torch
 
         dev = torch.device("cuda") if device is None else torch.device(device)
@@ -554,20 +599,25 @@ class Prefetcher:
     """Prefetches one Engram layer's rows on a side stream; see the module documentation.
 
     ``source`` is a :class:`RowStore` (reading ``layer``) or a :class:`MemoryTable`.
-    ``completion="flag"`` (the default, the measured best: lookups on a lookup thread, the side
-    stream waits on a pinned flag) or ``"host_function"`` (lookups in a host function on the
-    driver's callback thread). ``lane`` shares one :class:`FlagLane` between layers (``rank``:
-    the layer's gather order). ``check=True`` also runs the synchronous path after every gather
-    and counts differing outputs on the device (:meth:`check_differed`). With
+    ``completion="flag"`` (the default, the measured best: lookups on a lookup thread, the
+    device's default lane shared by the prefetchers made without ``lane``, one lookup at a time;
+    the side stream waits on a pinned flag) or ``"host_function"`` (lookups in a host function on
+    the driver's callback thread). ``lane`` puts the prefetcher on a :class:`FlagLane` of the
+    caller's instead (``rank``: the layer's gather order). ``join="tags"`` (the default, the
+    decode step's measured best) has each gather wait on the device for its rows' tags and
+    :meth:`finish` join the side stream once after the step's last gather (a CUDA graph capture
+    cannot end without it; an eager caller may skip it); ``"at_gather"`` waits for the side
+    stream at each gather. ``check=True`` also runs the synchronous path after every gather and
+    counts differing outputs on the device (:meth:`check_differed`). With
     ``fallback_on_error`` a failed lookup switches gathers to the synchronous path until
     :meth:`resume`; :meth:`take_errors` returns the failures.
 
     Call :meth:`prefetch` then :meth:`gather_dequant` with the same ids, in pairs, on the
-    current stream; both are torch ops (``torch.ops.fetchahead.prefetch`` /
-    ``prefetched_gather_dequant``), fine under ``torch.compile`` and inside
-    ``torch.cuda.graph`` capture. Do not write to the ids tensor before the gather (the
-    prefetcher holds a reference to it until then), and keep the prefetcher alive as long as a
-    graph that captured it may be replayed.
+    current stream, and :meth:`finish` after the step's last gather; all are torch ops
+    (``torch.ops.fetchahead.prefetch`` / ``prefetched_gather_dequant`` / ``finish_prefetch``),
+    fine under ``torch.compile`` and inside ``torch.cuda.graph`` capture. Do not write to the
+    ids tensor before the gather (the prefetcher holds a reference to it until then), and keep
+    the prefetcher alive as long as a graph that captured it may be replayed.
     """
 
     def __init__(
@@ -584,12 +634,14 @@ class Prefetcher:
         check_log_ms: int = 0,
         lane: Optional[FlagLane] = None,
         rank: int = 0,
+        join: str = "tags",
     ) -> None:
         # Checked before torch or a device is touched.
         layer = _int_arg("layer", layer, 0, _U32)
         capacity = _int_arg("capacity", capacity, 1, _U64)
         check_log_ms = _int_arg("check_log_ms", check_log_ms, 0, _U64)
         rank = _int_arg("rank", rank, 0, _U32)
+        _require_device(device)
         t = _torch_ops()
         self._device = t.cuda_device(device)
         native_source = source._store if isinstance(source, RowStore) else source._table
@@ -605,6 +657,7 @@ class Prefetcher:
             check_log_ms,
             None if lane is None else lane._lane,
             rank,
+            join,
         )
         self.handle, self._ticket = t.register_prefetcher(self._prefetcher, self._device)
         self._t = t
@@ -630,6 +683,17 @@ class Prefetcher:
         """Joins the side stream and returns the rows of the ``ids`` last prefetched as
         ``[n, dim]`` bfloat16 (into ``out`` when given)."""
         return self._t.prefetched_gather_dequant(self.handle, ids, self._ticket, out)
+
+    def finish(self) -> None:
+        """``join="tags"``: the current stream waits for the side stream's work of the last
+        prefetch, which the tagged gathers did not wait for. Call it once after the step's last
+        gather (inside a capture: before it ends); nothing to do with ``join="at_gather"``."""
+        self._t.finish_prefetch(self.handle, self._ticket)
+
+    def late_rows(self) -> int:
+        """``join="tags"``: rows the gathers since the last call gave up on after the tag
+        timeout (1 s; gathered as zeros, and logged). Waits for the device."""
+        return self._prefetcher.late_rows()
 
     def gather_dequant_sync(self, ids: "torch.Tensor") -> "torch.Tensor":
         """The synchronous path: lookup and gather of ``ids`` on the current stream."""
@@ -692,6 +756,7 @@ class L2Plan:
         """``replay`` names how a window is warmed: ``"auto"`` (the default: windows up to a
         half of L2 read by the SMs, larger ones bulk-prefetched), ``"access_policy"``, or an
         L2 prefetch variant (``"l2_prefetch"``, ``"l2_prefetch_loads"``, ...)."""
+        _require_device(device)
         t = _torch_ops()
         self._device = t.cuda_device(device)
         self._plan = _native.L2Plan(

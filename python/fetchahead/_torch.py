@@ -1,5 +1,14 @@
-"""The torch ops under ``torch.ops.fetchahead``: registered with ``torch.library.custom_op``,
-each with a fake implementation, launched on the current stream.
+"""The torch ops under ``torch.ops.fetchahead``: defined with ``torch.library.Library`` (a
+schema each), their kernels registered for the CUDA dispatch key (and CPU, where the kernel's
+own checks refuse host-only inputs with an :class:`InvalidArgumentError`), each with a fake
+implementation (``torch.library.register_fake``: FakeTensor, and the Meta key, so meta tensors
+work), launched on the current stream.
+
+Every public function calls its op's overload through the dispatcher, eagerly too: a meta
+tensor, a FakeTensor, a dispatch mode or a tensor subclass reaches the kernel the dispatcher
+picks, never a shortcut. ``torch.library.custom_op`` is not used: its Python wrapper costs
+20-30 us a call on the H200's host (issue 26); a ``Library`` kernel is called by the
+dispatcher directly.
 
 Imported on first use of a torch-facing part of :mod:`fetchahead`.
 """
@@ -9,7 +18,6 @@ import threading
 from typing import Any, Optional
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _native
 from .errors import InvalidArgumentError
@@ -47,12 +55,21 @@ def native_device(device: torch.device) -> Any:
     return found
 
 
-try:  # the raw handle without building a torch.cuda.Stream (what Inductor's code calls)
-    _raw_stream = torch._C._cuda_getCurrentRawStream
-except AttributeError:  # pragma: no cover
+def _public_raw_stream(index: int) -> int:
+    """The current stream's raw handle through the public API (builds a torch.cuda.Stream)."""
+    return torch.cuda.current_stream(index).cuda_stream
 
-    def _raw_stream(index: int) -> int:
-        return torch.cuda.current_stream(index).cuda_stream
+
+def pick_raw_stream(c_module: Any) -> Any:
+    """``torch._C._cuda_getCurrentRawStream`` (the raw handle without building a
+    torch.cuda.Stream, what Inductor's generated code calls) when this torch has it, else the
+    public ``torch.cuda.current_stream(index).cuda_stream``: the one private API used here,
+    behind a fallback that ``tests/test_torch_tracing.py`` exercises."""
+    private = getattr(c_module, "_cuda_getCurrentRawStream", None)
+    return private if callable(private) else _public_raw_stream
+
+
+_raw_stream = pick_raw_stream(torch._C)
 
 
 def stream_of(device: torch.device) -> int:
@@ -384,15 +401,6 @@ def _status_tensor(status: Any) -> Optional[torch.Tensor]:
     return tensor
 
 
-def _eager(*tensors: Optional[torch.Tensor]) -> bool:
-    """Whether a call may launch directly instead of through the dispatcher: not being traced
-    or compiled, no dispatch mode active, plain tensors. The op path does the same launch; this
-    one skips the dispatcher's per-call cost in eager code (CUDA graph capture included)."""
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
-        return False
-    return all(t is None or type(t) is torch.Tensor for t in tensors)
-
-
 def gather(
     table: torch.Tensor,
     ids: torch.Tensor,
@@ -404,13 +412,11 @@ def gather(
     16 bytes; on the GPU or pinned in host memory, read zero-copy) gathered by int64 CUDA
     ``ids``, on the current stream. An id outside ``0..rows`` gives a zero row and is counted in
     ``status`` (a :class:`fetchahead.IdStatus`, read later without a sync on the hot path).
-    ``variant`` names a kernel of ``variants()["gather"]`` (default: the fastest measured)."""
-    status = _status_tensor(status)
-    if _eager(table, ids, status):
-        return _gather(table, ids, status, variant)
+    ``variant`` names a kernel of ``variants()["gather"]`` (default: the fastest measured).
+    Meta and fake tensors give the output's shape without a launch."""
     if status is None:
-        return ops.gather_unchecked(table, ids, variant)
-    return ops.gather(table, ids, status, variant)
+        return _op_gather_unchecked(table, ids, variant)
+    return _op_gather(table, ids, _status_tensor(status), variant)
 
 
 def gather_out(
@@ -423,13 +429,10 @@ def gather_out(
 ) -> torch.Tensor:
     """:func:`gather` into ``out`` (``[n, width]``, the table's dtype, contiguous, 16-byte
     aligned, on the ids' device); returns ``out``."""
-    status = _status_tensor(status)
-    if _eager(table, ids, out, status):
-        _gather_out(table, ids, out, status, variant)
-    elif status is None:
-        ops.gather_out_unchecked(table, ids, out, variant)
+    if status is None:
+        _op_gather_out_unchecked(table, ids, out, variant)
     else:
-        ops.gather_out(table, ids, out, status, variant)
+        _op_gather_out(table, ids, out, _status_tensor(status), variant)
     return out
 
 
@@ -446,13 +449,10 @@ def gather_dequant(
     (``torch.float8_e8m0fnu`` or uint8), ``dim`` a multiple of 32, on the GPU or pinned in
     host memory; returns ``[n, dim]`` bfloat16, exactly ``bf16(e4m3 * 2^(e8m0 - 127))``.
     ``variant`` names a kernel of ``variants()["gather_dequant"]``; ``status`` as for
-    :func:`gather`."""
-    status = _status_tensor(status)
-    if _eager(weights, scales, ids, status):
-        return _gather_dequant(weights, scales, ids, status, variant)
+    :func:`gather`. Meta and fake tensors give the output's shape without a launch."""
     if status is None:
-        return ops.gather_dequant_unchecked(weights, scales, ids, variant)
-    return ops.gather_dequant(weights, scales, ids, status, variant)
+        return _op_gather_dequant_unchecked(weights, scales, ids, variant)
+    return _op_gather_dequant(weights, scales, ids, _status_tensor(status), variant)
 
 
 def gather_dequant_out(
@@ -466,13 +466,10 @@ def gather_dequant_out(
 ) -> torch.Tensor:
     """:func:`gather_dequant` into ``out`` (``[n, dim]`` bfloat16, contiguous, 16-byte
     aligned); returns ``out``."""
-    status = _status_tensor(status)
-    if _eager(weights, scales, ids, out, status):
-        _gather_dequant_out(weights, scales, ids, out, status, variant)
-    elif status is None:
-        ops.gather_dequant_out_unchecked(weights, scales, ids, out, variant)
+    if status is None:
+        _op_gather_dequant_out_unchecked(weights, scales, ids, out, variant)
     else:
-        ops.gather_dequant_out(weights, scales, ids, out, status, variant)
+        _op_gather_dequant_out(weights, scales, ids, out, _status_tensor(status), variant)
     return out
 
 
@@ -579,6 +576,15 @@ def _prefetched_gather_dequant_out_fake(handle, ids, ticket, out):
     _check_out(out, (ids.shape[0], native.dim), torch.bfloat16)
 
 
+def _finish_prefetch(handle: int, ticket: torch.Tensor) -> None:
+    native, device = _prefetcher(handle)
+    native.finish(_raw_stream(device.index))
+
+
+def _finish_prefetch_fake(handle, ticket):
+    return None
+
+
 def _sync_gather_dequant(handle: int, ids: torch.Tensor, ticket: torch.Tensor) -> torch.Tensor:
     native, device = _prefetcher(handle)
     address = _check_prefetch_ids(ids, device)
@@ -601,46 +607,84 @@ def checked_variant(family: str, name: Optional[str]) -> Optional[str]:
 
 
 # ---- registration: each function above as a torch op with its fake implementation ---------------
+#
+# (name, schema, kernel, fake). Tensor(a!) marks what an op writes; the kernels are registered for
+# CUDA (any CUDA tensor among the arguments: pinned host tables beside CUDA ids too) and for CPU
+# (all-host arguments, which the kernels' checks refuse with the argument named).
 
-torch.library.custom_op("fetchahead::gather", _gather, mutates_args=("status",)).register_fake(_gather_fake)
-torch.library.custom_op("fetchahead::gather_out", _gather_out, mutates_args=("out", "status")).register_fake(_gather_out_fake)
-torch.library.custom_op("fetchahead::gather_dequant", _gather_dequant, mutates_args=("status",)).register_fake(_gather_dequant_fake)
-torch.library.custom_op("fetchahead::gather_dequant_out", _gather_dequant_out, mutates_args=("out", "status")).register_fake(_gather_dequant_out_fake)
-torch.library.custom_op("fetchahead::gather_unchecked", _gather_unchecked, mutates_args=()).register_fake(_gather_unchecked_fake)
-torch.library.custom_op("fetchahead::gather_out_unchecked", _gather_out_unchecked, mutates_args=("out",)).register_fake(_gather_out_unchecked_fake)
-torch.library.custom_op("fetchahead::gather_dequant_unchecked", _gather_dequant_unchecked, mutates_args=()).register_fake(_gather_dequant_unchecked_fake)
-torch.library.custom_op("fetchahead::gather_dequant_out_unchecked", _gather_dequant_out_unchecked, mutates_args=("out",)).register_fake(_gather_dequant_out_unchecked_fake)
-torch.library.custom_op("fetchahead::prefetch", _prefetch, mutates_args=("ticket",)).register_fake(_prefetch_fake)
-torch.library.custom_op("fetchahead::prefetched_gather_dequant", _prefetched_gather_dequant, mutates_args=()).register_fake(_prefetched_gather_dequant_fake)
-torch.library.custom_op("fetchahead::prefetched_gather_dequant_out", _prefetched_gather_dequant_out, mutates_args=("out",)).register_fake(_prefetched_gather_dequant_out_fake)
-torch.library.custom_op("fetchahead::sync_gather_dequant", _sync_gather_dequant, mutates_args=()).register_fake(_sync_gather_dequant_fake)
+_OPS = [
+    ("gather", "gather(Tensor table, Tensor ids, Tensor(a!)? status, str? variant) -> Tensor",
+     _gather, _gather_fake),
+    ("gather_out", "gather_out(Tensor table, Tensor ids, Tensor(a!) out, Tensor(b!)? status, str? variant) -> ()",
+     _gather_out, _gather_out_fake),
+    ("gather_dequant", "gather_dequant(Tensor weights, Tensor scales, Tensor ids, Tensor(a!)? status, str? variant) -> Tensor",
+     _gather_dequant, _gather_dequant_fake),
+    ("gather_dequant_out", "gather_dequant_out(Tensor weights, Tensor scales, Tensor ids, Tensor(a!) out, Tensor(b!)? status, str? variant) -> ()",
+     _gather_dequant_out, _gather_dequant_out_fake),
+    ("gather_unchecked", "gather_unchecked(Tensor table, Tensor ids, str? variant) -> Tensor",
+     _gather_unchecked, _gather_unchecked_fake),
+    ("gather_out_unchecked", "gather_out_unchecked(Tensor table, Tensor ids, Tensor(a!) out, str? variant) -> ()",
+     _gather_out_unchecked, _gather_out_unchecked_fake),
+    ("gather_dequant_unchecked", "gather_dequant_unchecked(Tensor weights, Tensor scales, Tensor ids, str? variant) -> Tensor",
+     _gather_dequant_unchecked, _gather_dequant_unchecked_fake),
+    ("gather_dequant_out_unchecked", "gather_dequant_out_unchecked(Tensor weights, Tensor scales, Tensor ids, Tensor(a!) out, str? variant) -> ()",
+     _gather_dequant_out_unchecked, _gather_dequant_out_unchecked_fake),
+    ("prefetch", "prefetch(int handle, Tensor ids, Tensor(a!) ticket) -> ()",
+     _prefetch, _prefetch_fake),
+    ("prefetched_gather_dequant", "prefetched_gather_dequant(int handle, Tensor ids, Tensor ticket) -> Tensor",
+     _prefetched_gather_dequant, _prefetched_gather_dequant_fake),
+    ("prefetched_gather_dequant_out", "prefetched_gather_dequant_out(int handle, Tensor ids, Tensor ticket, Tensor(a!) out) -> ()",
+     _prefetched_gather_dequant_out, _prefetched_gather_dequant_out_fake),
+    ("finish_prefetch", "finish_prefetch(int handle, Tensor(a!) ticket) -> ()",
+     _finish_prefetch, _finish_prefetch_fake),
+    ("sync_gather_dequant", "sync_gather_dequant(int handle, Tensor ids, Tensor ticket) -> Tensor",
+     _sync_gather_dequant, _sync_gather_dequant_fake),
+]
+
+# Kept for the life of the process: dropping a Library removes its registrations.
+_LIBRARY = torch.library.Library("fetchahead", "DEF")
+for _name, _schema, _kernel, _fake in _OPS:
+    _LIBRARY.define(_schema)
+    _LIBRARY.impl(_name, _kernel, "CUDA")
+    _LIBRARY.impl(_name, _kernel, "CPU")
+    torch.library.register_fake(f"fetchahead::{_name}", _fake, lib=_LIBRARY)
+
+# The overloads the public functions call, looked up once (an attribute walk of torch.ops costs
+# about a microsecond a call).
+_op_gather = ops.gather.default
+_op_gather_out = ops.gather_out.default
+_op_gather_dequant = ops.gather_dequant.default
+_op_gather_dequant_out = ops.gather_dequant_out.default
+_op_gather_unchecked = ops.gather_unchecked.default
+_op_gather_out_unchecked = ops.gather_out_unchecked.default
+_op_gather_dequant_unchecked = ops.gather_dequant_unchecked.default
+_op_gather_dequant_out_unchecked = ops.gather_dequant_out_unchecked.default
+_op_prefetch = ops.prefetch.default
+_op_prefetched_gather_dequant = ops.prefetched_gather_dequant.default
+_op_prefetched_gather_dequant_out = ops.prefetched_gather_dequant_out.default
+_op_finish_prefetch = ops.finish_prefetch.default
+_op_sync_gather_dequant = ops.sync_gather_dequant.default
 
 
 # ---- the prefetcher's entry points (Prefetcher's methods call these) ---------------------------
 
 
 def prefetch(handle: int, ids: torch.Tensor, ticket: torch.Tensor) -> None:
-    if _eager(ids, ticket):
-        _prefetch(handle, ids, ticket)
-    else:
-        ops.prefetch(handle, ids, ticket)
+    _op_prefetch(handle, ids, ticket)
 
 
 def prefetched_gather_dequant(
     handle: int, ids: torch.Tensor, ticket: torch.Tensor, out: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
     if out is None:
-        if _eager(ids, ticket):
-            return _prefetched_gather_dequant(handle, ids, ticket)
-        return ops.prefetched_gather_dequant(handle, ids, ticket)
-    if _eager(ids, ticket, out):
-        _prefetched_gather_dequant_out(handle, ids, ticket, out)
-    else:
-        ops.prefetched_gather_dequant_out(handle, ids, ticket, out)
+        return _op_prefetched_gather_dequant(handle, ids, ticket)
+    _op_prefetched_gather_dequant_out(handle, ids, ticket, out)
     return out
 
 
+def finish_prefetch(handle: int, ticket: torch.Tensor) -> None:
+    _op_finish_prefetch(handle, ticket)
+
+
 def sync_gather_dequant(handle: int, ids: torch.Tensor, ticket: torch.Tensor) -> torch.Tensor:
-    if _eager(ids, ticket):
-        return _sync_gather_dequant(handle, ids, ticket)
-    return ops.sync_gather_dequant(handle, ids, ticket)
+    return _op_sync_gather_dequant(handle, ids, ticket)

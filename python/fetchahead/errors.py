@@ -2,7 +2,10 @@
 
 Each carries, as attributes, what the caller needs to act: the file and tensor of a bad table,
 the row ids of a failed read, the CUDA call that failed. Errors about an argument also derive
-from :class:`ValueError`, file errors from :class:`OSError`.
+from :class:`ValueError`, file errors from :class:`OSError` (with ``.filename`` and ``.errno``
+set), a missing file from :class:`FileNotFoundError` and a refused one from
+:class:`PermissionError`. The class of each error comes from the crate's ``ErrorKind``, the
+mapping the C ABI's status codes come from too.
 """
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ __all__ = [
     "NotWarmedError",
     "PrefetchOrderError",
     "FileError",
+    "MissingFileError",
+    "FilePermissionError",
     "TableError",
     "ReadPathUnavailableError",
     "OutOfMemoryError",
@@ -38,6 +43,15 @@ class Error(Exception):
         self.message = message
         for name, value in attributes.items():
             setattr(self, name, value)
+        if isinstance(self, OSError):
+            # What `except OSError as e` reads: the path and the errno, where known.
+            self.filename = attributes.get("file")
+            self.errno = attributes.get("errno")
+            self.strerror = message
+
+    def __str__(self) -> str:
+        # OSError's own str() would print "[Errno N] ...: filename" in place of the message.
+        return self.message
 
 
 class CudaError(Error):
@@ -124,6 +138,16 @@ class FileError(Error, OSError):
 
     file: str
     op: str
+
+
+class MissingFileError(FileError, FileNotFoundError):
+    """The file does not exist (``errno`` ENOENT): a :class:`FileError` that is also a
+    :class:`FileNotFoundError`."""
+
+
+class FilePermissionError(FileError, PermissionError):
+    """The file may not be opened or written (``errno`` EACCES / EPERM): a :class:`FileError`
+    that is also a :class:`PermissionError`."""
 
 
 class NoSpaceError(Error, OSError):

@@ -8,15 +8,13 @@ use pyo3::types::{PyDict, PyModule};
 /// The exception class name for `e`, and its attributes.
 fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'py, PyDict>)> {
     let a = PyDict::new(py);
-    let class = match e {
+    match e {
         Error::Cuda { call, source } => {
             a.set_item("call", *call)?;
             a.set_item("code", source.0 as u32)?;
-            "CudaError"
         }
         Error::NoDevice(why) => {
             a.set_item("why", why)?;
-            "NoDeviceError"
         }
         Error::NoPtxForDevice {
             device,
@@ -27,12 +25,10 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("device", device)?;
             a.set_item("arch", wanted)?;
             a.set_item("built", built)?;
-            "NoPtxError"
         }
         Error::UnknownArch { arch, built } => {
             a.set_item("arch", arch)?;
             a.set_item("built", built)?;
-            "NoPtxError"
         }
         Error::KernelNeedsArch {
             kernel,
@@ -43,7 +39,6 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("kernel", *kernel)?;
             a.set_item("arch", format!("sm_{needs}"))?;
             a.set_item("built", *loaded)?;
-            "NoPtxError"
         }
         Error::IdsOutOfRange {
             count,
@@ -57,12 +52,10 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("rows", *rows)?;
             a.set_item("first_index", *first_index)?;
             a.set_item("first_id", *first_id)?;
-            "IdsOutOfRangeError"
         }
         Error::RowOutOfRange { id, rows } => {
             a.set_item("row_ids", vec![*id])?;
             a.set_item("rows", *rows)?;
-            "RowIdError"
         }
         Error::RowsOutOfRange {
             count,
@@ -77,15 +70,12 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("n", *n)?;
             a.set_item("row_range", (*start, *end))?;
             a.set_item("first_index", *first_index)?;
-            "RowIdError"
         }
         Error::InjectedFault { id } => {
             a.set_item("row_ids", vec![*id])?;
-            "RowLookupError"
         }
         Error::LookupPanicked(why) => {
             a.set_item("why", why)?;
-            "RowLookupError"
         }
         Error::RowRead {
             layer,
@@ -98,42 +88,36 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("row_ids", rows.0.clone())?;
             a.set_item("file", file.display().to_string())?;
             a.set_item("offset", *offset)?;
-            "RowReadError"
         }
         Error::StagingFull { count, capacity } => {
             a.set_item("count", *count)?;
             a.set_item("capacity", *capacity)?;
-            "StagingFullError"
         }
         Error::NotWarmed { what } => {
             a.set_item("what", *what)?;
-            "NotWarmedError"
         }
         Error::PrefetchOrder(why) => {
             a.set_item("why", *why)?;
-            "PrefetchOrderError"
         }
         Error::Invalid { what, why } => {
             a.set_item("argument", *what)?;
             a.set_item("why", why)?;
-            "InvalidArgumentError"
         }
         Error::Io { file, op, source } => {
             a.set_item("file", file.display().to_string())?;
             a.set_item("op", *op)?;
             a.set_item("errno", source.raw_os_error())?;
-            "FileError"
         }
-        Error::TableHeader { file, .. }
-        | Error::TableIndex { file, .. }
-        | Error::ShardChanged { file, .. } => {
+        Error::TableHeader { file, .. } | Error::TableIndex { file, .. } => {
             a.set_item("file", file.display().to_string())?;
-            "TableError"
+        }
+        Error::ShardChanged { file, why } => {
+            a.set_item("file", file.display().to_string())?;
+            a.set_item("why", why)?;
         }
         Error::MissingTensor { file, tensor } | Error::BadTensor { file, tensor, .. } => {
             a.set_item("file", file.display().to_string())?;
             a.set_item("tensor", tensor)?;
-            "TableError"
         }
         Error::TruncatedShard {
             file,
@@ -145,23 +129,19 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("tensor", tensor)?;
             a.set_item("file_bytes", *len)?;
             a.set_item("tensor_end", *end)?;
-            "TableError"
         }
         Error::NoSuchLayer { layer, have } => {
             a.set_item("layer", *layer)?;
             a.set_item("layers", have.clone())?;
-            "TableError"
         }
         Error::ReadPathUnavailable { path, why } => {
             a.set_item("path", *path)?;
             a.set_item("why", why)?;
-            "ReadPathUnavailableError"
         }
         Error::NotRegularFile { file, kind } => {
             a.set_item("file", file.display().to_string())?;
             a.set_item("op", "open")?;
             a.set_item("kind", *kind)?;
-            "FileError"
         }
         Error::OutOfMemory {
             what,
@@ -171,7 +151,6 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("what", what)?;
             a.set_item("bytes", *bytes)?;
             a.set_item("available", *available)?;
-            "OutOfMemoryError"
         }
         Error::NoSpace {
             dir,
@@ -181,19 +160,16 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("file", dir.display().to_string())?;
             a.set_item("need", *need)?;
             a.set_item("available", *available)?;
-            "NoSpaceError"
         }
         Error::WouldOverwrite { path, why } => {
             a.set_item("file", path.display().to_string())?;
             a.set_item("why", why)?;
-            "WouldOverwriteError"
         }
         Error::LayerRowsDiffer { rows } => {
             a.set_item("layer_rows", rows.clone())?;
-            "TableError"
         }
-    };
-    Ok((class, a))
+    }
+    Ok((e.kind().python_class(), a))
 }
 
 /// The Python exception for `e`: `fetchahead.errors.<Class>(message, **attributes)`.
@@ -262,8 +238,18 @@ pub fn example(kind: &str) -> Error {
         "prefetch_order" => Error::PrefetchOrder("gather_dequant without a prefetch"),
         "file" => Error::Io {
             file: file.clone(),
+            op: "read",
+            source: io::Error::from_raw_os_error(5),
+        },
+        "file_not_found" => Error::Io {
+            file: file.clone(),
             op: "open",
             source: io::Error::from_raw_os_error(2),
+        },
+        "file_permission" => Error::Io {
+            file: file.clone(),
+            op: "open",
+            source: io::Error::from_raw_os_error(13),
         },
         "table" => Error::MissingTensor {
             file,

@@ -14,7 +14,7 @@ use fetchahead::l2_plan::{CollectiveKind, L2Plan as RustL2Plan, PlanConfig, Repl
 use fetchahead::prefetch::flag_worker::FlagLane as RustFlagLane;
 use fetchahead::prefetch::lookup::{MemoryRows, RowLookup};
 use fetchahead::prefetch::prefetcher::{
-    Completion, Prefetcher as RustPrefetcher, PrefetcherConfig,
+    Completion, Join, Prefetcher as RustPrefetcher, PrefetcherConfig,
 };
 use fetchahead::store::{
     LayerRows, PREADV_THREADS, ReadPath, RowStore as RustRowStore, StoreOptions, URING_DEPTH,
@@ -724,7 +724,7 @@ struct Prefetcher {
 impl Prefetcher {
     #[new]
     #[pyo3(signature = (device, source, layer, capacity, variant, check, fallback_on_error,
-        completion, check_log_ms, lane=None, rank=0))]
+        completion, check_log_ms, lane=None, rank=0, join="tags"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -739,6 +739,7 @@ impl Prefetcher {
         check_log_ms: u64,
         lane: Option<&FlagLane>,
         rank: u32,
+        join: &str,
     ) -> PyRes<Self> {
         let source = if let Ok(s) = source.cast::<RowStore>() {
             Source::Store(s.get().store.clone())
@@ -752,6 +753,7 @@ impl Prefetcher {
         let kernels = device.kernels.clone();
         let lane = lane.map(|l| l.lane.clone());
         let completion = completion.to_string();
+        let join = join.to_string();
         let r = py.detach(move || {
             let store: Arc<dyn RowLookup> = match source {
                 Source::Store(s) => Arc::new(LayerRows::new(s, layer)?),
@@ -767,6 +769,16 @@ impl Prefetcher {
                     });
                 }
             };
+            let join = match join.as_str() {
+                "tags" => Join::Tags,
+                "at_gather" => Join::AtGather,
+                other => {
+                    return Err(fetchahead::Error::Invalid {
+                        what: "join",
+                        why: format!("`{other}`; want tags or at_gather"),
+                    });
+                }
+            };
             let defaults = PrefetcherConfig::default();
             let variant = match variant {
                 Some(name) => Some(fetchahead::kernels::dequant_variant_named(&name)?.name()),
@@ -778,12 +790,12 @@ impl Prefetcher {
                 check,
                 fallback_on_error,
                 completion,
+                join,
                 check_log_every: if check_log_ms == 0 {
                     defaults.check_log_every
                 } else {
                     std::time::Duration::from_millis(check_log_ms)
                 },
-                // Python's gathers join the side stream themselves: no finish call to forget.
                 ..defaults
             };
             let mut p = match lane {
@@ -835,6 +847,19 @@ impl Prefetcher {
         // SAFETY: as for `prefetch` and `gather_dequant`.
         let r =
             unsafe { lock(&self.inner).gather_dequant_sync(ids, n, out, stream as sys::CUstream) };
+        done(py, r)
+    }
+
+    /// Tagged gathers: `stream` joins the side stream's work of the last prefetch.
+    fn finish(&self, py: Python<'_>, stream: usize) -> PyRes<()> {
+        // SAFETY: `stream` is the caller's current stream of this device, the gathers' stream.
+        let r = unsafe { lock(&self.inner).finish(stream as sys::CUstream) };
+        done(py, r)
+    }
+
+    /// Tagged gathers: rows given up on after the tag timeout since the last call (waits).
+    fn late_rows(&self, py: Python<'_>) -> PyRes<u32> {
+        let r = py.detach(|| lock(&self.inner).late_rows());
         done(py, r)
     }
 
@@ -1014,6 +1039,135 @@ fn driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// Raises `NoDeviceError` unless CUDA device `ordinal` exists; returns the device count. Creates
+/// no context (the Python constructors call it before torch touches a device).
+#[pyfunction]
+fn require_device(py: Python<'_>, ordinal: usize) -> PyRes<usize> {
+    done(py, fetchahead::Gpu::check_present(ordinal))
+}
+
+/// The prefetcher defaults as each surface states them: `{"rust": {...}, "c": {...}}`, each
+/// `{"completion", "join", "capacity", "check", "fallback_on_error"}` in Python's spelling (the
+/// test that Python's, the demo's, C's and Rust's agree reads it).
+#[pyfunction]
+fn default_prefetcher_config(py: Python<'_>) -> PyRes<Bound<'_, PyDict>> {
+    use fetchahead::ffi::{
+        FETCHAHEAD_COMPLETION_FLAG, FETCHAHEAD_JOIN_TAGS, FfiPrefetcherConfig,
+        fetchahead_prefetcher_config_default,
+    };
+    let entry = |completion: Completion, join: Join, capacity: u64, check, fallback| {
+        let d = PyDict::new(py);
+        d.set_item(
+            "completion",
+            match completion {
+                Completion::Flag => "flag",
+                Completion::HostFunction => "host_function",
+            },
+        )?;
+        d.set_item(
+            "join",
+            match join {
+                Join::Tags => "tags",
+                Join::AtGather => "at_gather",
+            },
+        )?;
+        d.set_item("capacity", capacity)?;
+        d.set_item("check", check)?;
+        d.set_item("fallback_on_error", fallback)?;
+        PyRes::Ok(d)
+    };
+    let r = PrefetcherConfig::default();
+    let rust = entry(
+        r.completion,
+        r.join,
+        r.capacity as u64,
+        r.check,
+        r.fallback_on_error,
+    )?;
+    let mut c = FfiPrefetcherConfig {
+        capacity: 0,
+        variant: std::ptr::null(),
+        check: 0,
+        fallback_on_error: 0,
+        completion: u32::MAX,
+        check_log_ms: 0,
+        join: u32::MAX,
+    };
+    // SAFETY: `c` is a writable config.
+    let rc = unsafe { fetchahead_prefetcher_config_default(&mut c) };
+    if rc != fetchahead::ffi::FETCHAHEAD_OK {
+        return Err(pyo3::exceptions::PyRuntimeError::new_err(
+            "fetchahead_prefetcher_config_default failed",
+        ));
+    }
+    let c = entry(
+        if c.completion == FETCHAHEAD_COMPLETION_FLAG {
+            Completion::Flag
+        } else {
+            Completion::HostFunction
+        },
+        if c.join == FETCHAHEAD_JOIN_TAGS {
+            Join::Tags
+        } else {
+            Join::AtGather
+        },
+        c.capacity,
+        c.check != 0,
+        c.fallback_on_error != 0,
+    )?;
+    let (completion, join) = fetchahead::cli::demo_defaults();
+    let demo = entry(
+        completion,
+        join,
+        r.capacity as u64,
+        r.check,
+        r.fallback_on_error,
+    )?;
+    let d = PyDict::new(py);
+    d.set_item("rust", rust)?;
+    d.set_item("c", c)?;
+    d.set_item("demo", demo)?;
+    Ok(d)
+}
+
+/// Runs the `fetchahead` command line (`argv`, the program name first) as the binary does and
+/// returns its exit status; log records go to stderr while it runs, as the binary's do.
+#[pyfunction]
+fn cli_main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> u8 {
+    logs::set_direct(true);
+    let code = py.detach(|| fetchahead::cli::main(argv));
+    logs::set_direct(false);
+    code
+}
+
+/// `fetchahead info`'s report as JSON: build, device and the PTX it loads, default variants,
+/// read paths, settings in effect; and its text.
+#[pyfunction]
+fn config_report(py: Python<'_>) -> (String, String) {
+    let report = py.detach(fetchahead::info::report);
+    logs::drain(py);
+    (report.to_string(), fetchahead::info::render(&report))
+}
+
+/// The NVTX ranges' state: "off", "on (library)" or "unavailable: why".
+#[pyfunction]
+fn nvtx_state() -> String {
+    match fetchahead::nvtx::state() {
+        fetchahead::nvtx::State::Off => "off".into(),
+        fetchahead::nvtx::State::On(lib) => format!("on ({lib})"),
+        fetchahead::nvtx::State::Unavailable(why) => format!("unavailable: {why}"),
+    }
+}
+
+/// Every error kind as `(python class, C status code)`: the one mapping both are made from.
+#[pyfunction]
+fn error_kinds() -> Vec<(&'static str, i32)> {
+    fetchahead::error::ErrorKind::ALL
+        .iter()
+        .map(|k| (k.python_class(), fetchahead::ffi::kind_code(*k)))
+        .collect()
+}
+
 /// Raises the exception of one example error of kind `kind` (tests of the mapping).
 #[pyfunction]
 fn _raise_example(py: Python<'_>, kind: &str) -> PyRes<()> {
@@ -1033,6 +1187,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyRes<()> {
     m.add_function(wrap_pyfunction!(env_settings, m)?)?;
     m.add_function(wrap_pyfunction!(_raise_example, m)?)?;
     m.add_function(wrap_pyfunction!(driver_present, m)?)?;
+    m.add_function(wrap_pyfunction!(require_device, m)?)?;
+    m.add_function(wrap_pyfunction!(error_kinds, m)?)?;
+    m.add_function(wrap_pyfunction!(default_prefetcher_config, m)?)?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    m.add_function(wrap_pyfunction!(config_report, m)?)?;
+    m.add_function(wrap_pyfunction!(nvtx_state, m)?)?;
     m.add_function(wrap_pyfunction!(logs::_log_example, m)?)?;
     m.add_class::<Device>()?;
     m.add_class::<RowStore>()?;
@@ -1041,6 +1201,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyRes<()> {
     m.add_class::<Prefetcher>()?;
     m.add_class::<L2Plan>()?;
     m.add_class::<CapturedTables>()?;
-    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("__version__", fetchahead::info::VERSION)?;
+    m.add("__git_commit__", fetchahead::info::GIT_COMMIT)?;
     Ok(())
 }

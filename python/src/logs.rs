@@ -1,4 +1,7 @@
-//! Rust `log` records to Python's `logging.getLogger("fetchahead")`.
+//! Rust `log` records to Python's `logging`: each to the child logger of the part it came from
+//! (`fetchahead.store`, `fetchahead.prefetch`, `fetchahead.l2_plan`, `fetchahead.kernels`, else
+//! `fetchahead`), with the time it happened and its Rust file and line as the record's own
+//! (`fetchahead/_logs.py` makes the records).
 //!
 //! A record may come from any thread, including the driver's callback thread while a Python
 //! thread holds the GIL and waits for that very callback, so the logger never takes the GIL: it
@@ -19,6 +22,27 @@ struct Record {
     level: log::Level,
     target: String,
     message: String,
+    file: Option<&'static str>,
+    line: u32,
+    /// Seconds since the Unix epoch when the record was made (Python's `record.created`).
+    created: f64,
+}
+
+/// While the `fetchahead` command runs under Python: records go straight to stderr, as the
+/// binary's logger writes them (the command holds no GIL to forward them with).
+static DIRECT: AtomicBool = AtomicBool::new(false);
+static DIRECT_LEVEL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(2);
+
+/// Sends records to stderr at the level `FETCHAHEAD_LOG` names (or `warn`) while `on`.
+pub fn set_direct(on: bool) {
+    if on {
+        let level = std::env::var(fetchahead::logging::LOG_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<log::LevelFilter>().ok())
+            .unwrap_or(log::LevelFilter::Warn);
+        DIRECT_LEVEL.store(level as usize, Ordering::Relaxed);
+    }
+    DIRECT.store(on, Ordering::Release);
 }
 
 static RECORDS: Mutex<VecDeque<Record>> = Mutex::new(VecDeque::new());
@@ -36,6 +60,20 @@ impl log::Log for QueueLogger {
         if !self.enabled(record.metadata()) {
             return;
         }
+        if DIRECT.load(Ordering::Acquire) {
+            if record.level() as usize <= DIRECT_LEVEL.load(Ordering::Relaxed) {
+                eprintln!(
+                    "[{:<5} {}] {}",
+                    record.level(),
+                    record.target(),
+                    record.args()
+                );
+            }
+            return;
+        }
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
         let mut q = RECORDS.lock().unwrap_or_else(PoisonError::into_inner);
         if q.len() >= QUEUE {
             DROPPED.fetch_add(1, Ordering::Relaxed);
@@ -45,6 +83,9 @@ impl log::Log for QueueLogger {
             level: record.level(),
             target: record.target().to_string(),
             message: record.args().to_string(),
+            file: record.file_static(),
+            line: record.line().unwrap_or(0),
+            created,
         });
         PENDING.store(true, Ordering::Release);
     }
@@ -74,38 +115,61 @@ pub fn drain(py: Python<'_>) {
         .unwrap_or_else(PoisonError::into_inner)
         .drain(..)
         .collect();
-    static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let Ok(logger) = LOGGER.get_or_try_init(py, || {
-        py.import("logging")?
-            .call_method1("getLogger", ("fetchahead",))
+    static FORWARD: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let Ok(forward) = FORWARD.get_or_try_init(py, || {
+        py.import("fetchahead._logs")?
+            .getattr("forward")
             .map(Bound::unbind)
     }) else {
         return;
     };
-    let logger = logger.bind(py);
-    for r in records {
-        let level = match r.level {
-            log::Level::Error => 40,
-            log::Level::Warn => 30,
-            log::Level::Info => 20,
-            log::Level::Debug => 10,
-            log::Level::Trace => 5,
-        };
-        let extra = pyo3::types::PyDict::new(py);
-        let _ = extra.set_item("rust_target", &r.target);
-        let kwargs = pyo3::types::PyDict::new(py);
-        let _ = kwargs.set_item("extra", extra);
-        // A failing handler must not turn the fetchahead call into an error.
-        if let Err(e) = logger.call_method("log", (level, "%s", r.message), Some(&kwargs)) {
-            e.write_unraisable(py, None);
-        }
+    let batch: Vec<_> = records
+        .into_iter()
+        .map(|r| {
+            let level = match r.level {
+                log::Level::Error => 40,
+                log::Level::Warn => 30,
+                log::Level::Info => 20,
+                log::Level::Debug => 10,
+                log::Level::Trace => 5,
+            };
+            (
+                level,
+                logger_name(&r.target),
+                r.message,
+                r.file.unwrap_or("<rust>"),
+                r.line,
+                r.created,
+                r.target,
+            )
+        })
+        .collect();
+    // A failing handler must not turn the fetchahead call into an error.
+    if let Err(e) = forward.bind(py).call1((batch,)) {
+        e.write_unraisable(py, None);
     }
 }
 
-/// Logs `message` at `level` ("error", "warn", "info", "debug") from a new thread, waits for
-/// that thread, and returns: the record reaches `logging` at the end of this call (tests).
+/// The Python logger of a record from Rust module path `target`: the part's child logger.
+pub fn logger_name(target: &str) -> &'static str {
+    let part = target
+        .strip_prefix("fetchahead::")
+        .map(|rest| rest.split("::").next().unwrap_or(""));
+    match part {
+        Some("store") => "fetchahead.store",
+        Some("prefetch") => "fetchahead.prefetch",
+        Some("l2_plan") => "fetchahead.l2_plan",
+        Some("kernels" | "driver" | "tables" | "timeline" | "nvtx") => "fetchahead.kernels",
+        _ => "fetchahead",
+    }
+}
+
+/// Logs `message` at `level` ("error", "warn", "info", "debug") with target `target` from a new
+/// thread, waits for that thread, and returns: the record reaches `logging` at the end of this
+/// call (tests).
 #[pyfunction]
-pub fn _log_example(py: Python<'_>, level: &str, message: String) {
+#[pyo3(signature = (level, message, target="fetchahead".to_string(), delay_ms=0))]
+pub fn _log_example(py: Python<'_>, level: &str, message: String, target: String, delay_ms: u64) {
     let level = match level {
         "error" => log::Level::Error,
         "warn" => log::Level::Warn,
@@ -113,8 +177,8 @@ pub fn _log_example(py: Python<'_>, level: &str, message: String) {
         _ => log::Level::Debug,
     };
     py.detach(move || {
-        let _ =
-            std::thread::spawn(move || log::log!(target: "fetchahead", level, "{message}")).join();
+        let _ = std::thread::spawn(move || log::log!(target: &target, level, "{message}")).join();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
     });
     drain(py);
 }

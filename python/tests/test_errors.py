@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,18 @@ EXAMPLES = {
     "staging_full": (fetchahead.StagingFullError, {"count": 5000, "capacity": 4096}),
     "not_warmed": (fetchahead.NotWarmedError, {"what": "the prefetcher"}),
     "prefetch_order": (fetchahead.PrefetchOrderError, {}),
-    "file": (fetchahead.FileError, {"op": "open", "file": "/models/engram/shard-0.safetensors"}),
+    "file": (
+        fetchahead.FileError,
+        {"op": "read", "file": "/models/engram/shard-0.safetensors", "errno": 5},
+    ),
+    "file_not_found": (
+        fetchahead.MissingFileError,
+        {"op": "open", "filename": "/models/engram/shard-0.safetensors", "errno": 2},
+    ),
+    "file_permission": (
+        fetchahead.FilePermissionError,
+        {"op": "open", "filename": "/models/engram/shard-0.safetensors", "errno": 13},
+    ),
     "table": (fetchahead.TableError, {"tensor": "engram.2.weight"}),
     "read_path": (fetchahead.ReadPathUnavailableError, {"path": "uring"}),
     "invalid": (fetchahead.InvalidArgumentError, {"argument": "kind"}),
@@ -70,6 +83,74 @@ def test_a_missing_table_is_a_file_error_naming_the_path(tmp_path):
     with pytest.raises(fetchahead.FileError) as e:
         fetchahead.RowStore(tmp_path / "nothing-here")
     assert "nothing-here" in e.value.file
+
+
+def test_a_missing_table_is_a_file_not_found_error_with_its_filename(tmp_path):
+    missing = tmp_path / "nothing-here"
+    with pytest.raises(FileNotFoundError) as e:
+        fetchahead.RowStore(missing)
+    assert isinstance(e.value, fetchahead.MissingFileError)
+    assert e.value.filename == str(missing)
+    assert e.value.errno == 2
+    # The message, not OSError's "[Errno 2] ...".
+    assert str(e.value) == e.value.message and "nothing-here" in str(e.value)
+
+
+def test_an_unreadable_table_is_a_permission_error_with_its_filename(table, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads a file whatever its mode")
+    shard = sorted(Path(table).glob("*.safetensors"))[0]
+    locked = tmp_path / "locked.safetensors"
+    locked.write_bytes(shard.read_bytes())
+    locked.chmod(0)
+    with pytest.raises(PermissionError) as e:
+        fetchahead.RowStore(locked)
+    assert isinstance(e.value, fetchahead.FilePermissionError)
+    assert e.value.filename == str(locked)
+
+
+def test_every_error_kind_has_its_class_and_a_c_code():
+    # The crate's one ErrorKind list: each kind's Python class exists and derives from Error,
+    # each has a C status code, and every class here is some kind's.
+    kinds = fetchahead._native.error_kinds()
+    classes = {cls for cls, _ in kinds}
+    for cls, code in kinds:
+        assert issubclass(getattr(errors, cls), fetchahead.Error), cls
+        assert 1 <= code <= 8, (cls, code)
+    assert classes == set(errors.__all__) - {"Error"}
+
+
+def test_constructors_raise_no_device_error_before_touching_torch():
+    # Run in a child with no driver visible and torch blocked: NoDeviceError comes first.
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch touched")
+sys.meta_path.insert(0, Block())
+import fetchahead
+m = fetchahead.MemoryTable(8, 256)
+made = [
+    lambda: fetchahead.Prefetcher(m),
+    lambda: fetchahead.Prefetcher(m, device="cuda:1"),
+    lambda: fetchahead.L2Plan(),
+    lambda: fetchahead.IdStatus(),
+    lambda: fetchahead.IdStatus("cuda:0"),
+]
+for make in made:
+    try:
+        make()
+    except fetchahead.NoDeviceError as e:
+        assert e.why, e
+    else:
+        raise SystemExit("no error")
+print("ok")
+"""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
 
 
 def test_a_truncated_shard_is_a_table_error_naming_file_and_tensor(table, tmp_path):

@@ -130,6 +130,7 @@ def test_a_compiled_forward_keeps_prefetch_and_gather(torch, cuda, table):
         p.prefetch(ids)
         h = x @ weight  # the model's work while the rows arrive
         rows = p.gather_dequant(ids)
+        p.finish()  # the default tagged gathers: the step's one join
         return rows, h
 
     ids = random_ids(torch, cuda, 512, 3)
@@ -147,12 +148,16 @@ def test_a_compiled_forward_keeps_prefetch_and_gather(torch, cuda, table):
     assert p.stats()["prefetches"] == before + 1  # not eliminated as dead code
 
 
-@pytest.mark.parametrize("completion", ["flag", "host_function"])
+@pytest.mark.parametrize(
+    "completion, join", [("flag", "tags"), ("flag", "at_gather"), ("host_function", "tags")]
+)
 def test_a_captured_prefetching_forward_replays_1000_times_with_check_mode_at_zero(
-    torch, cuda, table, completion
+    torch, cuda, table, completion, join
 ):
     memory, w, s = table
-    p = fetchahead.Prefetcher(memory, capacity=1024, check=True, completion=completion)
+    p = fetchahead.Prefetcher(
+        memory, capacity=1024, check=True, completion=completion, join=join
+    )
     ids = random_ids(torch, cuda, 1024, 0)
     out = torch.empty((1024, DIM), dtype=torch.bfloat16, device=cuda)
     weight = torch.randn(DIM, DIM, device=cuda, dtype=torch.bfloat16)
@@ -163,6 +168,7 @@ def test_a_captured_prefetching_forward_replays_1000_times_with_check_mode_at_ze
         p.prefetch(ids)
         torch.matmul(x, weight, out=h)
         p.gather_dequant(ids, out=out)
+        p.finish()  # tags: the capture's join of the side branch (a no-op with at_gather)
 
     forward()  # eager first: warm
     torch.cuda.synchronize()
@@ -178,3 +184,4 @@ def test_a_captured_prefetching_forward_replays_1000_times_with_check_mode_at_ze
     assert p.check_differed() == 0
     assert p.stats()["lookups"] >= 1000
     assert_same_bits(torch, out, dequant_reference(torch, w, s, ids))
+    assert p.late_rows() == 0

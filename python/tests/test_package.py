@@ -1,9 +1,12 @@
 """The package itself: import without torch, the variant tables, the stub."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import fetchahead
 
@@ -44,3 +47,105 @@ def test_memory_table_is_deterministic():
     b = fetchahead.MemoryTable(64, 256, seed=5).arrays()
     assert a[0].shape == (64, 256) and a[1].shape == (64, 8)
     assert (a[0] == b[0]).all() and (a[1] == b[1]).all()
+
+
+def test_the_prefetcher_defaults_agree_in_python_c_rust_and_the_demo():
+    import inspect
+
+    stated = fetchahead._native.default_prefetcher_config()
+    params = inspect.signature(fetchahead.Prefetcher).parameters
+    python = {name: params[name].default for name in stated["rust"]}
+    assert python == stated["rust"] == stated["c"] == stated["demo"], stated
+    # The measured best (BENCHMARKS.md): the shared flag lane, tagged gathers.
+    assert (python["completion"], python["join"]) == ("flag", "tags")
+
+
+def test_show_config_prints_and_returns_the_report(capsys):
+    report = fetchahead.show_config()
+    printed = capsys.readouterr().out
+    assert report["version"] == fetchahead.__version__
+    assert report["git_commit"] == fetchahead.__git_commit__
+    assert report["archs"] and all(a.startswith("sm_") for a in report["archs"])
+    assert fetchahead.__version__ in printed and "embedded PTX" in printed
+    # No GPU here: the device says why; with one, it names the PTX it loads.
+    device = report["device"]
+    if isinstance(device, str):
+        assert device.startswith("no device")
+    else:
+        assert device["ptx"] in report["archs"]
+    families = {k for d in report["default_variants"] for k in ("gather", "gather_dequant") if d[k]}
+    assert families == {"gather", "gather_dequant"}
+    assert [p["path"] for p in report["read_paths"]] == ["uring", "preadv", "buffered", "mmap"]
+    settings = {s["name"]: s for s in report["settings"]}
+    for name, _ in fetchahead.env_settings():
+        assert name in settings, name
+    assert "FETCHAHEAD_NVTX" in settings and "FETCHAHEAD_LOG" in settings
+
+
+def test_a_setting_from_the_environment_is_reported_as_such():
+    code = (
+        "import fetchahead; s = {x['name']: x for x in fetchahead.show_config(print_it=False)"
+        "['settings']}; print(s['FETCHAHEAD_CACHE_BYTES']['value'], "
+        "s['FETCHAHEAD_CACHE_BYTES']['source'], s['FETCHAHEAD_READ_PATH']['source'])"
+    )
+    env = dict(os.environ, FETCHAHEAD_CACHE_BYTES="64M")
+    env.pop("FETCHAHEAD_READ_PATH", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["64M", "env", "default"]
+
+
+def test_python_dash_m_and_the_console_script_run_the_cli():
+    import json
+    import shutil
+
+    out = subprocess.run(
+        [sys.executable, "-m", "fetchahead", "info", "--json"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["version"] == fetchahead.__version__
+    out = subprocess.run([sys.executable, "-m", "fetchahead", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == f"fetchahead {fetchahead.__version__}"
+    bad = subprocess.run([sys.executable, "-m", "fetchahead", "no-such-command"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no-such-command" in bad.stderr
+    script = shutil.which("fetchahead", path=os.path.dirname(sys.executable))
+    assert script, "the wheel installs a fetchahead command beside the interpreter"
+    out = subprocess.run([script, "kernels"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "sm_90" in out.stdout
+
+
+def test_nvtx_is_off_and_loads_nothing_by_default(tmp_path):
+    code = """
+import fetchahead, numpy as np
+fetchahead.make_table(DIR, rows=64, layers=[0], dim=256)
+fetchahead.RowStore(DIR).lookup(0, np.arange(8))
+maps = open("/proc/self/maps").read()
+print(fetchahead._native.nvtx_state(), "nvToolsExt" in maps)
+""".replace("DIR", repr(str(tmp_path)))
+    env = {k: v for k, v in os.environ.items() if k != "FETCHAHEAD_NVTX"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["off", "False"]
+
+
+def test_nvtx_on_without_the_library_warns_once(tmp_path):
+    code = """
+import logging, fetchahead, numpy as np
+logging.basicConfig(level=logging.WARNING, format="%(name)s|%(message)s")
+fetchahead.make_table(DIR, rows=64, layers=[0], dim=256)
+store = fetchahead.RowStore(DIR)
+for _ in range(3):
+    store.lookup(0, np.arange(8))
+fetchahead.flush_logs()
+print(fetchahead._native.nvtx_state())
+""".replace("DIR", repr(str(tmp_path)))
+    env = dict(os.environ, FETCHAHEAD_NVTX="1", LD_LIBRARY_PATH="")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.startswith("on"):
+        pytest.skip("libnvToolsExt.so.1 is installed here: the ranges are on")
+    assert out.stdout.startswith("unavailable: "), out.stdout
+    warnings = [l for l in out.stderr.splitlines() if "FETCHAHEAD_NVTX" in l]
+    assert len(warnings) == 1, out.stderr
+    assert warnings[0].startswith("fetchahead.kernels|") and "libnvToolsExt.so.1" in warnings[0]

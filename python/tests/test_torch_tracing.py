@@ -53,7 +53,7 @@ def test_compiled_kernel_calls_are_one_graph_with_the_ops_in_it(torch):
     torch.compile(f, fullgraph=True, backend=backend)(w, s, ids)
     code = graphs[-1].code
     # Without a status record the calls go to the status-free ops.
-    assert "fetchahead.gather_dequant_unchecked(" in code and "fetchahead.gather_unchecked(" in code
+    assert "fetchahead.gather_dequant_unchecked" in code and "fetchahead.gather_unchecked" in code
 
 
 def test_a_compiled_forward_keeps_the_prefetch_before_the_gather(torch):
@@ -89,3 +89,59 @@ def test_a_compiled_forward_keeps_the_prefetch_before_the_gather(torch):
         t.unregister_prefetcher(handle)
     code = aot[-1]
     assert code.index("fetchahead.prefetch") < code.index("fetchahead.prefetched_gather_dequant")
+
+
+def test_meta_tensors_go_through_the_public_functions(torch):
+    # Engines build and profile models on the meta device: the public functions dispatch, so a
+    # meta input reaches the fake kernel and gives the output's shape, dtype and device.
+    w = torch.empty(64, 256, dtype=torch.uint8, device="meta")
+    s = torch.empty(64, 8, dtype=torch.uint8, device="meta")
+    ids = torch.empty(100, dtype=torch.int64, device="meta")
+    status = torch.empty(2, dtype=torch.int64, device="meta")
+    out = fetchahead.gather_dequant(w, s, ids)
+    assert (out.shape, out.dtype, out.device.type) == ((100, 256), torch.bfloat16, "meta")
+    out = fetchahead.gather_dequant(w, s, ids, status=status)
+    assert out.device.type == "meta"
+    raw = fetchahead.gather(w, ids)
+    assert (raw.shape, raw.dtype, raw.device.type) == ((100, 256), torch.uint8, "meta")
+    into = torch.empty(100, 256, dtype=torch.bfloat16, device="meta")
+    assert fetchahead.gather_dequant_out(w, s, ids, into) is into
+    assert fetchahead.gather_out(w, ids, torch.empty(100, 256, dtype=torch.uint8, device="meta")).device.type == "meta"
+    with pytest.raises(ValueError, match="ids"):
+        fetchahead.gather_dequant(w, s, ids.int())
+
+
+def test_the_ops_are_library_kernels_for_cuda_with_fakes_and_no_eager_shortcut(torch):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    for name in ("gather", "gather_dequant_unchecked", "prefetch", "finish_prefetch"):
+        qualname = f"fetchahead::{name}"
+        for key in ("CUDA", "Meta"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(qualname, key), (qualname, key)
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    w = torch.empty(64, 256, dtype=torch.uint8, device="meta")
+    s = torch.empty(64, 8, dtype=torch.uint8, device="meta")
+    ids = torch.empty(10, dtype=torch.int64, device="meta")
+    with Record():
+        fetchahead.gather_dequant(w, s, ids)
+    assert "fetchahead.gather_dequant_unchecked.default" in seen, seen
+
+
+def test_the_private_raw_stream_has_a_public_fallback(torch):
+    from fetchahead import _torch as t
+
+    class Without:  # a torch._C without the private function
+        pass
+
+    assert t.pick_raw_stream(Without()) is t._public_raw_stream
+    assert t.pick_raw_stream(torch._C) is getattr(torch._C, "_cuda_getCurrentRawStream", t._public_raw_stream)
+    if torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        assert t._public_raw_stream(index) == t.pick_raw_stream(torch._C)(index)
