@@ -1,10 +1,12 @@
 //! NVTX ranges around lookups, staging, copies, L2 windows and kernel launches, for Nsight
 //! Systems and the torch profiler: off unless `FETCHAHEAD_NVTX=1`.
 //!
-//! NVTX v3 is header-only in C; its entry points live in `libnvToolsExt.so.1`, loaded here with
-//! `dlopen` on first use when the setting is on (nothing is loaded when it is off). With the
-//! setting on and no library, one warning says so and ranges stay off. Off, a range costs one
-//! relaxed atomic load.
+//! NVTX v3 is header-only in C; a program without its headers reaches the profiler through a
+//! library that exports the entry points: `libnvToolsExt.so.1` (CUDA 12 and before) or
+//! `libnvtx3interop.so.1` (CUDA 13), loaded here with `dlopen` on first use when the setting is
+//! on (nothing is loaded when it is off; the Python package first loads pip's copy of either,
+//! which torch's CUDA wheels install off the loader's path). With the setting on and no library,
+//! one warning says so and ranges stay off. Off, a range costs one relaxed atomic load.
 use std::ffi::{CStr, c_char, c_int};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -13,7 +15,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub const NVTX_ENV: &str = "FETCHAHEAD_NVTX";
 
 /// The libraries tried, in order.
-const LIBRARIES: [&CStr; 2] = [c"libnvToolsExt.so.1", c"libnvToolsExt.so"];
+const LIBRARIES: [&CStr; 3] = [
+    c"libnvToolsExt.so.1",
+    c"libnvtx3interop.so.1",
+    c"libnvToolsExt.so",
+];
 
 const UNKNOWN: u8 = 0;
 const OFF: u8 = 1;
@@ -88,8 +94,8 @@ fn decide(setting: Option<&str>, load: impl FnOnce() -> Result<Api, String>) -> 
         if let Err(why) = &loaded {
             log::warn!(
                 target: "fetchahead::kernels",
-                "{NVTX_ENV}=1 but NVTX ranges are off: {why} (install the CUDA toolkit's \
-                 libnvToolsExt.so.1, e.g. pip's nvidia-nvtx, on the loader's path)"
+                "{NVTX_ENV}=1 but NVTX ranges are off: {why} (put the CUDA toolkit's \
+                 libnvToolsExt.so.1 or libnvtx3interop.so.1 on the loader's path)"
             );
         }
         loaded
@@ -138,8 +144,8 @@ fn load() -> Result<Api, String> {
         return Ok(api);
     }
     Err(format!(
-        "neither {} could be loaded",
-        LIBRARIES.map(|l| l.to_string_lossy()).join(" nor ")
+        "none of {} could be loaded",
+        LIBRARIES.map(|l| l.to_string_lossy()).join(", ")
     ))
 }
 

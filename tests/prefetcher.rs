@@ -864,7 +864,8 @@ fn two_tagged_layers_in_one_graph_sharing_a_flag_lane() -> Result<()> {
 
 /// Two Engram layers, each with its own prefetcher and ids, both prefetched at the start of the
 /// captured forward and gathered at different points, with compute between; with `shared_lane`
-/// both prefetchers' lookups run on one flag lane, ranked in gather order.
+/// both prefetchers' lookups run on a flag lane of the test's, ranked in gather order; without,
+/// each is made by `Prefetcher::new` (in flag mode: on the device's default lane, both rank 0).
 fn two_layers_in_one_graph(completion: Completion, shared_lane: bool, join: Join) -> Result<()> {
     let what =
         format!("two_layers_in_one_graph({completion:?}, shared lane {shared_lane}, {join:?})");

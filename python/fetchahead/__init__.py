@@ -98,6 +98,34 @@ __all__ = [
     "variants",
 ]
 
+def _preload_nvtx() -> None:
+    """With ``FETCHAHEAD_NVTX=1``: loads pip's copy of the NVTX library (``libnvToolsExt.so.1``
+    of ``nvidia-nvtx-cu12``, ``libnvtx3interop.so.1`` of CUDA 13's ``nvidia-nvtx``: what torch's
+    CUDA wheels install, off the loader's path) so that the native layer's ``dlopen`` of that
+    name finds it. Nothing is loaded with the setting off, or without such a package."""
+    if os.environ.get("FETCHAHEAD_NVTX", "").strip() != "1":
+        return
+    import ctypes
+    import glob
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    for name in ("libnvToolsExt.so.1", "libnvtx3interop.so.1"):
+        for root in roots:
+            for path in sorted(glob.glob(os.path.join(root, "*", "lib", name))):
+                try:
+                    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                except OSError:
+                    continue
+                return
+
+
+_preload_nvtx()
+
 # A library logs, the application decides where it goes (and nothing prints by default).
 logging.getLogger("fetchahead").addHandler(logging.NullHandler())
 atexit.register(_native.drain_logs)

@@ -121,7 +121,7 @@ import fetchahead, numpy as np
 fetchahead.make_table(DIR, rows=64, layers=[0], dim=256)
 fetchahead.RowStore(DIR).lookup(0, np.arange(8))
 maps = open("/proc/self/maps").read()
-print(fetchahead._native.nvtx_state(), "nvToolsExt" in maps)
+print(fetchahead._native.nvtx_state(), "nvToolsExt" in maps or "nvtx3interop" in maps)
 """.replace("DIR", repr(str(tmp_path)))
     env = {k: v for k, v in os.environ.items() if k != "FETCHAHEAD_NVTX"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
@@ -129,8 +129,18 @@ print(fetchahead._native.nvtx_state(), "nvToolsExt" in maps)
     assert out.stdout.split() == ["off", "False"]
 
 
+_NO_NVIDIA_PACKAGES = """
+import sys
+class Block:  # pip's nvidia-* packages out of reach: no NVTX library anywhere
+    def find_spec(self, name, path=None, target=None):
+        if name == "nvidia" or name.startswith("nvidia."):
+            raise ImportError("blocked")
+sys.meta_path.insert(0, Block())
+"""
+
+
 def test_nvtx_on_without_the_library_warns_once(tmp_path):
-    code = """
+    code = _NO_NVIDIA_PACKAGES + """
 import logging, fetchahead, numpy as np
 logging.basicConfig(level=logging.WARNING, format="%(name)s|%(message)s")
 fetchahead.make_table(DIR, rows=64, layers=[0], dim=256)
@@ -149,3 +159,31 @@ print(fetchahead._native.nvtx_state())
     warnings = [l for l in out.stderr.splitlines() if "FETCHAHEAD_NVTX" in l]
     assert len(warnings) == 1, out.stderr
     assert warnings[0].startswith("fetchahead.kernels|") and "libnvToolsExt.so.1" in warnings[0]
+
+
+def test_nvtx_on_with_pips_library_pushes_ranges(tmp_path):
+    import importlib.util
+    import glob
+
+    spec = importlib.util.find_spec("nvidia")
+    found = [
+        p
+        for root in (spec.submodule_search_locations if spec else [])
+        for name in ("libnvToolsExt.so.1", "libnvtx3interop.so.1")
+        for p in glob.glob(os.path.join(root, "*", "lib", name))
+    ]
+    if not found:
+        pytest.skip("no pip NVTX library here (torch's CUDA wheels install one)")
+    code = """
+import fetchahead, numpy as np
+fetchahead.make_table(DIR, rows=64, layers=[0], dim=256)
+weights, _ = fetchahead.RowStore(DIR).lookup(0, np.arange(8))
+maps = open("/proc/self/maps").read()
+print(fetchahead._native.nvtx_state(), "libnvToolsExt" in maps or "libnvtx3interop" in maps, weights.shape[0])
+""".replace("DIR", repr(str(tmp_path)))
+    env = dict(os.environ, FETCHAHEAD_NVTX="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    state, mapped, rows = out.stdout.rsplit(" ", 2)
+    assert state.startswith("on ("), out.stdout
+    assert mapped == "True" and rows.strip() == "8", out.stdout
