@@ -1978,10 +1978,19 @@ fn row_cache_resident_bytes_stay_within_the_budget() {
             counting_alloc::live_bytes() - before
         });
         assert!(count.hits > 0, "the replay hit nothing: {count:?}");
+        eprintln!(
+            "budget {budget} B: {resident} B resident ({:.3} x)",
+            resident as f64 / budget as f64
+        );
         assert!(
             resident <= budget as i64,
             "budget {budget} B: the cache keeps {resident} B resident ({:.3} x the budget)",
             resident as f64 / budget as f64
+        );
+        // And the charge is what the cache holds: not a budget mostly left empty.
+        assert!(
+            resident as f64 >= 0.85 * budget as f64,
+            "budget {budget} B: only {resident} B resident"
         );
     }
 }
