@@ -108,8 +108,11 @@ def test_python_dash_m_and_the_console_script_run_the_cli():
     assert out.returncode == 0 and out.stdout.strip() == f"fetchahead {fetchahead.__version__}"
     bad = subprocess.run([sys.executable, "-m", "fetchahead", "no-such-command"], capture_output=True, text=True)
     assert bad.returncode == 2 and "no-such-command" in bad.stderr
-    script = shutil.which("fetchahead", path=os.path.dirname(sys.executable))
-    assert script, "the wheel installs a fetchahead command beside the interpreter"
+    # Beside the interpreter for an install into an environment; in `<target>/bin` for
+    # `pip install --target <target>` (the package then sits in `<target>/fetchahead`).
+    places = [os.path.dirname(sys.executable), os.path.join(os.path.dirname(os.path.dirname(fetchahead.__file__)), "bin")]
+    script = shutil.which("fetchahead", path=os.pathsep.join(places))
+    assert script, f"the wheel installs a fetchahead command in one of {places}"
     out = subprocess.run([script, "kernels"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "sm_90" in out.stdout
