@@ -128,6 +128,16 @@ pub fn in_effect(l2_bytes: Option<u64>) -> Vec<InEffect> {
             PLAN_ENV_SETTINGS[4].1,
         ),
         (
+            PLAN_ENV_SETTINGS[5].0,
+            flag(plan.partitions),
+            PLAN_ENV_SETTINGS[5].1,
+        ),
+        (
+            crate::kernels::ptx::PTX_ARCH_ENV,
+            "the device's own choice".to_string(),
+            "the embedded PTX to load by arch name (sm_80, sm_90, ...)",
+        ),
+        (
             crate::logging::LOG_ENV,
             crate::logging::DEFAULT_LEVEL.to_string(),
             "the stderr logger's level (CLI and C library)",
