@@ -231,10 +231,19 @@ fn kernels_declare_at_most_one_shared_buffer() {
 /// `%smid`; the plain kernels, which run when the timeline is off, carry none of it.
 #[test]
 fn timed_twins_declare_their_timeline_word_once_and_plain_kernels_none() {
-    let untimed = ["gather_empty", "hash_ngrams", "check_equal", "l2_partition_probe"];
+    let untimed = [
+        "gather_empty",
+        "hash_ngrams",
+        "check_equal",
+        "l2_partition_probe",
+    ];
     // Kernels that read `%smid` for their own work: the partition probe, and the loads prefetch,
     // whose blocks pick their L2 partition's jobs.
-    let own_smid = ["l2_partition_probe", "l2_prefetch_loads", "l2_prefetch_loads_timed"];
+    let own_smid = [
+        "l2_partition_probe",
+        "l2_prefetch_loads",
+        "l2_prefetch_loads_timed",
+    ];
     for built in ptx::BUILT {
         let mut twins = 0;
         for body in built.text.split(".entry ").skip(1) {
