@@ -992,6 +992,7 @@ pub struct FfiL2Counters {
     pub mismatches_at_capture: u64,
     pub forwards: u64,
     pub signatures: u64,
+    pub windows_host_bound: u64,
 }
 
 /// Wraps the caller's stream.
@@ -1150,6 +1151,23 @@ pub unsafe extern "C" fn fetchahead_l2_plan_set_all_gather(
     })
 }
 
+/// Whether eager windows are left cold while the GPU keeps up with the host (`enabled`
+/// nonzero, the default: their prefetch could not shorten the forward) or always warmed.
+///
+/// # Safety
+/// `p` is a live plan.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fetchahead_l2_plan_set_host_pace(
+    p: *mut L2PlanHandle,
+    enabled: c_int,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        unsafe { l2_plan(p)? }.plan.set_host_pace(enabled != 0);
+        Ok(())
+    })
+}
+
 /// Bytes a window may warm at most, for plans learned from now on (a multiple of 16 is kept).
 ///
 /// # Safety
@@ -1235,6 +1253,7 @@ pub unsafe extern "C" fn fetchahead_l2_plan_counters(
             mismatches_at_capture: c.mismatches_at_capture,
             forwards: c.forwards,
             signatures: c.signatures,
+            windows_host_bound: c.windows_host_bound,
         };
         Ok(())
     })

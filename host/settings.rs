@@ -133,6 +133,11 @@ pub fn in_effect(l2_bytes: Option<u64>) -> Vec<InEffect> {
             PLAN_ENV_SETTINGS[5].1,
         ),
         (
+            PLAN_ENV_SETTINGS[6].0,
+            flag(plan.host_pace),
+            PLAN_ENV_SETTINGS[6].1,
+        ),
+        (
             crate::kernels::ptx::PTX_ARCH_ENV,
             "the device's own choice".to_string(),
             "the embedded PTX to load by arch name (sm_80, sm_90, ...)",

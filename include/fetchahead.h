@@ -272,6 +272,7 @@ typedef struct fetchahead_l2_counters {
     uint64_t mismatches_at_capture;
     uint64_t forwards;
     uint64_t signatures;
+    uint64_t windows_host_bound;   /* eager windows left cold: the GPU had caught up with the host */
 } fetchahead_l2_counters;
 
 /* A plan on `device` (its primary context), budget_per_window bytes a window at most (0: half of L2,
@@ -300,6 +301,10 @@ int fetchahead_l2_plan_collective(fetchahead_l2_plan *plan);
  * FETCHAHEAD_L2_ALL_GATHER=0 at create) an all-gather's window is counted, not warmed. */
 int fetchahead_l2_plan_collective_kind(fetchahead_l2_plan *plan, uint32_t kind);
 int fetchahead_l2_plan_set_all_gather(fetchahead_l2_plan *plan, int enabled);
+/* Eager forwards only: nonzero (the default, or FETCHAHEAD_L2_HOST_PACE=1 at create) leaves a
+ * window cold while the GPU keeps up with the host, since its prefetch could not shorten the
+ * forward and its launch would lengthen it (counted in windows_host_bound); 0 always warms. */
+int fetchahead_l2_plan_set_host_pace(fetchahead_l2_plan *plan, int enabled);
 /* Bytes a window may warm at most, for plans learned from now on. */
 int fetchahead_l2_plan_set_budget(fetchahead_l2_plan *plan, uint64_t budget_per_window);
 int fetchahead_l2_plan_consume(fetchahead_l2_plan *plan, uint64_t address, uint64_t bytes);

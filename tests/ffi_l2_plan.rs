@@ -19,7 +19,7 @@ fn last_error() -> String {
 
 fn struct_layouts_match_the_header() {
     assert_eq!(size_of::<FfiForwardSummary>(), 32);
-    assert_eq!(size_of::<FfiL2Counters>(), 48);
+    assert_eq!(size_of::<FfiL2Counters>(), 56);
 }
 
 fn the_default_config_is_the_measured_best() {
@@ -177,7 +177,37 @@ fn a_plan_learns_and_replays_through_the_abi() {
         );
     }
     assert_eq!((counters.forwards, counters.signatures), (4, 1));
-    assert!(counters.windows_prefetched >= 9, "{counters:?}");
+    // Every planned window of the last three forwards was warmed or, with the GPU caught up
+    // with this loop, left cold for the host's sake.
+    assert!(
+        counters.windows_prefetched + counters.windows_host_bound >= 9,
+        "{counters:?}"
+    );
+    // With the host pace off, every window is warmed however far ahead this loop is.
+    let mut after = FfiL2Counters::default();
+    // SAFETY: `plan` is live, the stream too, the weights stay allocated meanwhile.
+    unsafe {
+        assert_eq!(fetchahead_l2_plan_set_host_pace(plan, 0), FETCHAHEAD_OK);
+        assert_eq!(
+            fetchahead_l2_plan_begin_forward(plan, 7, stream.cu_stream()),
+            FETCHAHEAD_OK
+        );
+        for &a in &addresses {
+            assert_eq!(fetchahead_l2_plan_collective(plan), FETCHAHEAD_OK);
+            assert_eq!(fetchahead_l2_plan_consume(plan, a, 1 << 20), FETCHAHEAD_OK);
+        }
+        assert_eq!(
+            fetchahead_l2_plan_end_forward(plan, ptr::null_mut()),
+            FETCHAHEAD_OK
+        );
+        assert_eq!(fetchahead_l2_plan_counters(plan, &mut after), FETCHAHEAD_OK);
+    }
+    assert_eq!(
+        after.windows_prefetched - counters.windows_prefetched,
+        3,
+        "{after:?}"
+    );
+    assert_eq!(after.windows_host_bound, counters.windows_host_bound);
     stream.synchronize().unwrap();
     // SAFETY: no graph captured it; closed once.
     unsafe { fetchahead_l2_plan_close(plan) };

@@ -3,6 +3,7 @@
 //! and the prefetch kernel over awkward segments (run this under compute-sanitizer too).
 mod common;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use cudarc::driver::{CudaStream, sys};
 use fetchahead::device_abi::gemv::Reduce;
@@ -310,6 +311,8 @@ struct Layers {
     gemvs: Vec<Gemv>,
     /// How long each layer's collective polls.
     window_ns: u64,
+    /// Host time each layer spends before its collective (a host-bound forward's Python).
+    host_ns: u64,
 }
 
 const K: u32 = 1024;
@@ -334,6 +337,7 @@ impl Layers {
         Ok(Layers {
             gemvs,
             window_ns: 2_000,
+            host_ns: 0,
         })
     }
 
@@ -350,6 +354,10 @@ impl Layers {
             plan.begin_forward(sig)?;
         }
         for gemv in &self.gemvs {
+            let busy = Instant::now();
+            while busy.elapsed().as_nanos() < self.host_ns as u128 {
+                std::hint::spin_loop();
+            }
             if let Some(plan) = plan.as_deref_mut() {
                 plan.collective()?;
             }
@@ -583,6 +591,8 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
         let mut config = PlanConfig::for_l2(l2);
         config.replay = replay;
         config.launch = launch;
+        // Every window warmed, whether or not this host outpaces the GPU.
+        config.host_pace = false;
         let mut plan = match L2Plan::new(kernels.clone(), stream.clone(), config) {
             Ok(plan) => plan,
             Err(e) if replay == Replay::AccessPolicy => {
@@ -647,6 +657,7 @@ fn caps_each_window_to_what_its_prefetch_issues_within_it() -> Result<()> {
         config.replay = Replay::Prefetch {
             variant: l2_prefetch::BULK_VARIANT,
         };
+        config.host_pace = false;
         let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
         let mut issued = Vec::new();
         for forward in 0..4 {
@@ -674,6 +685,64 @@ fn caps_each_window_to_what_its_prefetch_issues_within_it() -> Result<()> {
     Ok(())
 }
 
+/// Eager forwards whose host is slower than their GPU leave windows cold (their prefetch could
+/// not shorten the forward), counted; with the GPU behind the host every window is warmed; the
+/// outputs stay exact either way, and with `host_pace` off every window is warmed.
+fn leaves_windows_cold_while_the_gpu_keeps_up_with_the_host() -> Result<()> {
+    let Some((kernels, stream, _lock)) =
+        open("leaves_windows_cold_while_the_gpu_keeps_up_with_the_host")?
+    else {
+        return Ok(());
+    };
+    let windows = 32u64;
+    let mut layers = Layers::new(
+        &kernels,
+        &stream,
+        windows as usize,
+        1,
+        256,
+        rand::rng().random(),
+    )?;
+    layers.run(&kernels, &stream, None, SIG)?;
+    let want = bits(&layers.outputs(&stream)?);
+    for pace in [true, false] {
+        let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
+        config.host_pace = pace;
+        let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
+        layers.run(&kernels, &stream, Some(&mut plan), SIG)?; // learns
+        let mut delta = |layers: &mut Layers, gpu_behind: bool| -> Result<(u64, u64)> {
+            stream.synchronize().map_err(cuda("cuStreamSynchronize"))?;
+            layers.poison(&stream)?;
+            if gpu_behind {
+                // SAFETY: a live stream of the device's context.
+                unsafe { kernels.launch_spin(stream.cu_stream(), 50_000_000) }?;
+            }
+            let before = plan.counters();
+            layers.run(&kernels, &stream, Some(&mut plan), SIG)?;
+            assert_eq!(bits(&layers.outputs(&stream)?), want, "pace {pace}");
+            let after = plan.counters();
+            Ok((
+                after.windows_prefetched - before.windows_prefetched,
+                after.windows_host_bound - before.windows_host_bound,
+            ))
+        };
+        // 100 us of host time a window against a few of GPU time: the host is the bottleneck.
+        layers.host_ns = 100_000;
+        let (warmed, cold) = delta(&mut layers, false)?;
+        assert_eq!(warmed + cold, windows, "pace {pace}");
+        if pace {
+            // The first probe is asked at the third collective; the GPU has caught up by then.
+            assert!(cold >= windows - 8, "{warmed} warmed, {cold} cold");
+        } else {
+            assert_eq!(cold, 0);
+        }
+        // 50 ms of GPU work ahead of the forward: the GPU stays behind the host throughout.
+        layers.host_ns = 0;
+        assert_eq!(delta(&mut layers, true)?, (windows, 0), "pace {pace}");
+    }
+    Ok(())
+}
+
 /// A stale plan (learned on other weights) only wastes bandwidth: the outputs stay exact, and
 /// the next eager forward relearns.
 fn a_stale_plan_keeps_outputs_exact() -> Result<()> {
@@ -684,7 +753,8 @@ fn a_stale_plan_keeps_outputs_exact() -> Result<()> {
     let mut new = Layers::new(&kernels, &stream, 3, 4, 512, rand::rng().random())?;
     new.run(&kernels, &stream, None, SIG)?;
     let want = bits(&new.outputs(&stream)?);
-    let config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
+    let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
+    config.host_pace = false;
     let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
     old.run(&kernels, &stream, Some(&mut plan), SIG)?;
     for forward in 0..2 {
@@ -859,9 +929,12 @@ fn reads_its_settings_from_the_environment() {
             ("FETCHAHEAD_L2_REPLAY", "l2_prefetch"),
             ("FETCHAHEAD_L2_LAUNCH", "before"),
             ("FETCHAHEAD_L2_FIT", "0"),
+            ("FETCHAHEAD_L2_HOST_PACE", "0"),
         ]),
     )
     .unwrap();
+    assert!(none.host_pace);
+    assert!(!set.host_pace);
     assert_eq!(set.budget_per_window, 5 * MIB / 2);
     assert_eq!(
         set.replay,
@@ -878,6 +951,7 @@ fn reads_its_settings_from_the_environment() {
         ("FETCHAHEAD_L2_REPLAY", "l2_prefetch_nope"),
         ("FETCHAHEAD_L2_LAUNCH", "sometimes"),
         ("FETCHAHEAD_L2_FIT", "yes"),
+        ("FETCHAHEAD_L2_HOST_PACE", "2"),
     ] {
         let pairs: &'static [(&'static str, &'static str)] =
             Box::leak(vec![(name, value)].into_boxed_slice());
@@ -1063,6 +1137,7 @@ common::harness::tests! {
         forward_is_bit_identical_with_prefetch_eager,
         caps_each_window_to_what_its_prefetch_issues_within_it,
         a_stale_plan_keeps_outputs_exact,
+        leaves_windows_cold_while_the_gpu_keeps_up_with_the_host,
         forward_is_bit_identical_with_prefetch_in_a_graph,
         a_replayed_plan_brings_readers_near_hand_warmed,
         measures_the_l2_partitions_of_every_sm,

@@ -11,6 +11,7 @@ use crate::driver::stream;
 use crate::error::CudaCall;
 use crate::kernels::Kernels;
 use crate::l2_plan::access_policy::PersistingL2;
+use crate::l2_plan::pace::HostPace;
 use crate::l2_plan::partitions::Partitions;
 use crate::l2_plan::planner::{
     CollectiveKind, Counters, ForwardSummary, Learned, PlanConfig, Planner, Replay, Signature,
@@ -57,6 +58,8 @@ pub struct L2Plan {
     pending: Vec<Measure>,
     /// The device's L2 partitions, when measured ([`PlanConfig::partitions`]) and two.
     partitions: Option<Partitions>,
+    /// Whether the GPU keeps up with the host in eager forwards ([`PlanConfig::host_pace`]).
+    pace: HostPace,
 }
 
 /// Timing events of one window of an eager forward.
@@ -128,6 +131,7 @@ impl L2Plan {
             },
         };
         let ctx = main.context().clone();
+        let pace = HostPace::new(&main)?;
         Ok(L2Plan {
             side: ctx.new_stream().call("cuStreamCreate")?,
             fork: ctx.new_event(None).call("cuEventCreate")?,
@@ -147,6 +151,7 @@ impl L2Plan {
             deferred: None,
             pending: Vec::new(),
             partitions,
+            pace,
         })
     }
 
@@ -197,6 +202,12 @@ impl L2Plan {
         self.config.all_gather = enabled;
     }
 
+    /// Whether eager windows are left cold while the GPU keeps up with the host
+    /// ([`PlanConfig::host_pace`]), from the next collective on.
+    pub fn set_host_pace(&mut self, enabled: bool) {
+        self.config.host_pace = enabled;
+    }
+
     /// Changes the budget per window for plans learned from now on.
     pub fn set_budget(&mut self, budget_per_window: u64) -> Result<()> {
         self.planner.set_budget(budget_per_window)?;
@@ -213,6 +224,7 @@ impl L2Plan {
             self.read_measures(true)?;
         }
         self.planner.begin(signature, captured)?;
+        self.pace.begin_forward();
         // Read once a forward: a forward is captured whole or not at all, and `collective` is
         // called once a window, so it asks the driver nothing it need not.
         self.captured = captured;
@@ -253,6 +265,17 @@ impl L2Plan {
         let signature = self.planner.current().ok_or_else(no_forward)?;
         let captured = self.captured;
         let (k, _) = self.planner.collective()?;
+        if !captured && self.config.host_pace && self.pace.host_bound(k)? {
+            // The GPU has caught up with the host: a warmed reader would only idle sooner.
+            if self
+                .planner
+                .plan(signature)
+                .is_some_and(|w| w.spans.get(k).is_some_and(|s| s.len > 0))
+            {
+                self.planner.count_host_bound();
+            }
+            return Ok(());
+        }
         if kind == CollectiveKind::AllGather && !self.config.all_gather {
             return Ok(());
         }
@@ -379,6 +402,12 @@ impl L2Plan {
     pub fn consume(&mut self, address: u64, bytes: u64) -> Result<()> {
         self.launch_deferred()?;
         self.planner.consume(address, bytes)?;
+        if let Some(k) = self.planner.latest_window()
+            && !self.captured
+            && self.config.host_pace
+        {
+            self.pace.reader_point(k, &self.main)?;
+        }
         if let Some(measure) = self.awaiting.take() {
             // Recorded before the reader's launch: it completes when the collective has.
             self.timing[measure.k]

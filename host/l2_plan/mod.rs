@@ -20,6 +20,8 @@
 //! - [`planner`]: [`Planner`], the plan logic alone, on the CPU, and its configuration.
 //! - [`device`]: [`L2Plan`], which drives the device with a planner.
 //! - `window_fit`: the byte caps that fit each window's prefetch into its window.
+//! - [`pace`]: whether the GPU keeps up with the host, so that eager windows the host is the
+//!   bottleneck of spend no host time on prefetches.
 //! - [`partitions`]: which L2 partition each SM is near, measured on the device.
 //! - [`segments`]: prefetch segments checked on the host and uploaded as a device table.
 //! - [`access_policy`]: the persisting-L2 access-policy window, the plan's alternative mode.
@@ -29,6 +31,7 @@
 
 pub mod access_policy;
 pub mod device;
+pub mod pace;
 pub mod partitions;
 pub mod planner;
 pub mod segments;

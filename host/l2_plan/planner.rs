@@ -129,6 +129,10 @@ pub struct PlanConfig {
     /// (`l2_plan::partitions`) and `l2_prefetch_loads` then reads each byte from an SM of each
     /// partition, so that a reader on any SM finds it near.
     pub partitions: bool,
+    /// Whether eager forwards leave windows cold while the GPU has caught up with the host
+    /// (`l2_plan::pace`): the prefetch then could not shorten the forward and its driver calls
+    /// would lengthen it.
+    pub host_pace: bool,
 }
 
 /// What kind of collective a window runs, as the caller announces it
@@ -171,7 +175,7 @@ impl CollectiveKind {
 }
 
 /// The `FETCHAHEAD_L2_*` settings [`PlanConfig::from_env`] reads, each with what it takes.
-pub const PLAN_ENV_SETTINGS: [(&str, &str); 6] = [
+pub const PLAN_ENV_SETTINGS: [(&str, &str); 7] = [
     (
         "FETCHAHEAD_L2_BUDGET_MB",
         "budget_per_window: MiB a window may warm at most (a decimal number, > 0)",
@@ -192,6 +196,10 @@ pub const PLAN_ENV_SETTINGS: [(&str, &str); 6] = [
     (
         "FETCHAHEAD_L2_PARTITIONS",
         "partitions: 1 (the default: each byte read from both L2 partitions) or 0",
+    ),
+    (
+        "FETCHAHEAD_L2_HOST_PACE",
+        "host_pace: 1 (the default: eager windows left cold while the GPU keeps up with the host) or 0",
     ),
 ];
 
@@ -243,6 +251,7 @@ impl PlanConfig {
             fit: true,
             all_gather: true,
             partitions: true,
+            host_pace: true,
         }
     }
 
@@ -259,8 +268,15 @@ impl PlanConfig {
         let bad = |name: &'static str, value: &str, want: &str| {
             Error::invalid(name, format!("`{value}`; want {want}"))
         };
-        let [budget, replay, launch, fit, all_gather, partitions] =
-            PLAN_ENV_SETTINGS.map(|(name, _)| name);
+        let [
+            budget,
+            replay,
+            launch,
+            fit,
+            all_gather,
+            partitions,
+            host_pace,
+        ] = PLAN_ENV_SETTINGS.map(|(name, _)| name);
         if let Some(v) = var(budget) {
             let mib: f64 = v
                 .trim()
@@ -296,6 +312,9 @@ impl PlanConfig {
         if let Some(v) = var(partitions) {
             config.partitions = switch(partitions, &v)?;
         }
+        if let Some(v) = var(host_pace) {
+            config.host_pace = switch(host_pace, &v)?;
+        }
         Ok(config)
     }
 }
@@ -315,6 +334,9 @@ pub struct Counters {
     pub forwards: u64,
     /// Signatures with a stored plan.
     pub signatures: u64,
+    /// Eager windows left cold because the GPU had caught up with the host
+    /// ([`PlanConfig::host_pace`]).
+    pub windows_host_bound: u64,
 }
 
 /// One collective's learned weights, as a range of [`Windows::segments`].
@@ -555,6 +577,16 @@ impl Planner {
             self.observed.push_within(segment, self.budget);
         }
         Ok(())
+    }
+
+    /// Records that an eager window was left cold while the GPU kept up with the host.
+    pub fn count_host_bound(&mut self) {
+        self.counters.windows_host_bound += 1;
+    }
+
+    /// The index of the latest collective of the forward in progress.
+    pub fn latest_window(&self) -> Option<usize> {
+        self.open.and_then(|f| f.collectives.checked_sub(1))
     }
 
     /// Records that the replay issued a window of `bytes`.

@@ -812,10 +812,17 @@ class L2Plan:
         """Whether all-gather windows are warmed (the default) or only counted."""
         self._plan.set_all_gather(bool(enabled))
 
+    def set_host_pace(self, enabled: bool) -> None:
+        """Whether eager windows are left cold while the GPU keeps up with the host (the
+        default, ``FETCHAHEAD_L2_HOST_PACE``: their prefetch could not shorten the forward, and
+        its launch would lengthen it; ``counters()["windows_host_bound"]`` counts them) or
+        always warmed."""
+        self._plan.set_host_pace(bool(enabled))
+
     def consume(self, tensor: "torch.Tensor", nbytes: Optional[int] = None) -> None:
         """A kernel after the latest collective reads ``tensor`` (a live CUDA weight; its first
         ``nbytes`` bytes when given)."""
-        size = tensor.numel() * tensor.element_size() if nbytes is None else nbytes
+        size = tensor.nbytes if nbytes is None else nbytes
         self._plan.consume(tensor.data_ptr(), size)
 
     def end_forward(self) -> dict[str, Any]:
@@ -835,7 +842,8 @@ class L2Plan:
 
     def counters(self) -> dict[str, int]:
         """``windows_prefetched``, ``bytes_prefetched``, ``forwards_without_plan``,
-        ``mismatches_at_capture``, ``forwards``, ``signatures``."""
+        ``mismatches_at_capture``, ``forwards``, ``signatures``, ``windows_host_bound``
+        (eager windows left cold because the GPU had caught up with the host)."""
         return self._plan.counters()
 
 

@@ -984,6 +984,10 @@ impl L2Plan {
         lock(&self.inner).set_all_gather(enabled);
     }
 
+    fn set_host_pace(&self, enabled: bool) {
+        lock(&self.inner).set_host_pace(enabled);
+    }
+
     fn consume(&self, py: Python<'_>, address: u64, bytes: u64) -> PyRes<()> {
         let r = lock(&self.inner).consume(address, bytes);
         done(py, r)
@@ -1021,6 +1025,7 @@ impl L2Plan {
         d.set_item("mismatches_at_capture", c.mismatches_at_capture)?;
         d.set_item("forwards", c.forwards)?;
         d.set_item("signatures", c.signatures)?;
+        d.set_item("windows_host_bound", c.windows_host_bound)?;
         logs::drain(py);
         Ok(d)
     }
