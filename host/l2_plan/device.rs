@@ -265,7 +265,11 @@ impl L2Plan {
         let signature = self.planner.current().ok_or_else(no_forward)?;
         let captured = self.captured;
         let (k, _) = self.planner.collective()?;
-        if !captured && self.config.host_pace && self.pace.host_bound(k)? {
+        let host_bound = !captured && self.config.host_pace && self.pace.host_bound(k)?;
+        // A window the fit still times is warmed all the same: a capture after host-bound
+        // warm-up forwards needs its cut.
+        let measuring = self.config.fit && self.fit.wants_measure(signature, k);
+        if host_bound && !measuring {
             // The GPU has caught up with the host: a warmed reader would only idle sooner.
             if self
                 .planner
