@@ -12,6 +12,7 @@ use fetchahead::device_abi::params::Segment;
 use fetchahead::device_abi::{gemv, l2_prefetch};
 use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
+use fetchahead::l2_plan::pace::PROBE_LAG;
 use fetchahead::l2_plan::segments::{SegmentTable, aligned_segment, check_segment};
 use fetchahead::l2_plan::{
     L2Plan, Learned, PlanConfig, Planner, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature,
@@ -741,8 +742,12 @@ fn leaves_windows_cold_while_the_gpu_keeps_up_with_the_host() -> Result<()> {
         } else {
             assert_eq!(cold, 0);
         }
-        // 50 ms of GPU work ahead of the forward: the GPU stays behind the host throughout.
+        // 50 ms of GPU work ahead of the forward: the GPU stays behind the host throughout. The
+        // first windows follow the last forward's pace until this forward's first probe.
         layers.host_ns = 0;
+        let (warmed, cold) = delta(&mut layers, true)?;
+        assert_eq!(warmed + cold, windows, "pace {pace}");
+        assert!(cold <= PROBE_LAG as u64, "pace {pace}: {cold} cold");
         assert_eq!(delta(&mut layers, true)?, (windows, 0), "pace {pace}");
     }
     Ok(())

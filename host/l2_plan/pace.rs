@@ -9,9 +9,9 @@
 //! the reader's point of a window (its first `consume`) and asks [`PROBE_LAG`] collectives
 //! later whether the GPU has passed it: if it has, the GPU is less than that many windows behind
 //! the host, and the plan's windows are counted but not warmed until a later probe finds the
-//! GPU behind again. Each forward starts warming. One record and one query every
-//! [`PROBE_EVERY`] windows; captured forwards are never probed (a replayed graph has no host in
-//! its way).
+//! GPU behind again (the next forward's first windows follow the last probe too). One record and
+//! one query every [`PROBE_EVERY`] windows; captured forwards are never probed (a replayed graph
+//! has no host in its way).
 use cudarc::driver::{CudaEvent, CudaStream, sys};
 
 use crate::Result;
@@ -48,11 +48,10 @@ impl HostPace {
         })
     }
 
-    /// A forward begins, warming until a probe finds the GPU caught up; a probe left from the
-    /// last forward says nothing about this one.
+    /// A forward begins as the last probe left the pace (its first windows until its own first
+    /// probe is asked); a probe left armed by the last forward says nothing about this one.
     pub fn begin_forward(&mut self) {
         self.armed = None;
-        self.host_bound = false;
     }
 
     /// The reader's point of window `k` on `main` (its first `consume`): marked every

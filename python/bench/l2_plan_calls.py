@@ -11,8 +11,9 @@ eager forward.
    and the GPU idle with the pace off (``set_host_pace(False)``: every window launched).
 2. A host-bound forward: per window a collective stand-in (``torch.cuda._sleep`` of a few
    cycles) and TINY small launches (``torch.add`` on a 1-element tensor), so that the host's
-   launch rate sets the forward's time; timed without the plan, with it, and with it and the
-   pace off, interleaved, medians.
+   launch rate sets the forward's time; timed without the plan, with it, with it and the pace
+   off, and with an object whose four methods do nothing in its place (the floor of any
+   per-window Python calls), interleaved, medians.
 
     python3 python/bench/l2_plan_calls.py [--json out.json]
 
@@ -38,6 +39,22 @@ GOAL_US = 2.0
 
 class Nothing:
     def call(self, *args) -> None:
+        pass
+
+
+class EmptyPlan:
+    """The plan's four calls doing nothing: the floor of any per-window Python calls."""
+
+    def begin_forward(self, signature) -> None:
+        pass
+
+    def collective(self, kind="all_reduce") -> None:
+        pass
+
+    def consume(self, tensor, nbytes=None) -> None:
+        pass
+
+    def end_forward(self) -> None:
         pass
 
 
@@ -128,14 +145,15 @@ def main() -> int:
     plan.set_host_pace(True)
     calls = cases["gpu_idle"]
     one = torch.zeros(1, device=dev)
-    with_plan, without, pace_off = [], [], []
+    with_plan, without, pace_off, empty = [], [], [], []
     for _ in range(FORWARDS):
         without.append(host_bound_forward_ms(plan, weights, False, one))
+        empty.append(host_bound_forward_ms(EmptyPlan(), weights, True, one))
         with_plan.append(host_bound_forward_ms(plan, weights, True, one))
         plan.set_host_pace(False)
         pace_off.append(host_bound_forward_ms(plan, weights, True, one))
         plan.set_host_pace(True)
-    w, wo, off = (statistics.median(v) for v in (with_plan, without, pace_off))
+    w, wo, off, floor = (statistics.median(v) for v in (with_plan, without, pace_off, empty))
     # Run-to-run spread: the interquartile range of the forwards without the plan (a robust
     # one: a host-bound Python loop has rare slow outliers that a standard deviation follows).
     q1, _, q3 = statistics.quantiles(without, n=4)
@@ -145,6 +163,7 @@ def main() -> int:
         "forward_without_plan_ms": wo,
         "forward_with_plan_ms": w,
         "forward_with_plan_pace_off_ms": off,
+        "forward_with_empty_calls_ms": floor,
         "forward_spread_ms": spread,
         "forwards_without_plan_ms": without,
         "forwards_with_plan_ms": with_plan,
@@ -164,7 +183,11 @@ def main() -> int:
         f"goal {GOAL_US} us each where the host is the bottleneck (gpu_idle): collective "
         f"{verdict(calls['collective_us'])}, consume {verdict(calls['consume_us'])}"
     )
-    for name, t in [("with it", w), ("with it, pace off", off)]:
+    for name, t in [
+        ("with it", w),
+        ("with it, pace off", off),
+        ("with four empty Python methods in its place", floor),
+    ]:
         print(
             f"host-bound forward of {WINDOWS} windows ({TINY} tiny launches each): without the "
             f"plan {wo:.3f} ms, {name} {t:.3f} ms ({(t - wo) / WINDOWS * 1e3:+.2f} us a window, "

@@ -801,6 +801,9 @@ class L2Plan:
         ``"all_reduce"`` (the default), ``"all_gather"`` or ``"other"``; with all-gather windows
         switched off (``set_all_gather(False)`` or ``FETCHAHEAD_L2_ALL_GATHER=0``) an
         all-gather's window is counted but not warmed."""
+        if kind == "all_reduce":  # the common call, without the lookup
+            self._plan.collective(0)
+            return
         code = _COLLECTIVE_KINDS.get(kind)
         if code is None:
             raise InvalidArgumentError(
