@@ -45,8 +45,9 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use cudarc::driver::{CudaGraph, CudaStream, DevicePtr, sys};
 use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
-use fetchahead::prefetch::lookup::{MemoryRows, RowLookup};
+use fetchahead::prefetch::lookup::MemoryRows;
 use fetchahead::prefetch::prefetcher::{Completion, Join, Prefetcher, PrefetcherConfig};
+use fetchahead::row_lookup::RowLookup;
 use fetchahead::sim::forward::{
     FlagLanes, ForwardShape, GatherPath, LEAD_IN_US, LayerTable, SimulatedForward, StepTime,
 };
@@ -296,17 +297,6 @@ impl Lookups {
             total += start.elapsed();
         }
         total.as_secs_f64() * 1e3 / 20.0
-    }
-}
-
-/// `after - before` of the counters the bench reports.
-fn delta(before: Stats, after: Stats) -> Stats {
-    Stats {
-        hits: after.hits - before.hits,
-        misses: after.misses - before.misses,
-        reads: after.reads - before.reads,
-        bytes: after.bytes - before.bytes,
-        ..Stats::default()
     }
 }
 
@@ -629,7 +619,7 @@ fn prefetcher(c: &mut Criterion) {
             compute_us: shape.compute_us,
             note: String::new(),
             lookup_ms: lookup,
-            store: delta(before, lookups.stats()),
+            store: lookups.stats() - before,
             lookup_steps_ms,
         });
         if lookups.evict {
@@ -666,7 +656,7 @@ fn prefetcher(c: &mut Criterion) {
                     compute_us,
                     note,
                     lookup_ms: lookup,
-                    store: delta(before, lookups.stats()),
+                    store: lookups.stats() - before,
                     lookup_steps_ms,
                 });
             }

@@ -18,8 +18,9 @@ use crate::error::ErrorKind;
 use crate::kernels::Kernels;
 use crate::kernels::gpu::Gpu;
 use crate::prefetch::flag_worker::FlagLane;
-use crate::prefetch::lookup::{MemoryRows, RowLookup, lookup_or_zero};
+use crate::prefetch::lookup::MemoryRows;
 use crate::prefetch::prefetcher::{Completion, Join, Prefetcher, PrefetcherConfig};
+use crate::row_lookup::{RowLookup, lookup_or_zero};
 use crate::{Error, Result};
 
 pub const FETCHAHEAD_OK: c_int = 0;

@@ -8,9 +8,11 @@
 //! - [`tables`]: row tables in device memory or in pinned host memory mapped for the device.
 //! - [`l2_plan`]: the learned plan that warms the next weights into L2 during collectives; its CPU
 //!   [`Planner`] apart from the device side ([`L2Plan`]), and the access-policy alternative.
+//! - [`row_lookup`]: the [`RowLookup`] trait the store implements and the prefetcher and the C ABI
+//!   call, below both.
+//! - [`store`]: the NVMe row store for Engram tables (safetensors shards, io_uring, DRAM cache).
 //! - [`prefetch`]: the prefetch pipeline of one Engram layer: lookups, staging, the side-stream
 //!   [`Prefetcher`], the [`FlagLane`], check mode's log.
-//! - [`store`]: the NVMe row store for Engram tables (safetensors shards, io_uring, DRAM cache).
 //! - [`ffi`]: the C ABI for engines (`include/fetchahead.h`).
 //! - `sim` (feature `simulation`, on by default): the simulation the demo, benches and tests use
 //!   (bf16 GEMV reader, simulated forward, collective, hash and spin kernels' launches, decode
@@ -41,6 +43,7 @@ pub mod logging;
 pub mod memory;
 pub mod nvtx;
 pub mod prefetch;
+pub mod row_lookup;
 pub mod settings;
 #[cfg(feature = "simulation")]
 pub mod sim;
@@ -58,8 +61,9 @@ pub use l2_plan::{
     AccessWindow, L2Plan, PersistingL2, PlanConfig, Planner, Replay, SegmentTable, Signature,
 };
 pub use prefetch::{
-    Completion, FlagLane, Join, MemoryRows, Prefetcher, PrefetcherConfig, RowLookup, StagingLayout,
+    Completion, FlagLane, Join, MemoryRows, Prefetcher, PrefetcherConfig, StagingLayout,
 };
+pub use row_lookup::RowLookup;
 pub use store::{LayerRows, ReadPath, RowStore, StoreOptions};
 pub use tables::{Mxfp8Table, Placement, RowTable};
 

@@ -24,9 +24,9 @@ use crate::kernels::Kernels;
 use crate::kernels::launch::check_aligned_to;
 use crate::prefetch::check_log::CheckLog;
 use crate::prefetch::flag_worker::{FlagLane, FlagSlot};
-use crate::prefetch::lookup::RowLookup;
 use crate::prefetch::lookup_job::{FailureLog, LookupFailure, LookupJobs};
 use crate::prefetch::staging::{StagingBuffers, StagingLayout};
+use crate::row_lookup::RowLookup;
 use crate::{Error, Result};
 
 /// How a prefetcher is built.

@@ -12,10 +12,11 @@ use fetchahead::kernels::Kernels;
 use fetchahead::l2_plan::segments::SegmentTable;
 use fetchahead::l2_plan::{CollectiveKind, L2Plan as RustL2Plan, PlanConfig, Replay, Signature};
 use fetchahead::prefetch::flag_worker::FlagLane as RustFlagLane;
-use fetchahead::prefetch::lookup::{MemoryRows, RowLookup};
+use fetchahead::prefetch::lookup::MemoryRows;
 use fetchahead::prefetch::prefetcher::{
     Completion, Join, Prefetcher as RustPrefetcher, PrefetcherConfig,
 };
+use fetchahead::row_lookup::RowLookup;
 use fetchahead::store::{
     LayerRows, PREADV_THREADS, ReadPath, RowStore as RustRowStore, StoreOptions, URING_DEPTH,
 };
