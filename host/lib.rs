@@ -2,7 +2,8 @@
 //!
 //! The folders are the architecture, each layer using only the ones above it:
 //!
-//! - `driver` (private): the raw-driver layer, the only code that calls cudarc's `sys`/`result`.
+//! - [`driver`]: the raw-driver layer, the only code that calls cudarc's `sys`/`result` (in this
+//!   crate and in the binding, the benches and the lab, which use its public functions).
 //! - [`kernels`]: the PTX built from `gpu/` for each arch, opening a device, the loaded kernels and
 //!   their checked launches ([`Kernels`], [`Gpu`]).
 //! - [`tables`]: row tables in device memory or in pinned host memory mapped for the device.
@@ -33,7 +34,7 @@ extern crate self as fetchahead;
 
 #[cfg(feature = "cli")]
 pub mod cli;
-pub(crate) mod driver;
+pub mod driver;
 pub mod error;
 pub mod ffi;
 pub mod info;
@@ -56,7 +57,9 @@ pub use fetchahead_gpu as device_abi;
 pub use fetchahead_gpu::dequant::DequantVariant;
 pub use fetchahead_gpu::gather::GatherVariant;
 pub use fetchahead_gpu::l2_prefetch::PrefetchVariant;
-pub use kernels::{Gpu, IdCheck, Kernels, dequant_variant_named, prefetch_variant_named, ptx};
+pub use kernels::{
+    Gpu, IdCheck, Kernels, dequant_variant_named, gather_variant_named, prefetch_variant_named, ptx,
+};
 pub use l2_plan::{
     AccessWindow, L2Plan, PersistingL2, PlanConfig, Planner, Replay, SegmentTable, Signature,
 };

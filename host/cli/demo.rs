@@ -204,11 +204,11 @@ impl DemoArgs {
         Ok(())
     }
 
-    /// --variant resolved to its table row's name (`None`: the arch's default).
-    fn dequant_variant(&self) -> Result<Option<&'static str>> {
+    /// --variant resolved to its handle (`None`: the arch's default).
+    fn dequant_variant(&self) -> Result<Option<fetchahead::DequantVariant>> {
         self.variant
             .as_deref()
-            .map(|name| fetchahead::dequant_variant_named(name).map(|v| v.name()))
+            .map(fetchahead::dequant_variant_named)
             .transpose()
     }
 

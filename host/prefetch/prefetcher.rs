@@ -34,9 +34,10 @@ use crate::{Error, Result};
 pub struct PrefetcherConfig {
     /// Most rows per prefetch (rounded up to a power of two).
     pub capacity: usize,
-    /// The gather + dequant variant by name (`fetchahead_gpu::dequant::VARIANTS`); `None`: the
-    /// fastest measured for the device's arch (`fetchahead_gpu::defaults`).
-    pub variant: Option<&'static str>,
+    /// The gather + dequant variant (a row of `fetchahead_gpu::dequant::VARIANTS`, resolved
+    /// from a name where a user gave one); `None`: the fastest measured for the device's arch
+    /// (`fetchahead_gpu::defaults`).
+    pub variant: Option<DequantVariant>,
     /// Run the synchronous path after every prefetched gather and count differing outputs.
     pub check: bool,
     /// Check mode: how often the count is logged (read without waiting, by the gathers or
@@ -311,7 +312,7 @@ impl Prefetcher {
     ) -> Result<Prefetcher> {
         let dim = store.dim();
         let layout = StagingLayout::new(config.capacity, dim)?;
-        let variant = kernels.dequant_variant(config.variant)?;
+        let variant = config.variant.unwrap_or(kernels.defaults().dequant);
         let ctx = kernels.gpu().ctx.clone();
         // Prefetchers sharing a lane share its side stream too, so that their requests reach the
         // lane in the order they were enqueued (an earlier layer's never behind a later one's).
