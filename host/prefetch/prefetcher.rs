@@ -36,7 +36,9 @@ pub struct PrefetcherConfig {
     pub capacity: usize,
     /// The gather + dequant variant (a row of `fetchahead_gpu::dequant::VARIANTS`, resolved
     /// from a name where a user gave one); `None`: the fastest measured for the device's arch
-    /// (`fetchahead_gpu::defaults`).
+    /// (`fetchahead_gpu::defaults`). It runs the [`Join::AtGather`] gathers and the synchronous
+    /// path; [`Join::Tags`] gathers run the tagged kernel (`staged_dequant_tagged`, the
+    /// dequant's tile loop with the tag wait), whatever this is.
     pub variant: Option<DequantVariant>,
     /// Run the synchronous path after every prefetched gather and count differing outputs.
     pub check: bool,
