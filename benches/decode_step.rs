@@ -22,6 +22,8 @@
 //! (comma lists narrowing the run: `cold,warm`; configuration ids such as `floor,floor_plan`),
 //! FETCHAHEAD_BENCH_TIMELINE (a file: the step recorded on the device timeline, rows resident,
 //! plan off and on, eager and replayed, as a Chrome trace).
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -38,21 +40,16 @@ use fetchahead::sim::decode_step::{
 use fetchahead::sim::forward::LayerTable;
 use fetchahead::sim::trace::{TRACED, trace_decode_step};
 use fetchahead::store::make::{TableSpec, write_table};
-use fetchahead::store::{LayerRows, ReadPath, RowStore, StoreOptions};
+use fetchahead::store::{LayerRows, RowStore};
 use fetchahead::timeline::DEFAULT_CAPACITY;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
+
+use common::{BenchStore, knob, table_dir};
 
 const DIM: usize = 256;
 const VOCAB: u32 = 128 * 1024;
 /// Cold and warm runs of each reader matrix for the projection.
 const READER_REPS: usize = 15;
-
-fn knob(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// One way of reading the table.
 struct Lookups {
@@ -65,35 +62,7 @@ struct Lookups {
 
 impl Lookups {
     fn open(label: &'static str, dir: &Path, layers: &[u32], cache_bytes: u64) -> Lookups {
-        let open = |read_path| {
-            let options = StoreOptions {
-                read_path,
-                cache_bytes,
-                ..Default::default()
-            };
-            Arc::new(RowStore::open(dir, options).expect("open the bench table"))
-        };
-        let mut store = open(ReadPath::Uring);
-        if let Err(why) = store.uring() {
-            println!("WARNING: no io_uring ({why}): {label} lookups read through preadv");
-            store = open(ReadPath::Preadv);
-        }
-        let direct = match store.direct_io() {
-            Ok(()) => "O_DIRECT".to_string(),
-            Err(why) => {
-                println!("WARNING: no O_DIRECT ({why}): misses read through the page cache");
-                "buffered".to_string()
-            }
-        };
-        let evict = cache_bytes == 0;
-        let what = if evict {
-            format!(
-                "{} {direct}, no row cache, page cache evicted before each step",
-                store.read_path()
-            )
-        } else {
-            format!("{} MiB DRAM row cache filled first", cache_bytes >> 20)
-        };
+        let BenchStore { store, what, evict } = BenchStore::open(label, dir, cache_bytes);
         let tables = layers
             .iter()
             .map(|&l| {
@@ -220,11 +189,7 @@ fn decode_step(c: &mut Criterion) {
         DECODE_LEAD_IN_US / 1000
     );
 
-    let tmp = match std::env::var_os("FETCHAHEAD_BENCH_DIR") {
-        Some(dir) => tempfile::tempdir_in(dir),
-        None => tempfile::tempdir(),
-    }
-    .expect("temp dir for the bench table");
+    let tmp = table_dir();
     let spec = TableSpec {
         rows,
         layers: shape.engram_layers.clone(),

@@ -21,6 +21,7 @@ use criterion::{Criterion, Throughput};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
 use fetchahead::device_abi::params::MX_BLOCK;
 use fetchahead::device_abi::params::{DequantParams, GatherParams};
+use fetchahead::driver::memory::memcpy_async;
 use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::kernels::id_check::IdCheck;
@@ -354,11 +355,7 @@ fn main() {
             let bytes = n * DIM;
             let h2d_s = median_seconds_of(&stream, 5, 5, || {
                 // SAFETY: hw_addr is a mapped pinned buffer of >= bytes; out holds >= bytes.
-                unsafe {
-                    sys::cuMemcpyAsync(out_addr, hw_addr, bytes as usize, cu)
-                        .result()
-                        .unwrap()
-                }
+                unsafe { memcpy_async(out_addr, hw_addr, bytes as usize, cu).unwrap() }
             });
             let mut push = |name: &str, seconds: f64| {
                 rows_out.push(Row {

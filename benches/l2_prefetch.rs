@@ -19,6 +19,7 @@ use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys
 use fetchahead::device_abi::l2_prefetch::PrefetchVariant;
 use fetchahead::device_abi::params::{GemvParams, PrefetchParams, Segment};
 use fetchahead::device_abi::{gemv, l2_prefetch};
+use fetchahead::driver::{memory, stream};
 use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::l2_plan::access_policy::{AccessWindow, PersistingL2};
@@ -139,15 +140,13 @@ impl Bench {
     fn flush_l2(&self) -> Result<()> {
         // SAFETY: the flush buffer is this struct's own allocation of `len` bytes.
         unsafe {
-            sys::cuMemsetD8Async(
+            memory::memset_d8_async(
                 self.flush_address,
                 0x5A,
                 self.flush.len(),
                 self.stream.cu_stream(),
             )
         }
-        .result()
-        .map_err(cuda("cuMemsetD8Async"))
     }
 
     /// Evicts `gemv`'s weights ([`Bench::flush_l2`]) and then reads its activations, which stay
@@ -161,36 +160,19 @@ impl Bench {
         // SAFETY: x is the GEMV's live allocation of `bytes`; the destination is this struct's
         // own, at least as large, and neither overlaps the other.
         unsafe {
-            sys::cuMemcpyDtoDAsync_v2(
+            memory::memcpy_dtod_async(
                 self.activations.device_ptr(&self.stream).0,
                 gemv.params().x,
                 bytes,
                 self.stream.cu_stream(),
             )
         }
-        .result()
-        .map_err(cuda("cuMemcpyDtoDAsync"))
     }
 
     /// Records event `i` on the stream; inside a capture it becomes an (external) event record
     /// node, which the flag allows only while capturing.
     fn mark(&self, i: usize) -> Result<()> {
-        let capturing = self
-            .stream
-            .capture_status()
-            .map_err(cuda("cuStreamIsCapturing"))?
-            == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
-        let flags = if capturing {
-            sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32
-        } else {
-            0
-        };
-        // SAFETY: a live event and stream of one context.
-        unsafe {
-            sys::cuEventRecordWithFlags(self.events[i].cu_event(), self.stream.cu_stream(), flags)
-        }
-        .result()
-        .map_err(cuda("cuEventRecordWithFlags"))
+        stream::record_mark(&self.events[i], &self.stream)
     }
 
     /// (GEMV us, window + GEMV us) of the last forward; waits for it.
@@ -1027,10 +1009,8 @@ fn copy_peer(bench: &Bench, samples: &BTreeMap<Key, Samples>) -> Result<()> {
         bench.mark(1)?;
         // SAFETY: two live allocations of `bytes` bytes each, not overlapping.
         unsafe {
-            sys::cuMemcpyDtoDAsync_v2(dst_address, src_address, bytes, bench.stream.cu_stream())
-        }
-        .result()
-        .map_err(cuda("cuMemcpyDtoDAsync"))?;
+            memory::memcpy_dtod_async(dst_address, src_address, bytes, bench.stream.cu_stream())
+        }?;
         bench.mark(2)?;
         us.push(event_us(bench)?);
     }

@@ -35,6 +35,8 @@
 //! FETCHAHEAD_BENCH_TOKENS (tokens per step, default 64), FETCHAHEAD_BENCH_COMPUTE_US (per
 //! layer, default 1000), FETCHAHEAD_BENCH_DECODE_TOKENS (the cold decode configuration's tokens,
 //! default 8).
+mod common;
+
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -45,14 +47,17 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use cudarc::driver::{CudaGraph, CudaStream, DevicePtr, sys};
 use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
-use fetchahead::prefetch::lookup::{MemoryRows, RowLookup};
+use fetchahead::prefetch::lookup::MemoryRows;
 use fetchahead::prefetch::prefetcher::{Completion, Join, Prefetcher, PrefetcherConfig};
+use fetchahead::row_lookup::RowLookup;
 use fetchahead::sim::forward::{
     FlagLanes, ForwardShape, GatherPath, LEAD_IN_US, LayerTable, SimulatedForward, StepTime,
 };
 use fetchahead::store::make::{TableSpec, write_table};
-use fetchahead::store::{LayerRows, ReadPath, RowStore, Stats, StoreOptions};
+use fetchahead::store::{LayerRows, RowStore, Stats};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
+
+use common::{BenchStore, knob, table_dir};
 
 const DIM: usize = 256;
 const LAYERS: [u32; 2] = [1, 14];
@@ -72,13 +77,6 @@ const CHAIN_SLEEP: Duration = Duration::from_micros(800);
 const SIMULATED_ROWS: u64 = 1 << 16;
 const SIMULATED_LATENCY: Duration = Duration::from_micros(800);
 const SIMULATED_STEPS: usize = 20;
-
-fn knob(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// One run's timed steps, summed.
 #[derive(Clone, Copy, Default)]
@@ -184,38 +182,7 @@ struct Lookups {
 
 impl Lookups {
     fn open(label: &'static str, dir: &std::path::Path, cache_bytes: u64) -> Lookups {
-        let open = |read_path| {
-            let options = StoreOptions {
-                read_path,
-                cache_bytes,
-                ..Default::default()
-            };
-            Arc::new(RowStore::open(dir, options).expect("open the bench table"))
-        };
-        let mut store = open(ReadPath::Uring);
-        if let Err(why) = store.uring() {
-            println!("WARNING: no io_uring ({why}): {label} lookups read through preadv");
-            store = open(ReadPath::Preadv);
-        }
-        let direct = match store.direct_io() {
-            Ok(()) => "O_DIRECT".to_string(),
-            Err(why) => {
-                println!(
-                    "WARNING: no O_DIRECT ({why}): misses read through the page cache, which \
-                     the cold run empties before each step"
-                );
-                "buffered".to_string()
-            }
-        };
-        let evict = cache_bytes == 0;
-        let what = if evict {
-            format!(
-                "{} {direct}, no row cache, page cache evicted before each step",
-                store.read_path()
-            )
-        } else {
-            format!("{} MiB DRAM row cache filled first", cache_bytes >> 20)
-        };
+        let BenchStore { store, what, evict } = BenchStore::open(label, dir, cache_bytes);
         let tables = LAYERS
             .iter()
             .map(|&l| Arc::new(LayerRows::new(store.clone(), l).unwrap()) as Arc<dyn LayerTable>)
@@ -296,17 +263,6 @@ impl Lookups {
             total += start.elapsed();
         }
         total.as_secs_f64() * 1e3 / 20.0
-    }
-}
-
-/// `after - before` of the counters the bench reports.
-fn delta(before: Stats, after: Stats) -> Stats {
-    Stats {
-        hits: after.hits - before.hits,
-        misses: after.misses - before.misses,
-        reads: after.reads - before.reads,
-        bytes: after.bytes - before.bytes,
-        ..Stats::default()
     }
 }
 
@@ -553,11 +509,7 @@ fn prefetcher(c: &mut Criterion) {
     let rows_per_lookup = tokens * heads;
     let chain = chain_overhead(&gpu, &kernels, rows_per_lookup);
 
-    let tmp = match std::env::var_os("FETCHAHEAD_BENCH_DIR") {
-        Some(dir) => tempfile::tempdir_in(dir),
-        None => tempfile::tempdir(),
-    }
-    .expect("temp dir for the bench table");
+    let tmp = table_dir();
     let spec = TableSpec {
         rows,
         layers: LAYERS.to_vec(),
@@ -629,7 +581,7 @@ fn prefetcher(c: &mut Criterion) {
             compute_us: shape.compute_us,
             note: String::new(),
             lookup_ms: lookup,
-            store: delta(before, lookups.stats()),
+            store: lookups.stats() - before,
             lookup_steps_ms,
         });
         if lookups.evict {
@@ -666,7 +618,7 @@ fn prefetcher(c: &mut Criterion) {
                     compute_us,
                     note,
                     lookup_ms: lookup,
-                    store: delta(before, lookups.stats()),
+                    store: lookups.stats() - before,
                     lookup_steps_ms,
                 });
             }

@@ -212,10 +212,26 @@ pub enum Error {
     LayerRowsDiffer { rows: Vec<(u32, u64)> },
 }
 
-/// What kind of failure an [`Error`] is: the one mapping from which the C ABI's status codes
-/// (`ffi`) and the Python package's exception classes are both made.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
+/// Declares [`ErrorKind`] and its list [`ErrorKind::ALL`] from one list of kinds, so that the
+/// list cannot miss one.
+macro_rules! error_kinds {
+    ($($(#[$doc:meta])* $kind:ident,)*) => {
+        /// What kind of failure an [`Error`] is ([`Error::kind`]): the one mapping from which the
+        /// C ABI's status codes (`crate::ffi`) and the Python package's exception classes (the
+        /// binding's `errors.rs`) are both made, each by an exhaustive match on the kind.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum ErrorKind {
+            $($(#[$doc])* $kind,)*
+        }
+
+        impl ErrorKind {
+            /// Every kind, in declaration order.
+            pub const ALL: &[ErrorKind] = &[$(ErrorKind::$kind,)*];
+        }
+    };
+}
+
+error_kinds! {
     Cuda,
     NoDevice,
     NoPtx,
@@ -238,56 +254,6 @@ pub enum ErrorKind {
     OutOfMemory,
     NoSpace,
     WouldOverwrite,
-}
-
-impl ErrorKind {
-    /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 19] = [
-        ErrorKind::Cuda,
-        ErrorKind::NoDevice,
-        ErrorKind::NoPtx,
-        ErrorKind::InvalidArgument,
-        ErrorKind::IdsOutOfRange,
-        ErrorKind::RowId,
-        ErrorKind::RowLookup,
-        ErrorKind::RowRead,
-        ErrorKind::StagingFull,
-        ErrorKind::NotWarmed,
-        ErrorKind::PrefetchOrder,
-        ErrorKind::File,
-        ErrorKind::FileNotFound,
-        ErrorKind::FilePermission,
-        ErrorKind::Table,
-        ErrorKind::ReadPathUnavailable,
-        ErrorKind::OutOfMemory,
-        ErrorKind::NoSpace,
-        ErrorKind::WouldOverwrite,
-    ];
-
-    /// The class of `fetchahead.errors` that Python raises for this kind.
-    pub fn python_class(self) -> &'static str {
-        match self {
-            ErrorKind::Cuda => "CudaError",
-            ErrorKind::NoDevice => "NoDeviceError",
-            ErrorKind::NoPtx => "NoPtxError",
-            ErrorKind::InvalidArgument => "InvalidArgumentError",
-            ErrorKind::IdsOutOfRange => "IdsOutOfRangeError",
-            ErrorKind::RowId => "RowIdError",
-            ErrorKind::RowLookup => "RowLookupError",
-            ErrorKind::RowRead => "RowReadError",
-            ErrorKind::StagingFull => "StagingFullError",
-            ErrorKind::NotWarmed => "NotWarmedError",
-            ErrorKind::PrefetchOrder => "PrefetchOrderError",
-            ErrorKind::File => "FileError",
-            ErrorKind::FileNotFound => "MissingFileError",
-            ErrorKind::FilePermission => "FilePermissionError",
-            ErrorKind::Table => "TableError",
-            ErrorKind::ReadPathUnavailable => "ReadPathUnavailableError",
-            ErrorKind::OutOfMemory => "OutOfMemoryError",
-            ErrorKind::NoSpace => "NoSpaceError",
-            ErrorKind::WouldOverwrite => "WouldOverwriteError",
-        }
-    }
 }
 
 /// Row ids named by an error; prints the first few and the count.
@@ -369,8 +335,10 @@ impl Error {
     }
 }
 
-/// Names the driver call a `DriverError` came from.
-pub(crate) trait CudaCall<T> {
+/// Names the driver call a `DriverError` came from (cudarc's errors carry only the code): the
+/// one way an [`Error::Cuda`] is made from a cudarc result, here and in the crates beside this
+/// one.
+pub trait CudaCall<T> {
     fn call(self, call: &'static str) -> Result<T>;
 }
 

@@ -9,17 +9,18 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use cudarc::driver::sys;
 
+use crate::DequantVariant;
 use crate::error::ErrorKind;
 use crate::kernels::Kernels;
-use crate::kernels::gpu::Gpu;
 use crate::prefetch::flag_worker::FlagLane;
-use crate::prefetch::lookup::{MemoryRows, RowLookup, lookup_or_zero};
+use crate::prefetch::lookup::MemoryRows;
 use crate::prefetch::prefetcher::{Completion, Join, Prefetcher, PrefetcherConfig};
+use crate::row_lookup::{RowLookup, lookup_or_zero};
 use crate::{Error, Result};
 
 pub const FETCHAHEAD_OK: c_int = 0;
@@ -51,8 +52,8 @@ fn code(e: &Error) -> c_int {
     kind_code(e.kind())
 }
 
-/// The C status code of each error kind.
-pub fn kind_code(kind: ErrorKind) -> c_int {
+/// The C status code of each error kind (the Python classes are made from the same kinds).
+fn kind_code(kind: ErrorKind) -> c_int {
     match kind {
         ErrorKind::Cuda | ErrorKind::NoPtx => FETCHAHEAD_ERR_CUDA,
         ErrorKind::NoDevice => FETCHAHEAD_ERR_NO_DEVICE,
@@ -518,14 +519,15 @@ pub const FETCHAHEAD_COMPLETION_HOST_FUNCTION: u32 = 0;
 /// Lookups run on the prefetcher's own worker thread; the stream waits on a pinned flag.
 pub const FETCHAHEAD_COMPLETION_FLAG: u32 = 1;
 
-/// The variant table's own name for the C string `name` (null: `None`, the device's default).
-fn variant_named(name: *const c_char) -> Result<Option<&'static str>> {
+/// The variant the C string `name` names, resolved once here (null: `None`, the device's
+/// default).
+fn variant_named(name: *const c_char) -> Result<Option<DequantVariant>> {
     if name.is_null() {
         return Ok(None);
     }
     // SAFETY: the caller passes a NUL-terminated string (the header's contract for `variant`).
     let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
-    Ok(Some(crate::kernels::dequant_variant_named(&name)?.name()))
+    crate::kernels::dequant_variant_named(&name).map(Some)
 }
 
 /// A prefetcher (it holds its table's rows alive).
@@ -625,7 +627,7 @@ unsafe fn create_prefetcher(
     }
     let ordinal =
         usize::try_from(device).map_err(|_| Error::invalid("device", format!("{device}")))?;
-    let kernels = kernels_for(ordinal)?;
+    let kernels = Kernels::shared(ordinal)?;
     let check_log_every = match config.check_log_ms {
         0 => PrefetcherConfig::default().check_log_every,
         ms => Duration::from_millis(ms.into()),
@@ -661,24 +663,6 @@ unsafe fn create_prefetcher(
     // SAFETY: `out` is writable (checked non-null; the caller's contract).
     unsafe { *out = Box::into_raw(Box::new(PrefetcherHandle { prefetcher })) };
     Ok(())
-}
-
-/// The loaded kernels of device `ordinal`, shared by its live prefetchers: the module is loaded
-/// (and its PTX compiled by the driver) once, not once per Engram layer.
-pub fn kernels_for(ordinal: usize) -> Result<Arc<Kernels>> {
-    static LOADED: Mutex<Vec<(usize, Weak<Kernels>)>> = Mutex::new(Vec::new());
-    let mut loaded = LOADED.lock().unwrap_or_else(PoisonError::into_inner);
-    loaded.retain(|(_, k)| k.strong_count() > 0);
-    if let Some(kernels) = loaded
-        .iter()
-        .find(|(o, _)| *o == ordinal)
-        .and_then(|(_, k)| k.upgrade())
-    {
-        return Ok(kernels);
-    }
-    let kernels = Arc::new(Kernels::load(&Gpu::open(ordinal)?)?);
-    loaded.push((ordinal, Arc::downgrade(&kernels)));
-    Ok(kernels)
 }
 
 /// # Safety
@@ -1061,7 +1045,7 @@ pub unsafe extern "C" fn fetchahead_l2_plan_create_with_replay(
         };
         let ordinal =
             usize::try_from(device).map_err(|_| Error::invalid("device", format!("{device}")))?;
-        let kernels = kernels_for(ordinal)?;
+        let kernels = Kernels::shared(ordinal)?;
         // The device's defaults and the FETCHAHEAD_L2_* settings; the arguments win.
         let mut config = crate::l2_plan::PlanConfig::from_env(kernels.gpu().l2_bytes)?;
         if budget_per_window > 0 {
@@ -1268,5 +1252,21 @@ pub unsafe extern "C" fn fetchahead_l2_plan_close(p: *mut L2PlanHandle) {
     if !p.is_null() {
         // SAFETY: the caller's contract: made by Box::into_raw, closed once.
         let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(p) })));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_kind_has_a_status_code_of_the_header() {
+        for &kind in ErrorKind::ALL {
+            let code = kind_code(kind);
+            assert!(
+                (FETCHAHEAD_ERR_INVALID..=FETCHAHEAD_ERR_PANIC).contains(&code),
+                "{kind:?}: {code}"
+            );
+        }
     }
 }

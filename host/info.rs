@@ -87,7 +87,7 @@ pub fn report() -> Value {
 }
 
 fn defaults_of(d: &fetchahead_gpu::defaults::Defaults) -> Value {
-    json!({"arch": d.arch, "gather": d.gather, "gather_dequant": d.dequant, "measured_on": d.measured_on})
+    json!({"arch": d.arch, "gather": d.gather.name(), "gather_dequant": d.dequant.name(), "measured_on": d.measured_on})
 }
 
 /// [`report`] as the lines `fetchahead info` prints.

@@ -2,15 +2,18 @@
 //!
 //! The folders are the architecture, each layer using only the ones above it:
 //!
-//! - `driver` (private): the raw-driver layer, the only code that calls cudarc's `sys`/`result`.
+//! - [`driver`]: the raw-driver layer, the only code that calls cudarc's `sys`/`result` (in this
+//!   crate and in the binding, the benches and the lab, which use its public functions).
 //! - [`kernels`]: the PTX built from `gpu/` for each arch, opening a device, the loaded kernels and
 //!   their checked launches ([`Kernels`], [`Gpu`]).
 //! - [`tables`]: row tables in device memory or in pinned host memory mapped for the device.
 //! - [`l2_plan`]: the learned plan that warms the next weights into L2 during collectives; its CPU
 //!   [`Planner`] apart from the device side ([`L2Plan`]), and the access-policy alternative.
+//! - [`row_lookup`]: the [`RowLookup`] trait the store implements and the prefetcher and the C ABI
+//!   call, below both.
+//! - [`store`]: the NVMe row store for Engram tables (safetensors shards, io_uring, DRAM cache).
 //! - [`prefetch`]: the prefetch pipeline of one Engram layer: lookups, staging, the side-stream
 //!   [`Prefetcher`], the [`FlagLane`], check mode's log.
-//! - [`store`]: the NVMe row store for Engram tables (safetensors shards, io_uring, DRAM cache).
 //! - [`ffi`]: the C ABI for engines (`include/fetchahead.h`).
 //! - `sim` (feature `simulation`, on by default): the simulation the demo, benches and tests use
 //!   (bf16 GEMV reader, simulated forward, collective, hash and spin kernels' launches, decode
@@ -31,7 +34,7 @@ extern crate self as fetchahead;
 
 #[cfg(feature = "cli")]
 pub mod cli;
-pub(crate) mod driver;
+pub mod driver;
 pub mod error;
 pub mod ffi;
 pub mod info;
@@ -41,6 +44,7 @@ pub mod logging;
 pub mod memory;
 pub mod nvtx;
 pub mod prefetch;
+pub mod row_lookup;
 pub mod settings;
 #[cfg(feature = "simulation")]
 pub mod sim;
@@ -53,13 +57,16 @@ pub use fetchahead_gpu as device_abi;
 pub use fetchahead_gpu::dequant::DequantVariant;
 pub use fetchahead_gpu::gather::GatherVariant;
 pub use fetchahead_gpu::l2_prefetch::PrefetchVariant;
-pub use kernels::{Gpu, IdCheck, Kernels, dequant_variant_named, prefetch_variant_named, ptx};
+pub use kernels::{
+    Gpu, IdCheck, Kernels, dequant_variant_named, gather_variant_named, prefetch_variant_named, ptx,
+};
 pub use l2_plan::{
     AccessWindow, L2Plan, PersistingL2, PlanConfig, Planner, Replay, SegmentTable, Signature,
 };
 pub use prefetch::{
-    Completion, FlagLane, Join, MemoryRows, Prefetcher, PrefetcherConfig, RowLookup, StagingLayout,
+    Completion, FlagLane, Join, MemoryRows, Prefetcher, PrefetcherConfig, StagingLayout,
 };
+pub use row_lookup::RowLookup;
 pub use store::{LayerRows, ReadPath, RowStore, StoreOptions};
 pub use tables::{Mxfp8Table, Placement, RowTable};
 

@@ -7,7 +7,8 @@ use std::ptr;
 use cudarc::driver::DevicePtr;
 use fetchahead::ffi::*;
 use fetchahead::kernels::gpu::Gpu;
-use fetchahead::prefetch::lookup::{MemoryRows, RowLookup};
+use fetchahead::prefetch::lookup::MemoryRows;
+use fetchahead::row_lookup::RowLookup;
 use fetchahead::sim::reference;
 
 const DIM: usize = 256;

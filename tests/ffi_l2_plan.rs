@@ -37,11 +37,23 @@ fn the_default_config_is_the_measured_best() {
     assert_eq!(rc, FETCHAHEAD_OK);
     assert_eq!(config.completion, FETCHAHEAD_COMPLETION_FLAG);
     assert_eq!(config.join, FETCHAHEAD_JOIN_TAGS);
-    // The same as Rust's default (the demo's and Python's are checked against that one).
+    // The same as Rust's default, field by field (the demo's and Python's are checked against
+    // that one, by python/tests/test_package.py).
     let rust = fetchahead::PrefetcherConfig::default();
     assert_eq!(rust.completion, fetchahead::Completion::Flag);
     assert_eq!(rust.join, fetchahead::prefetch::prefetcher::Join::Tags);
-    assert!(config.variant.is_null(), "the arch's default variant");
+    assert!(
+        rust.variant.is_none() && config.variant.is_null(),
+        "the arch's default variant"
+    );
+    assert_eq!(
+        (config.capacity, config.check, config.fallback_on_error),
+        (
+            rust.capacity as u64,
+            rust.check as u32,
+            rust.fallback_on_error as u32
+        )
+    );
     assert_eq!(
         (config.capacity, config.check, config.fallback_on_error),
         (4096, 0, 1)

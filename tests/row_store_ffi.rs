@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::{Reference, make, random_ids};
 use fetchahead::Error;
 use fetchahead::ffi::*;
-use fetchahead::prefetch::lookup::RowLookup;
+use fetchahead::row_lookup::RowLookup;
 use fetchahead::store::{LayerRows, RowStore, StoreOptions};
 
 fn last_error() -> String {

@@ -188,7 +188,7 @@ pub(crate) mod kernels {
     use crate::device::{
         e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads, load_hinted_8,
         load_hinted_16, load_i64, load_i64_early, load_u8, mul_bf16x2, permute_bytes, prefetch_l2,
-        prefetch_line_l2, record_bad_id, store_16, store_16_streaming, thread_in_block,
+        prefetch_line_l2, record_bad_id, store_16, store_16_streaming,
     };
     use crate::mxfp8::{BF16_NAN, E8M0_NAN};
     use crate::params::{DequantParams, MX_BLOCK};
@@ -197,7 +197,7 @@ pub(crate) mod kernels {
     const PACKED: u8 = Conversion::Packed as u8;
 
     /// E8M0 for 2^0.
-    const UNIT_SCALE: u8 = 127;
+    pub(crate) const UNIT_SCALE: u8 = 127;
 
     /// The E8M0 scale as an f32 power of two (2^-127 is an f32 subnormal, still exact).
     #[inline(always)]
@@ -336,11 +336,74 @@ pub(crate) mod kernels {
         }
     }
 
-    /// [`Shape::Units8`](super::Shape::Units8): a warp per `32 * UNROLL` consecutive units of
-    /// 8 elements (16 output bytes), lane `l` taking units `l + 32 j`. Each lane loads all its
-    /// units' ids, then their weights (8 bytes) and scales, and only then converts and stores,
-    /// so that `UNROLL` rows' bytes are in flight a lane; each store instruction of the warp
-    /// writes 512 contiguous bytes of output.
+    /// The tile loop of [`Shape::Units8`](super::Shape::Units8), shared by its variants and the
+    /// prefetcher's tagged gather (`crate::staged`): a warp per `32 * UNROLL` consecutive units
+    /// of 8 elements (16 output bytes) of `n` rows of `dim`, lane `l` taking units `l + 32 j`.
+    /// Each lane first computes `keys[j]` (`key`: what unit `u`'s row needs before its bytes
+    /// are read, its id; `none` past the last unit), then runs `load` for each unit (unit `c` of
+    /// row `i`'s 8 weight bytes into `w[j]` and its scale into `s[j]`, left as zero bytes at
+    /// scale 2^0, a row of +0.0, for a bad row; `u < total` for a unit that exists; a row has
+    /// `scales_per_row` scale bytes), and only then converts and runs `store` (unit `u`'s
+    /// words `out`), so that `UNROLL` rows' bytes are in flight a lane and each store
+    /// instruction of the warp writes 512 contiguous bytes of output.
+    ///
+    /// A macro, not a function taking closures: the kernels' bodies stay the loop itself, so
+    /// that sharing it changed no dequant variant's PTX (a closure boundary reorders its
+    /// blocks). The caller names the loop's bindings its blocks use.
+    macro_rules! unit_tiles {
+        (
+            unroll: $unroll:expr, conversion: $conversion:expr, dim: $dim:expr, n: $n:expr,
+            names: [
+                $split:ident, $scales_per_row:ident, $total:ident, $u:ident, $j:ident, $i:ident,
+                $c:ident, $w:ident, $s:ident
+            ],
+            keys: $keys:ident = [$none:expr] $key:block
+            load: $load:block
+            store: |$out:ident| $store:block
+        ) => {{
+            let units = $crate::dequant::kernels::Units::new($dim);
+            let $split = |u: u64| units.split(u);
+            let $scales_per_row = ($dim / $crate::params::MX_BLOCK) as u64;
+            let $total = $n * units.per_row as u64;
+            let lane = $crate::device::thread_in_block() % 32;
+            let warps = $crate::device::grid_threads() / 32;
+            let tile_units = 32 * $unroll as u64;
+            let mut tile = $crate::device::global_thread() / 32;
+            while tile * tile_units < $total {
+                let base = tile * tile_units + lane as u64;
+                let mut $keys = [$none; $unroll];
+                let mut $w = [[0u32; 2]; $unroll];
+                let mut $s = [$crate::dequant::kernels::UNIT_SCALE; $unroll];
+                for $j in 0..$unroll {
+                    let $u = base + 32 * $j as u64;
+                    if $u < $total {
+                        $keys[$j] = $key;
+                    }
+                }
+                for $j in 0..$unroll {
+                    let $u = base + 32 * $j as u64;
+                    let ($i, $c) = $split($u);
+                    $load
+                }
+                for $j in 0..$unroll {
+                    let $u = base + 32 * $j as u64;
+                    if $u < $total {
+                        // A bad row converts zero bytes at scale 2^0: a row of +0.0.
+                        let $out = $crate::dequant::kernels::convert_unit::<{ $conversion }>(
+                            $w[$j], $s[$j],
+                        );
+                        $store
+                    }
+                }
+                tile += warps;
+            }
+        }};
+    }
+    pub(crate) use unit_tiles;
+
+    /// [`Shape::Units8`](super::Shape::Units8) ([`unit_tiles`]): each lane loads its units'
+    /// ids, then their weights (8 bytes, with the variant's hint) and scales, then converts and
+    /// stores.
     #[inline(always)]
     pub(super) unsafe fn gather_dequant_units<
         const UNROLL: usize,
@@ -350,30 +413,15 @@ pub(crate) mod kernels {
     >(
         p: &DequantParams,
     ) {
-        let units = Units::new(p.dim);
-        let split = |u: u64| units.split(u);
-        let scales_per_row = (p.dim / MX_BLOCK) as u64;
-        let total = p.n * units.per_row as u64;
-        let lane = thread_in_block() % 32;
-        let warps = grid_threads() / 32;
-        let tile_units = 32 * UNROLL as u64;
-        let mut tile = global_thread() / 32;
         let valid = |id: i64| id >= 0 && (id as u64) < p.rows;
-        while tile * tile_units < total {
-            let base = tile * tile_units + lane as u64;
-            let mut ids = [-1i64; UNROLL];
-            let mut w = [[0u32; 2]; UNROLL];
-            let mut s = [UNIT_SCALE; UNROLL];
-            for j in 0..UNROLL {
-                let u = base + 32 * j as u64;
-                if u < total {
-                    // SAFETY: u < total, so its row is below n and inside the ids array.
-                    ids[j] = unsafe { load_i64(p.ids + 8 * split(u).0) };
-                }
+        unit_tiles! {
+            unroll: UNROLL, conversion: CONVERSION, dim: p.dim, n: p.n,
+            names: [split, scales_per_row, total, u, j, i, c, w, s],
+            keys: ids = [-1i64] {
+                // SAFETY: u < total, so its row is below n and inside the ids array.
+                unsafe { load_i64(p.ids + 8 * split(u).0) }
             }
-            for j in 0..UNROLL {
-                let u = base + 32 * j as u64;
-                let (i, c) = split(u);
+            load: {
                 if u < total && valid(ids[j]) {
                     let row = ids[j] as u64;
                     // SAFETY: row < rows and c < dim / 8: 8 bytes inside row `row` (8-byte
@@ -387,23 +435,17 @@ pub(crate) mod kernels {
                     unsafe { record_bad_id(p.status, i) };
                 }
             }
-            for j in 0..UNROLL {
-                let u = base + 32 * j as u64;
-                if u < total {
-                    // A bad id converts zero bytes at scale 2^0: a row of +0.0.
-                    let out = convert_unit::<CONVERSION>(w[j], s[j]);
-                    // SAFETY: unit u's 16 bytes of output, inside the n rows, owned by this
-                    // thread.
-                    unsafe {
-                        if STREAM_STORE {
-                            store_16_streaming(p.out + 16 * u, out)
-                        } else {
-                            store_16(p.out + 16 * u, out)
-                        }
+            store: |out| {
+                // SAFETY: unit u's 16 bytes of output, inside the n rows, owned by this
+                // thread.
+                unsafe {
+                    if STREAM_STORE {
+                        store_16_streaming(p.out + 16 * u, out)
+                    } else {
+                        store_16(p.out + 16 * u, out)
                     }
                 }
             }
-            tile += warps;
         }
     }
 

@@ -9,7 +9,8 @@
 //! step wrote it: the table does not change, so the staged bytes are that row's bytes.
 //!
 //! Same layout as `gather_dequant_u8_packed_x2` (a lane per 8 elements, 2 units a lane, every
-//! warp store 512 contiguous bytes), with the packed conversion. Ordering: the side stream's row
+//! warp store 512 contiguous bytes), with the packed conversion: the dequant's own tile loop
+//! (`unit_tiles!` in `dequant.rs`), with the tag wait in its load step. Ordering: the side stream's row
 //! copies complete before its tag copy starts (stream order), the tags are read at GPU scope
 //! (`ld.relaxed.gpu`, both units' at once), and a row's loads are issued only after its tag
 //! compared equal (a control dependency; the GPU does not load speculatively) and read past L1
@@ -35,16 +36,13 @@ pub const fn threads(n: u64, dim: u32) -> u64 {
 mod kernels {
     use super::UNROLL;
     use crate::dequant::Conversion;
-    use crate::dequant::kernels::{Units, convert_unit};
+    use crate::dequant::kernels::unit_tiles;
     use crate::device::{
-        global_thread, global_timer_ns, grid_threads, load_i64, load_l2_8, load_l2_u8,
-        load_relaxed_i64, record_bad_id, store_16, thread_in_block,
+        global_timer_ns, load_i64, load_l2_8, load_l2_u8, load_relaxed_i64, record_bad_id, store_16,
     };
-    use crate::params::{MX_BLOCK, StagedParams};
+    use crate::params::StagedParams;
 
     const PACKED: u8 = Conversion::Packed as u8;
-    /// E8M0 for 2^0.
-    const UNIT_SCALE: u8 = 127;
     const N: usize = UNROLL as usize;
 
     #[unsafe(no_mangle)]
@@ -60,54 +58,38 @@ mod kernels {
         timed!(p, unsafe { tagged(&p) })
     }
 
+    /// The dequant's tile loop (`unit_tiles!`) over the staged rows: each unit's key is the id
+    /// asked for and the tag its staged row holds, and a row is read once the two are equal.
     #[inline(always)]
     unsafe fn tagged(p: &StagedParams) {
         let p = *p;
-        let units = Units::new(p.dim);
-        let split = |u: u64| units.split(u);
-        let scales_per_row = (p.dim / MX_BLOCK) as u64;
-        let total = p.n * units.per_row as u64;
-        let lane = thread_in_block() % 32;
-        let warps = grid_threads() / 32;
-        let tile_units = 32 * N as u64;
-        let mut tile = global_thread() / 32;
-        while tile * tile_units < total {
-            let base = tile * tile_units + lane as u64;
-            let mut ready = [false; N];
-            let mut w = [[0u32; 2]; N];
-            let mut s = [UNIT_SCALE; N];
-            let mut want = [0i64; N];
-            let mut tag = [0i64; N];
-            for j in 0..N {
-                let u = base + 32 * j as u64;
-                if u < total {
-                    let i = split(u).0;
-                    // SAFETY: i < n: inside the ids and the tags.
-                    unsafe {
-                        want[j] = load_i64(p.ids + 8 * i);
-                        tag[j] = load_relaxed_i64(p.tags + 8 * i);
-                    }
-                }
+        unit_tiles! {
+            unroll: N, conversion: PACKED, dim: p.dim, n: p.n,
+            names: [split, scales_per_row, total, u, j, i, c, w, s],
+            keys: wanted = [(0i64, 0i64)] {
+                let i = split(u).0;
+                // SAFETY: i < n: inside the ids and the tags.
+                unsafe { (load_i64(p.ids + 8 * i), load_relaxed_i64(p.tags + 8 * i)) }
             }
-            for j in 0..N {
-                let u = base + 32 * j as u64;
+            load: {
                 if u >= total {
                     continue;
                 }
-                let (i, c) = split(u);
-                ready[j] = tag[j] == want[j];
-                if !ready[j] {
+                let (want, tag) = wanted[j];
+                let mut ready = tag == want;
+                if !ready {
                     let started = global_timer_ns();
-                    while !ready[j] && global_timer_ns() - started < p.timeout_ns {
+                    while !ready && global_timer_ns() - started < p.timeout_ns {
                         // SAFETY: as above.
-                        ready[j] = unsafe { load_relaxed_i64(p.tags + 8 * i) } == want[j];
+                        ready = unsafe { load_relaxed_i64(p.tags + 8 * i) } == want;
                     }
-                    if !ready[j] && c == 0 {
+                    if !ready && c == 0 {
                         // SAFETY: the host passes the address of a live IdStatus.
                         unsafe { record_bad_id(p.late, i) };
                     }
                 }
-                if ready[j] {
+                // A late row stays zero bytes at scale 2^0: a row of +0.0.
+                if ready {
                     // SAFETY: i < n and c < dim / 8: 8 bytes inside staged row i (8-byte
                     // aligned: rows are 16-byte aligned), and its scale byte.
                     unsafe {
@@ -116,17 +98,10 @@ mod kernels {
                     }
                 }
             }
-            for j in 0..N {
-                let u = base + 32 * j as u64;
-                if u < total {
-                    // A late row converts zero bytes at scale 2^0: a row of +0.0.
-                    let out = convert_unit::<PACKED>(w[j], s[j]);
-                    // SAFETY: unit u's 16 bytes of output, inside the n rows, owned by this
-                    // thread.
-                    unsafe { store_16(p.out + 16 * u, out) };
-                }
+            store: |out| {
+                // SAFETY: unit u's 16 bytes of output, inside the n rows, owned by this thread.
+                unsafe { store_16(p.out + 16 * u, out) };
             }
-            tile += warps;
         }
     }
 }

@@ -204,11 +204,11 @@ impl DemoArgs {
         Ok(())
     }
 
-    /// --variant resolved to its table row's name (`None`: the arch's default).
-    fn dequant_variant(&self) -> Result<Option<&'static str>> {
+    /// --variant resolved to its handle (`None`: the arch's default).
+    fn dequant_variant(&self) -> Result<Option<fetchahead::DequantVariant>> {
         self.variant
             .as_deref()
-            .map(|name| fetchahead::dequant_variant_named(name).map(|v| v.name()))
+            .map(fetchahead::dequant_variant_named)
             .transpose()
     }
 
@@ -629,19 +629,9 @@ fn store_columns(delta: Option<&Stats>, ms: f64) -> (String, String) {
     }
 }
 
-/// `after - before`, field by field.
+/// `after - before`, where both were taken.
 fn delta(before: Option<Stats>, after: Option<Stats>) -> Option<Stats> {
-    let (b, a) = (before?, after?);
-    Some(Stats {
-        hits: a.hits - b.hits,
-        misses: a.misses - b.misses,
-        reads: a.reads - b.reads,
-        bytes: a.bytes - b.bytes,
-        rows_read: a.rows_read - b.rows_read,
-        advised: a.advised - b.advised,
-        advise_dropped: a.advise_dropped - b.advise_dropped,
-        advise_failed: a.advise_failed - b.advise_failed,
-    })
+    Some(after? - before?)
 }
 
 /// What the host half measured in one phase.

@@ -26,13 +26,37 @@ pub(crate) fn mapped_pinned(
     Ok((host, device_address))
 }
 
-#[cfg(feature = "simulation")]
+/// The device address of host address `host` in page-locked memory mapped for `ctx`'s device
+/// (zero-copy reads over the bus); `None` when `host` is not in such memory (plain pageable
+/// memory: the caller's error to name).
+pub fn host_device_address(ctx: &CudaContext, host: u64) -> Result<Option<u64>> {
+    ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+    let mut device: sys::CUdeviceptr = 0;
+    // SAFETY: a query: the driver checks that `host` lies in page-locked memory it mapped (no
+    // byte of it is read) and writes one address into `device`.
+    let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut _, 0) };
+    if mapped.result().is_ok() {
+        return Ok(Some(device));
+    }
+    // An address inside a pinned allocation that the call above did not take (not its base):
+    // its device address attribute instead (unified addressing).
+    // SAFETY: a query writing one CUdeviceptr into `device`; any `host` value is accepted.
+    let attribute = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut device as *mut sys::CUdeviceptr).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+            host,
+        )
+    };
+    Ok(attribute.result().is_ok().then_some(device))
+}
+
 /// Enqueues setting `bytes` bytes at device address `address` to `value`.
 ///
 /// # Safety
 /// `address..address + bytes` lies in a live device allocation that nothing else writes
 /// meanwhile on other streams; `stream` is a valid stream of its context.
-pub(crate) unsafe fn memset_d8_async(
+pub unsafe fn memset_d8_async(
     address: u64,
     value: u8,
     bytes: usize,
@@ -42,12 +66,11 @@ pub(crate) unsafe fn memset_d8_async(
     unsafe { result::memset_d8_async(address, value, bytes, stream) }.call("cuMemsetD8Async")
 }
 
-#[cfg(feature = "simulation")]
 /// Enqueues a copy of `bytes` bytes from device address `src` to device address `dst`.
 ///
 /// # Safety
 /// Both spans lie in live device allocations and do not overlap; `stream` is a valid stream.
-pub(crate) unsafe fn memcpy_dtod_async(
+pub unsafe fn memcpy_dtod_async(
     dst: u64,
     src: u64,
     bytes: usize,
@@ -55,6 +78,19 @@ pub(crate) unsafe fn memcpy_dtod_async(
 ) -> Result<()> {
     // SAFETY: the caller guarantees both spans and the stream.
     unsafe { result::memcpy_dtod_async(dst, src, bytes, stream) }.call("cuMemcpyDtoDAsync")
+}
+
+/// Enqueues a copy of `bytes` bytes between two addresses of the unified address space (device
+/// memory, or pinned host memory through its device address); the driver infers the direction.
+///
+/// # Safety
+/// Both spans lie in live allocations (device, or pinned host mapped for the device) until the
+/// copy has run and do not overlap; `stream` is a valid stream.
+pub unsafe fn memcpy_async(dst: u64, src: u64, bytes: usize, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller guarantees both spans and the stream.
+    unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream) }
+        .result()
+        .call("cuMemcpyAsync")
 }
 
 /// Enqueues a copy of `dst.len()` values from device address `src` into `dst`.

@@ -7,6 +7,10 @@
 //!
 //! May depend on: cudarc, [`crate::error`]. Nothing else in the crate.
 //!
+//! Public for the crates beside this one (the Python binding, the benches, the lab): the few
+//! raw calls they need are here as safe or documented unsafe functions, never in their own code
+//! (the same `.ci/run` gate covers them).
+//!
 //! - [`stream`]: stream-ordered calls on raw streams: capture status, event fork and join, async
 //!   copies, 32-bit flag writes and waits.
 //! - [`host_fn`]: the one `cuLaunchHostFunc` wrapper.
@@ -17,11 +21,11 @@
 pub(crate) mod host_fn;
 pub(crate) mod l2;
 pub(crate) mod launch;
-pub(crate) mod memory;
-pub(crate) mod stream;
+pub mod memory;
+pub mod stream;
 
 /// Whether libcuda can be loaded (cudarc panics on the first call otherwise).
-pub(crate) fn culib_present() -> bool {
+pub fn culib_present() -> bool {
     // SAFETY: only probes whether libcuda can be loaded; loads nothing else.
     unsafe { cudarc::driver::sys::is_culib_present() }
 }

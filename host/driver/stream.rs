@@ -1,7 +1,7 @@
 //! The raw, stream-ordered driver calls made on streams the crate may not own (an engine's
 //! `CUstream`): event fork/join, async copies between pinned host memory and device memory,
 //! 32-bit flag writes and waits, and the capture status. Each is capturable into a CUDA graph.
-use cudarc::driver::{CudaContext, CudaEvent, result, sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
 
 use crate::Result;
 use crate::error::CudaCall;
@@ -54,6 +54,30 @@ pub unsafe fn wait_for(
 pub unsafe fn record(event: &CudaEvent, stream: sys::CUstream) -> Result<()> {
     // SAFETY: the caller's guarantees.
     unsafe { result::event::record(event.cu_event(), stream) }.call("cuEventRecord")
+}
+
+/// Records `event` on `stream` as a timing mark: inside a capture it becomes an external event
+/// record node (a flag the driver accepts only while capturing), so that the replayed graph
+/// records it too, as an eager stream does.
+pub fn record_mark(event: &CudaEvent, stream: &CudaStream) -> Result<()> {
+    if event.context() != stream.context() {
+        return Err(crate::Error::invalid(
+            "event",
+            "an event of another context than the stream's",
+        ));
+    }
+    let capturing = stream.capture_status().call("cuStreamIsCapturing")?
+        == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    let flags = if capturing {
+        sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32
+    } else {
+        0
+    };
+    // SAFETY: a live event and a live stream of one context (checked above), both owned by the
+    // caller's cudarc wrappers.
+    unsafe { sys::cuEventRecordWithFlags(event.cu_event(), stream.cu_stream(), flags) }
+        .result()
+        .call("cuEventRecordWithFlags")
 }
 
 /// Makes `stream` wait for the work before the latest record of `event`.

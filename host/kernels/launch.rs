@@ -2,7 +2,7 @@
 //!
 //! Launches go straight to `cuLaunchKernel` with the caller's raw stream and one parameter struct
 //! by value: nothing is allocated per launch, and every launch can be captured into a CUDA graph.
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use cudarc::driver::{CudaFunction, CudaModule, sys};
 use fetchahead_gpu::dequant::DequantVariant;
@@ -94,6 +94,25 @@ pub struct Kernels {
 }
 
 impl Kernels {
+    /// The loaded kernels of device `ordinal`, shared by every user in the process while one
+    /// holds them (the C ABI's prefetchers and plans, the Python binding's devices): the module
+    /// is loaded, and its PTX compiled by the driver, once, not once per Engram layer.
+    pub fn shared(ordinal: usize) -> Result<Arc<Kernels>> {
+        static LOADED: Mutex<Vec<(usize, Weak<Kernels>)>> = Mutex::new(Vec::new());
+        let mut loaded = LOADED.lock().unwrap_or_else(PoisonError::into_inner);
+        loaded.retain(|(_, k)| k.strong_count() > 0);
+        if let Some(kernels) = loaded
+            .iter()
+            .find(|(o, _)| *o == ordinal)
+            .and_then(|(_, k)| k.upgrade())
+        {
+            return Ok(kernels);
+        }
+        let kernels = Arc::new(Kernels::load(&Gpu::open(ordinal)?)?);
+        loaded.push((ordinal, Arc::downgrade(&kernels)));
+        Ok(kernels)
+    }
+
     /// Loads the PTX for `gpu`'s compute capability: the newest embedded not newer than it, or
     /// the one `FETCHAHEAD_PTX_ARCH` names ([`ptx::for_device`]).
     pub fn load(gpu: &Gpu) -> Result<Kernels> {
@@ -210,20 +229,15 @@ impl Kernels {
         defaults::for_arch(self.choice.ptx.arch)
     }
 
-    /// The gather + dequant variant `name`, or of this arch's default for `None`.
+    /// The gather + dequant variant a user named (parsed here, at the edge), or this arch's
+    /// default for `None`.
     pub fn dequant_variant(&self, name: Option<&str>) -> Result<DequantVariant> {
-        dequant_variant_named(name.unwrap_or(self.defaults().dequant))
+        name.map_or(Ok(self.defaults().dequant), dequant_variant_named)
     }
 
-    /// The gather variant `name`, or of this arch's default for `None`.
+    /// The gather variant a user named, or this arch's default for `None`.
     pub fn gather_variant(&self, name: Option<&str>) -> Result<GatherVariant> {
-        let name = name.unwrap_or(self.defaults().gather);
-        GatherVariant::named(name).ok_or_else(|| {
-            Error::invalid(
-                "gather variant",
-                format!("no gather variant named `{name}` (`fetchahead kernels` lists them)"),
-            )
-        })
+        name.map_or(Ok(self.defaults().gather), gather_variant_named)
     }
 
     /// Launches gather `variant` on `stream`.
@@ -583,6 +597,17 @@ pub fn prefetch_variant_named(name: &str) -> Result<PrefetchVariant> {
     })
 }
 
+/// The gather variant `name`, or an error naming it.
+pub fn gather_variant_named(name: &str) -> Result<GatherVariant> {
+    GatherVariant::named(name).ok_or_else(|| {
+        Error::invalid(
+            "gather variant",
+            format!("no gather variant named `{name}` (`fetchahead kernels` lists them)"),
+        )
+    })
+}
+
+/// The gather + dequant variant `name`, or an error naming it.
 pub fn dequant_variant_named(name: &str) -> Result<DequantVariant> {
     DequantVariant::named(name).ok_or_else(|| {
         Error::invalid(

@@ -18,5 +18,5 @@ pub mod ptx;
 
 pub use gpu::Gpu;
 pub use id_check::IdCheck;
-pub use launch::{Kernels, dequant_variant_named, prefetch_variant_named};
+pub use launch::{Kernels, dequant_variant_named, gather_variant_named, prefetch_variant_named};
 pub use ptx::BuiltPtx;

@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use crate::Error;
 use crate::driver::host_fn::HostCall;
-use crate::prefetch::lookup::{RowLookup, lookup_or_zero};
 use crate::prefetch::staging::{HostSpans, StagingLayout};
+use crate::row_lookup::{RowLookup, lookup_or_zero};
 
 /// One failed lookup: why, and the ids it was asked for (its rows were zero-filled).
 #[derive(Clone, Debug)]

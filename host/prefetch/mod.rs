@@ -2,12 +2,13 @@
 //! prefetcher, the flag lane that runs lookups off the driver's callback thread, and the check
 //! log of check mode.
 //!
-//! Data flows ids -> [`lookup::RowLookup`] (for example a [`crate::store::LayerRows`]) ->
-//! [`staging`] -> gather. May depend on: [`crate::kernels`], `crate::driver` (stream calls,
-//! host functions, mapped pinned memory), [`crate::memory`], [`crate::error`].
+//! Data flows ids -> [`RowLookup`](crate::row_lookup::RowLookup) (for example a
+//! [`crate::store::LayerRows`]) -> [`staging`] -> gather. May depend on: [`crate::kernels`],
+//! [`crate::row_lookup`], `crate::driver` (stream calls, host functions, mapped pinned memory),
+//! [`crate::memory`], [`crate::error`].
 //!
 //! - [`prefetcher`]: [`Prefetcher`], the side-stream prefetcher of one Engram layer.
-//! - [`lookup`]: the row lookup the prefetcher calls ([`RowLookup`]), and an in-memory table.
+//! - [`lookup`]: an in-memory table ([`MemoryRows`]) for tests, examples and fault injection.
 //! - [`staging`]: pinned host buffers and device mirrors for staged rows.
 //! - [`flag_worker`]: [`FlagLane`], lookups on a worker thread woken by stream-written flags.
 //! - `lookup_job`, `check_log`: the lookup job a stream runs, and check mode's log.
@@ -23,7 +24,7 @@ pub mod prefetcher;
 pub mod staging;
 
 pub use flag_worker::FlagLane;
-pub use lookup::{MemoryRows, RowLookup, lookup_or_zero};
+pub use lookup::MemoryRows;
 pub use lookup_job::LookupFailure;
 pub use prefetcher::{Completion, Join, Prefetcher, PrefetcherConfig, Stats};
 pub use staging::StagingLayout;

@@ -24,9 +24,9 @@ use crate::kernels::Kernels;
 use crate::kernels::launch::check_aligned_to;
 use crate::prefetch::check_log::CheckLog;
 use crate::prefetch::flag_worker::{FlagLane, FlagSlot};
-use crate::prefetch::lookup::RowLookup;
 use crate::prefetch::lookup_job::{FailureLog, LookupFailure, LookupJobs};
 use crate::prefetch::staging::{StagingBuffers, StagingLayout};
+use crate::row_lookup::RowLookup;
 use crate::{Error, Result};
 
 /// How a prefetcher is built.
@@ -34,9 +34,12 @@ use crate::{Error, Result};
 pub struct PrefetcherConfig {
     /// Most rows per prefetch (rounded up to a power of two).
     pub capacity: usize,
-    /// The gather + dequant variant by name (`fetchahead_gpu::dequant::VARIANTS`); `None`: the
-    /// fastest measured for the device's arch (`fetchahead_gpu::defaults`).
-    pub variant: Option<&'static str>,
+    /// The gather + dequant variant (a row of `fetchahead_gpu::dequant::VARIANTS`, resolved
+    /// from a name where a user gave one); `None`: the fastest measured for the device's arch
+    /// (`fetchahead_gpu::defaults`). It runs the [`Join::AtGather`] gathers and the synchronous
+    /// path; [`Join::Tags`] gathers run the tagged kernel (`staged_dequant_tagged`, the
+    /// dequant's tile loop with the tag wait), whatever this is.
+    pub variant: Option<DequantVariant>,
     /// Run the synchronous path after every prefetched gather and count differing outputs.
     pub check: bool,
     /// Check mode: how often the count is logged (read without waiting, by the gathers or
@@ -311,7 +314,7 @@ impl Prefetcher {
     ) -> Result<Prefetcher> {
         let dim = store.dim();
         let layout = StagingLayout::new(config.capacity, dim)?;
-        let variant = kernels.dequant_variant(config.variant)?;
+        let variant = config.variant.unwrap_or(kernels.defaults().dequant);
         let ctx = kernels.gpu().ctx.clone();
         // Prefetchers sharing a lane share its side stream too, so that their requests reach the
         // lane in the order they were enqueued (an earlier layer's never behind a later one's).

@@ -4,7 +4,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use super::RowStore;
-use crate::prefetch::lookup::RowLookup;
+use crate::row_lookup::RowLookup;
 use crate::{Error, Result};
 
 /// A store and one of its layers; lookups go through the store's read path and cache.

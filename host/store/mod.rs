@@ -9,7 +9,7 @@
 //! - [`sketch`]: the TinyLFU frequency sketch the row cache admits and evicts by.
 //! - [`trace`]: real lookup traces (`.u64`, `.u64.xz`) and their scheduler steps, as batches;
 //!   [`policies`]: LRU, ARC, W-TinyLFU and exact LFU replayed on them, the row cache's peers.
-//! - [`LayerRows`]: one layer of a store as a [`RowLookup`](crate::prefetch::lookup::RowLookup).
+//! - [`LayerRows`]: one layer of a store as a [`RowLookup`](crate::row_lookup::RowLookup).
 //!
 //! The guide below (this folder's `README.md`) shows it in use.
 #![doc = include_str!("README.md")]
@@ -376,6 +376,25 @@ pub struct Stats {
     pub advise_dropped: u64,
     /// `advise` batches whose warming failed.
     pub advise_failed: u64,
+}
+
+impl std::ops::Sub for Stats {
+    type Output = Stats;
+
+    /// `after - before`, field by field: the counts of what happened in between (wrapping, so
+    /// that a pair taken out of order cannot panic).
+    fn sub(self, before: Stats) -> Stats {
+        Stats {
+            hits: self.hits.wrapping_sub(before.hits),
+            misses: self.misses.wrapping_sub(before.misses),
+            reads: self.reads.wrapping_sub(before.reads),
+            bytes: self.bytes.wrapping_sub(before.bytes),
+            rows_read: self.rows_read.wrapping_sub(before.rows_read),
+            advised: self.advised.wrapping_sub(before.advised),
+            advise_dropped: self.advise_dropped.wrapping_sub(before.advise_dropped),
+            advise_failed: self.advise_failed.wrapping_sub(before.advise_failed),
+        }
+    }
 }
 
 #[derive(Default)]

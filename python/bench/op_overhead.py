@@ -98,7 +98,7 @@ def main() -> int:
 
     t = importlib.import_module("fetchahead._torch")
     native = t.native_device(dev)
-    gd, g = t.variant_index(dev, "gather_dequant", None), t.variant_index(dev, "gather", None)
+    gd, g = t.variant_of(dev, "gather_dequant", None), t.variant_of(dev, "gather", None)
     # The raw stream the Rust-path closures launch on (the capture stream while capturing).
     current = [torch.cuda.current_stream().cuda_stream]
     w_p, s_p, i_p, o_p = weights.data_ptr(), scales.data_ptr(), ids.data_ptr(), out.data_ptr()
@@ -125,17 +125,17 @@ def main() -> int:
         "gather_dequant_out": (
             lambda: fetchahead.gather_dequant_out(weights, scales, ids, out),
             lambda: torch.ops.fetchahead.gather_dequant_out_unchecked.default(weights, scales, ids, out, None),
-            lambda: native.gather_dequant(gd, w_p, s_p, ROWS, DIM, i_p, N, o_p, 0, current[0]),
+            lambda: native.launch(gd, w_p, s_p, ROWS, DIM, i_p, N, o_p, 0, current[0]),
         ),
         "gather_dequant (allocates)": (
             lambda: fetchahead.gather_dequant(weights, scales, ids),
             lambda: torch.ops.fetchahead.gather_dequant_unchecked.default(weights, scales, ids, None),
-            lambda: native.gather_dequant(gd, w_p, s_p, ROWS, DIM, i_p, N, o_p, 0, current[0]),
+            lambda: native.launch(gd, w_p, s_p, ROWS, DIM, i_p, N, o_p, 0, current[0]),
         ),
         "gather_out": (
             lambda: fetchahead.gather_out(table, ids, rows),
             lambda: torch.ops.fetchahead.gather_out_unchecked.default(table, ids, rows, None),
-            lambda: native.gather(g, t_p, ROWS, DIM, i_p, N, r_p, 0, current[0]),
+            lambda: native.launch(g, t_p, 0, ROWS, DIM, i_p, N, r_p, 0, current[0]),
         ),
         "prefetch + gather_dequant": (pair_op, pair_ops, pair_rust),
     }

@@ -192,7 +192,7 @@ def variants() -> dict[str, list[tuple[str, str]]]:
 def default_variant(family: str, arch: Optional[str] = None) -> str:
     """The variant ``family`` ("gather" or "gather_dequant") uses by default on ``arch``
     (``"sm_90"``, ``"sm_121a"``; None: the tested chip's): the fastest measured there."""
-    return _native.default_variant(family, arch)
+    return _native.variant(family, None, arch).name
 
 
 def env_settings() -> list[tuple[str, str]]:
@@ -678,7 +678,7 @@ class Prefetcher:
             native_source,
             layer,
             capacity,
-            t.checked_variant("gather_dequant", variant),
+            t.variant_of(self._device, "gather_dequant", variant),
             check,
             fallback_on_error,
             completion,

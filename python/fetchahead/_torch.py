@@ -78,11 +78,12 @@ def stream_of(device: torch.device) -> int:
 
 
 # The variant names of each family: checked when tracing too (the fake implementations), and
-# resolved to an index per device (its arch's default for None) in the real ones.
+# resolved once per device to the native variant handle (its arch's default for None) in the
+# real ones, which launch with the handle.
 _VARIANT_NAMES: dict[str, frozenset] = {
     family: frozenset(name for name, _ in listed) for family, listed in _native.variants().items()
 }
-_resolved: dict[tuple[int, str, Optional[str]], int] = {}
+_resolved: dict[tuple[int, str, Optional[str]], Any] = {}
 
 
 def check_variant(family: str, name: Optional[str]) -> None:
@@ -91,13 +92,14 @@ def check_variant(family: str, name: Optional[str]) -> None:
         raise _bad("variant", f"{name!r} is not a {family} variant; want one of {listed}")
 
 
-def variant_index(device: torch.device, family: str, name: Optional[str]) -> int:
-    """The index of variant ``name`` of ``family`` on ``device`` (None: its arch's default)."""
+def variant_of(device: torch.device, family: str, name: Optional[str]) -> Any:
+    """The native handle of variant ``name`` of ``family`` on ``device`` (None: its arch's
+    default), resolved once per device and name."""
     key = (device.index, family, name)
     found = _resolved.get(key)
     if found is None:
         check_variant(family, name)
-        found = native_device(device).variant_index(family, name)
+        found = native_device(device).variant(family, name)
         _resolved[key] = found
     return found
 
@@ -169,11 +171,11 @@ def _native_at(index: int) -> Any:
     return found
 
 
-def _variant_at(index: int, family: str, name: Optional[str]) -> int:
-    """:func:`variant_index` for CUDA device ``index``, from the cache when resolved before."""
+def _variant_at(index: int, family: str, name: Optional[str]) -> Any:
+    """:func:`variant_of` for CUDA device ``index``, from the cache when resolved before."""
     found = _resolved.get((index, family, name))
     if found is None:
-        found = variant_index(torch.device("cuda", index), family, name)
+        found = variant_of(torch.device("cuda", index), family, name)
     return found
 
 
@@ -196,66 +198,6 @@ def _device_address(t: torch.Tensor, name: str, index: int, align: int) -> int:
     return address
 
 
-def _launch_gather(
-    table: torch.Tensor,
-    ids: torch.Tensor,
-    out: torch.Tensor,
-    status: Optional[torch.Tensor],
-    variant: Optional[str],
-) -> None:
-    # The callers checked the shapes (`_check_gather_shapes`); this is the hot path.
-    row_bytes = table.shape[1] * table.element_size()
-    _check_status(status)
-    if not ids.is_cuda:
-        raise _bad("ids", f"on {ids.device}; want a CUDA device")
-    n = ids.shape[0]
-    if n == 0:
-        return
-    index = ids.get_device()
-    _native_at(index).gather(
-        _variant_at(index, "gather", variant),
-        _device_address(table, "table", index, 16),
-        table.shape[0],
-        row_bytes,
-        _device_address(ids, "ids", index, 8),
-        n,
-        _device_address(out, "out", index, 16),
-        0 if status is None else _device_address(status, "status", index, 8),
-        _raw_stream(index),
-    )
-
-
-def _launch_gather_dequant(
-    weights: torch.Tensor,
-    scales: torch.Tensor,
-    ids: torch.Tensor,
-    out: torch.Tensor,
-    status: Optional[torch.Tensor],
-    variant: Optional[str],
-) -> None:
-    # The callers checked the shapes (`_check_dequant_shapes`); this is the hot path.
-    dim = weights.shape[1]
-    _check_status(status)
-    if not ids.is_cuda:
-        raise _bad("ids", f"on {ids.device}; want a CUDA device")
-    n = ids.shape[0]
-    if n == 0:
-        return
-    index = ids.get_device()
-    _native_at(index).gather_dequant(
-        _variant_at(index, "gather_dequant", variant),
-        _device_address(weights, "weights", index, 16),
-        _device_address(scales, "scales", index, 1),
-        weights.shape[0],
-        dim,
-        _device_address(ids, "ids", index, 8),
-        n,
-        _device_address(out, "out", index, 16),
-        0 if status is None else _device_address(status, "status", index, 8),
-        _raw_stream(index),
-    )
-
-
 def _check_out(out: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> None:
     if not isinstance(out, torch.Tensor):
         raise _bad("out", f"{type(out).__name__}; want a tensor")
@@ -268,128 +210,186 @@ def _check_out(out: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) ->
 
 
 # ---- the kernel ops ----------------------------------------------------------------------------
+#
+# One path for both families: a `_Family` says which tensors its table is, how they are
+# checked and what its output is; `_launch` and the four op bodies below serve either. The
+# registered ops are thin functions with the schema's arguments (torch calls them by position).
 
 
-def _gather(
-    table: torch.Tensor, ids: torch.Tensor, status: Optional[torch.Tensor], variant: Optional[str]
-) -> torch.Tensor:
-    _check_gather_shapes(table, ids)
-    out = torch.empty((ids.shape[0], table.shape[1]), dtype=table.dtype, device=ids.device)
-    _launch_gather(table, ids, out, status, variant)
+class _Family:
+    """One kernel family's table tensors, their checks and its output."""
+
+    def __init__(
+        self, name: str, tensors: tuple[tuple[str, int], ...], check: Any, width: Any, out_dtype: Any
+    ) -> None:
+        self.name = name
+        #: (argument name, alignment) of each table tensor, in the op's order.
+        self.tensors = tensors
+        #: Checks the table tensors and the ids.
+        self.check = check
+        #: The row width the kernel takes, from the first table tensor (bytes of a gather's
+        #: row, elements of a gather + dequant's): the hot path's, unchecked.
+        self.width = width
+        #: The output's dtype, from the first table tensor.
+        self.out_dtype = out_dtype
+
+    def out_shape(self, table: tuple, ids: torch.Tensor) -> tuple[int, int]:
+        return (ids.shape[0], table[0].shape[1])
+
+
+def _check_gather_table(table: tuple, ids: torch.Tensor) -> int:
+    return _check_gather_shapes(table[0], ids)
+
+
+def _check_dequant_table(table: tuple, ids: torch.Tensor) -> int:
+    return _check_dequant_shapes(table[0], table[1], ids)
+
+
+_GATHER = _Family(
+    "gather",
+    (("table", 16),),
+    _check_gather_table,
+    lambda t: t.shape[1] * t.element_size(),
+    lambda t: t.dtype,
+)
+_DEQUANT = _Family(
+    "gather_dequant",
+    (("weights", 16), ("scales", 1)),
+    _check_dequant_table,
+    lambda t: t.shape[1],
+    lambda t: torch.bfloat16,
+)
+
+
+def _launch(
+    family: _Family,
+    table: tuple,
+    ids: torch.Tensor,
+    out: torch.Tensor,
+    status: Optional[torch.Tensor],
+    variant: Optional[str],
+) -> None:
+    # The callers checked the shapes (`family.check`); this is the hot path.
+    width = family.width(table[0])
+    _check_status(status)
+    if not ids.is_cuda:
+        raise _bad("ids", f"on {ids.device}; want a CUDA device")
+    n = ids.shape[0]
+    if n == 0:
+        return
+    index = ids.get_device()
+    addresses = [
+        _device_address(t, name, index, align) for t, (name, align) in zip(table, family.tensors)
+    ]
+    _native_at(index).launch(
+        _variant_at(index, family.name, variant),
+        addresses[0],
+        addresses[1] if len(addresses) > 1 else 0,
+        table[0].shape[0],
+        width,
+        _device_address(ids, "ids", index, 8),
+        n,
+        _device_address(out, "out", index, 16),
+        0 if status is None else _device_address(status, "status", index, 8),
+        _raw_stream(index),
+    )
+
+
+def _new(family: _Family, table: tuple, ids: torch.Tensor, status, variant) -> torch.Tensor:
+    family.check(table, ids)
+    out = torch.empty(family.out_shape(table, ids), dtype=family.out_dtype(table[0]), device=ids.device)
+    _launch(family, table, ids, out, status, variant)
     return out
+
+
+def _new_fake(family: _Family, table: tuple, ids: torch.Tensor, status, variant) -> torch.Tensor:
+    check_variant(family.name, variant)
+    family.check(table, ids)
+    _check_status(status)
+    return ids.new_empty(family.out_shape(table, ids), dtype=family.out_dtype(table[0]))
+
+
+def _into(family: _Family, table: tuple, ids: torch.Tensor, out, status, variant) -> None:
+    family.check(table, ids)
+    _check_out(out, family.out_shape(table, ids), family.out_dtype(table[0]))
+    _launch(family, table, ids, out, status, variant)
+
+
+def _into_fake(family: _Family, table: tuple, ids: torch.Tensor, out, status, variant) -> None:
+    check_variant(family.name, variant)
+    family.check(table, ids)
+    _check_out(out, family.out_shape(table, ids), family.out_dtype(table[0]))
+    _check_status(status)
+
+
+# The registered kernels and fakes, one line each. The `_unchecked` ops take no status record:
+# a mutable argument that may be None trips Inductor (torch 2.11: "getitem is not an
+# OpOverload" when lowering the functionalized op), so a call without `status` goes to these,
+# which mutate nothing but their `out`.
+
+
+def _gather(table, ids, status, variant):
+    return _new(_GATHER, (table,), ids, status, variant)
 
 
 def _gather_fake(table, ids, status, variant):
-    check_variant("gather", variant)
-    _check_gather_shapes(table, ids)
-    _check_status(status)
-    return ids.new_empty((ids.shape[0], table.shape[1]), dtype=table.dtype)
+    return _new_fake(_GATHER, (table,), ids, status, variant)
 
 
-def _gather_out(
-    table: torch.Tensor,
-    ids: torch.Tensor,
-    out: torch.Tensor,
-    status: Optional[torch.Tensor],
-    variant: Optional[str],
-) -> None:
-    _check_gather_shapes(table, ids)
-    _check_out(out, (ids.shape[0], table.shape[1]), table.dtype)
-    _launch_gather(table, ids, out, status, variant)
+def _gather_out(table, ids, out, status, variant):
+    _into(_GATHER, (table,), ids, out, status, variant)
 
 
 def _gather_out_fake(table, ids, out, status, variant):
-    check_variant("gather", variant)
-    _check_gather_shapes(table, ids)
-    _check_out(out, (ids.shape[0], table.shape[1]), table.dtype)
-    _check_status(status)
+    _into_fake(_GATHER, (table,), ids, out, status, variant)
 
 
-def _gather_dequant(
-    weights: torch.Tensor,
-    scales: torch.Tensor,
-    ids: torch.Tensor,
-    status: Optional[torch.Tensor],
-    variant: Optional[str],
-) -> torch.Tensor:
-    dim = _check_dequant_shapes(weights, scales, ids)
-    out = torch.empty((ids.shape[0], dim), dtype=torch.bfloat16, device=ids.device)
-    _launch_gather_dequant(weights, scales, ids, out, status, variant)
-    return out
-
-
-def _gather_dequant_fake(weights, scales, ids, status, variant):
-    check_variant("gather_dequant", variant)
-    dim = _check_dequant_shapes(weights, scales, ids)
-    _check_status(status)
-    return ids.new_empty((ids.shape[0], dim), dtype=torch.bfloat16)
-
-
-def _gather_dequant_out(
-    weights: torch.Tensor,
-    scales: torch.Tensor,
-    ids: torch.Tensor,
-    out: torch.Tensor,
-    status: Optional[torch.Tensor],
-    variant: Optional[str],
-) -> None:
-    dim = _check_dequant_shapes(weights, scales, ids)
-    _check_out(out, (ids.shape[0], dim), torch.bfloat16)
-    _launch_gather_dequant(weights, scales, ids, out, status, variant)
-
-
-def _gather_dequant_out_fake(weights, scales, ids, out, status, variant):
-    check_variant("gather_dequant", variant)
-    dim = _check_dequant_shapes(weights, scales, ids)
-    _check_out(out, (ids.shape[0], dim), torch.bfloat16)
-    _check_status(status)
-
-
-# The same ops without a status record: a mutable argument that may be None trips Inductor
-# (torch 2.11: "getitem is not an OpOverload" when lowering the functionalized op), so a call
-# without `status` goes to these, which mutate nothing but their `out`.
-
-
-def _gather_unchecked(table: torch.Tensor, ids: torch.Tensor, variant: Optional[str]) -> torch.Tensor:
-    return _gather(table, ids, None, variant)
+def _gather_unchecked(table, ids, variant):
+    return _new(_GATHER, (table,), ids, None, variant)
 
 
 def _gather_unchecked_fake(table, ids, variant):
-    return _gather_fake(table, ids, None, variant)
+    return _new_fake(_GATHER, (table,), ids, None, variant)
 
 
-def _gather_out_unchecked(
-    table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, variant: Optional[str]
-) -> None:
-    _gather_out(table, ids, out, None, variant)
+def _gather_out_unchecked(table, ids, out, variant):
+    _into(_GATHER, (table,), ids, out, None, variant)
 
 
 def _gather_out_unchecked_fake(table, ids, out, variant):
-    _gather_out_fake(table, ids, out, None, variant)
+    _into_fake(_GATHER, (table,), ids, out, None, variant)
 
 
-def _gather_dequant_unchecked(
-    weights: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor, variant: Optional[str]
-) -> torch.Tensor:
-    return _gather_dequant(weights, scales, ids, None, variant)
+def _gather_dequant(weights, scales, ids, status, variant):
+    return _new(_DEQUANT, (weights, scales), ids, status, variant)
+
+
+def _gather_dequant_fake(weights, scales, ids, status, variant):
+    return _new_fake(_DEQUANT, (weights, scales), ids, status, variant)
+
+
+def _gather_dequant_out(weights, scales, ids, out, status, variant):
+    _into(_DEQUANT, (weights, scales), ids, out, status, variant)
+
+
+def _gather_dequant_out_fake(weights, scales, ids, out, status, variant):
+    _into_fake(_DEQUANT, (weights, scales), ids, out, status, variant)
+
+
+def _gather_dequant_unchecked(weights, scales, ids, variant):
+    return _new(_DEQUANT, (weights, scales), ids, None, variant)
 
 
 def _gather_dequant_unchecked_fake(weights, scales, ids, variant):
-    return _gather_dequant_fake(weights, scales, ids, None, variant)
+    return _new_fake(_DEQUANT, (weights, scales), ids, None, variant)
 
 
-def _gather_dequant_out_unchecked(
-    weights: torch.Tensor,
-    scales: torch.Tensor,
-    ids: torch.Tensor,
-    out: torch.Tensor,
-    variant: Optional[str],
-) -> None:
-    _gather_dequant_out(weights, scales, ids, out, None, variant)
+def _gather_dequant_out_unchecked(weights, scales, ids, out, variant):
+    _into(_DEQUANT, (weights, scales), ids, out, None, variant)
 
 
 def _gather_dequant_out_unchecked_fake(weights, scales, ids, out, variant):
-    _gather_dequant_out_fake(weights, scales, ids, out, None, variant)
+    _into_fake(_DEQUANT, (weights, scales), ids, out, None, variant)
 
 
 def _status_tensor(status: Any) -> Optional[torch.Tensor]:
@@ -601,11 +601,6 @@ def _sync_gather_dequant_fake(handle, ids, ticket):
     return ids.new_empty((ids.shape[0], native.dim), dtype=torch.bfloat16)
 
 
-def checked_variant(family: str, name: Optional[str]) -> Optional[str]:
-    check_variant(family, name)
-    return name
-
-
 # ---- registration: each function above as a torch op with its fake implementation ---------------
 #
 # (name, schema, kernel, fake). Tensor(a!) marks what an op writes; the kernels are registered for
@@ -641,29 +636,17 @@ _OPS = [
      _sync_gather_dequant, _sync_gather_dequant_fake),
 ]
 
-# Kept for the life of the process: dropping a Library removes its registrations.
+# Kept for the life of the process: dropping a Library removes its registrations. Each op's
+# overload, which the public functions call, is looked up once (an attribute walk of torch.ops
+# costs about a microsecond a call) and bound as the module global `_op_{name}`: a global is
+# what torch.compile's tracing reads most simply in those functions.
 _LIBRARY = torch.library.Library("fetchahead", "DEF")
 for _name, _schema, _kernel, _fake in _OPS:
     _LIBRARY.define(_schema)
     _LIBRARY.impl(_name, _kernel, "CUDA")
     _LIBRARY.impl(_name, _kernel, "CPU")
     torch.library.register_fake(f"fetchahead::{_name}", _fake, lib=_LIBRARY)
-
-# The overloads the public functions call, looked up once (an attribute walk of torch.ops costs
-# about a microsecond a call).
-_op_gather = ops.gather.default
-_op_gather_out = ops.gather_out.default
-_op_gather_dequant = ops.gather_dequant.default
-_op_gather_dequant_out = ops.gather_dequant_out.default
-_op_gather_unchecked = ops.gather_unchecked.default
-_op_gather_out_unchecked = ops.gather_out_unchecked.default
-_op_gather_dequant_unchecked = ops.gather_dequant_unchecked.default
-_op_gather_dequant_out_unchecked = ops.gather_dequant_out_unchecked.default
-_op_prefetch = ops.prefetch.default
-_op_prefetched_gather_dequant = ops.prefetched_gather_dequant.default
-_op_prefetched_gather_dequant_out = ops.prefetched_gather_dequant_out.default
-_op_finish_prefetch = ops.finish_prefetch.default
-_op_sync_gather_dequant = ops.sync_gather_dequant.default
+    globals()[f"_op_{_name}"] = getattr(ops, _name).default
 
 
 # ---- the prefetcher's entry points (Prefetcher's methods call these) ---------------------------

@@ -1,6 +1,7 @@
 //! The crate's `Error` as the exception classes of `fetchahead.errors`, with the fields a user
 //! acts on as attributes.
 use fetchahead::Error;
+use fetchahead::error::ErrorKind;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyModule};
@@ -169,7 +170,33 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("layer_rows", rows.clone())?;
         }
     }
-    Ok((e.kind().python_class(), a))
+    Ok((class_of(e.kind()), a))
+}
+
+/// The class of `fetchahead.errors` that Python raises for errors of `kind` (C's status code is
+/// made from the same kind, `fetchahead::ffi`).
+pub fn class_of(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::Cuda => "CudaError",
+        ErrorKind::NoDevice => "NoDeviceError",
+        ErrorKind::NoPtx => "NoPtxError",
+        ErrorKind::InvalidArgument => "InvalidArgumentError",
+        ErrorKind::IdsOutOfRange => "IdsOutOfRangeError",
+        ErrorKind::RowId => "RowIdError",
+        ErrorKind::RowLookup => "RowLookupError",
+        ErrorKind::RowRead => "RowReadError",
+        ErrorKind::StagingFull => "StagingFullError",
+        ErrorKind::NotWarmed => "NotWarmedError",
+        ErrorKind::PrefetchOrder => "PrefetchOrderError",
+        ErrorKind::File => "FileError",
+        ErrorKind::FileNotFound => "MissingFileError",
+        ErrorKind::FilePermission => "FilePermissionError",
+        ErrorKind::Table => "TableError",
+        ErrorKind::ReadPathUnavailable => "ReadPathUnavailableError",
+        ErrorKind::OutOfMemory => "OutOfMemoryError",
+        ErrorKind::NoSpace => "NoSpaceError",
+        ErrorKind::WouldOverwrite => "WouldOverwriteError",
+    }
 }
 
 /// The Python exception for `e`: `fetchahead.errors.<Class>(message, **attributes)`.

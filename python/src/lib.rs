@@ -5,17 +5,19 @@
 //! validation, torch ops and docstrings, is `python/fetchahead/__init__.py`.
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cudarc::driver::{CudaSlice, DevicePtr, sys};
-use fetchahead::device_abi::params::{DequantParams, GatherParams, IdStatus};
+use cudarc::driver::sys;
+use fetchahead::device_abi::params::{DequantParams, GatherParams, TimelineParams};
 use fetchahead::device_abi::{dequant, gather};
-use fetchahead::kernels::Kernels;
+use fetchahead::error::CudaCall;
+use fetchahead::kernels::{IdCheck, Kernels};
 use fetchahead::l2_plan::segments::SegmentTable;
 use fetchahead::l2_plan::{CollectiveKind, L2Plan as RustL2Plan, PlanConfig, Replay, Signature};
 use fetchahead::prefetch::flag_worker::FlagLane as RustFlagLane;
-use fetchahead::prefetch::lookup::{MemoryRows, RowLookup};
+use fetchahead::prefetch::lookup::MemoryRows;
 use fetchahead::prefetch::prefetcher::{
     Completion, Join, Prefetcher as RustPrefetcher, PrefetcherConfig,
 };
+use fetchahead::row_lookup::RowLookup;
 use fetchahead::store::{
     LayerRows, PREADV_THREADS, ReadPath, RowStore as RustRowStore, StoreOptions, URING_DEPTH,
 };
@@ -49,61 +51,117 @@ fn variants(py: Python<'_>) -> PyRes<Bound<'_, PyDict>> {
         .iter()
         .map(|v| (v.name, v.about))
         .collect();
-    d.set_item("gather", g)?;
-    d.set_item("gather_dequant", q)?;
+    d.set_item(Family::Gather.name(), g)?;
+    d.set_item(Family::Dequant.name(), q)?;
     Ok(d)
 }
 
-/// The default variant's name of `family` ("gather" or "gather_dequant") for `arch` (None:
-/// the tested chip's, `fetchahead_gpu::defaults`).
-#[pyfunction]
-#[pyo3(signature = (family, arch=None))]
-fn default_variant(py: Python<'_>, family: &str, arch: Option<&str>) -> PyRes<&'static str> {
-    use fetchahead::device_abi::defaults::BY_ARCH;
-    let d = match arch {
-        Some(arch) => match BY_ARCH.iter().find(|d| d.arch == arch) {
-            Some(d) => d,
-            None => {
-                let built: Vec<&str> = BY_ARCH.iter().map(|d| d.arch).collect();
-                return done(
-                    py,
-                    Err(fetchahead::Error::UnknownArch {
-                        arch: arch.to_string(),
-                        built: built.join(", "),
-                    }),
-                );
-            }
-        },
-        None => &BY_ARCH[0],
-    };
-    match family {
-        "gather" => Ok(d.gather),
-        "gather_dequant" => Ok(d.dequant),
-        other => done(
-            py,
-            Err(fetchahead::Error::Invalid {
-                what: "family",
-                why: format!("`{other}`; want gather or gather_dequant"),
-            }),
-        ),
+/// A kernel family, as Python names it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Gather,
+    Dequant,
+}
+
+impl Family {
+    fn named(name: &str) -> fetchahead::Result<Family> {
+        match name {
+            "gather" => Ok(Family::Gather),
+            "gather_dequant" => Ok(Family::Dequant),
+            other => Err(fetchahead::Error::invalid(
+                "family",
+                format!("`{other}`; want gather or gather_dequant"),
+            )),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Family::Gather => "gather",
+            Family::Dequant => "gather_dequant",
+        }
+    }
+
+    /// Variant `name` of this family (parsed here, once), or the default of `defaults`.
+    fn variant(
+        self,
+        name: Option<&str>,
+        defaults: &fetchahead::device_abi::defaults::Defaults,
+    ) -> fetchahead::Result<Variant> {
+        Ok(match self {
+            Family::Gather => Variant(Handle::Gather(match name {
+                Some(name) => fetchahead::gather_variant_named(name)?,
+                None => defaults.gather,
+            })),
+            Family::Dequant => Variant(Handle::Dequant(match name {
+                Some(name) => fetchahead::dequant_variant_named(name)?,
+                None => defaults.dequant,
+            })),
+        })
     }
 }
 
-/// The index of variant `name` in `family`'s table.
-#[pyfunction]
-fn variant_index(py: Python<'_>, family: &str, name: &str) -> PyRes<usize> {
-    let found = match family {
-        "gather" => GatherVariant::named(name).map(GatherVariant::index),
-        "gather_dequant" => DequantVariant::named(name).map(DequantVariant::index),
-        _ => None,
-    };
-    done(
-        py,
-        found.ok_or_else(|| fetchahead::Error::Invalid {
-            what: "variant",
-            why: format!("`{name}` is not a {family} variant; fetchahead.variants() lists them"),
+/// A kernel variant resolved once from its name: the handle Python keeps and passes to the
+/// launches (names only where a user gives or reads one).
+#[pyclass(frozen, module = "fetchahead._native")]
+#[derive(Clone, Copy)]
+struct Variant(Handle);
+
+/// A [`Variant`]'s family and handle.
+#[derive(Clone, Copy)]
+enum Handle {
+    Gather(GatherVariant),
+    Dequant(DequantVariant),
+}
+
+#[pymethods]
+impl Variant {
+    #[getter]
+    fn family(&self) -> &'static str {
+        match self.0 {
+            Handle::Gather(_) => Family::Gather,
+            Handle::Dequant(_) => Family::Dequant,
+        }
+        .name()
+    }
+
+    #[getter]
+    fn name(&self) -> &'static str {
+        match self.0 {
+            Handle::Gather(v) => v.name(),
+            Handle::Dequant(v) => v.name(),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<fetchahead {} variant {}>", self.family(), self.name())
+    }
+}
+
+/// The defaults of `arch` (None: the tested chip's, `fetchahead_gpu::defaults`).
+fn defaults_of(
+    arch: Option<&str>,
+) -> fetchahead::Result<&'static fetchahead::device_abi::defaults::Defaults> {
+    use fetchahead::device_abi::defaults::BY_ARCH;
+    match arch {
+        Some(arch) => BY_ARCH.iter().find(|d| d.arch == arch).ok_or_else(|| {
+            let built: Vec<&str> = BY_ARCH.iter().map(|d| d.arch).collect();
+            fetchahead::Error::UnknownArch {
+                arch: arch.to_string(),
+                built: built.join(", "),
+            }
         }),
-    )
+        None => Ok(&BY_ARCH[0]),
+    }
+}
+
+/// Variant `name` of `family` ("gather" or "gather_dequant"), or for None the default for
+/// `arch` (None: the tested chip's). A device's own default: `Device.variant`.
+#[pyfunction]
+#[pyo3(signature = (family, name=None, arch=None))]
+fn variant(py: Python<'_>, family: &str, name: Option<&str>, arch: Option<&str>) -> PyRes<Variant> {
+    let r = Family::named(family).and_then(|f| f.variant(name, defaults_of(arch)?));
+    done(py, r)
 }
 
 /// Writes a generated table (the CLI's `make-table`); returns the shard paths.
@@ -154,8 +212,7 @@ fn fetchahead_gpu_names() -> impl Iterator<Item = &'static str> {
 struct Device {
     kernels: Arc<Kernels>,
     /// The `IdStatus` launches without a status of their own record into (never read).
-    _scratch: CudaSlice<u64>,
-    scratch_address: u64,
+    scratch: IdCheck,
 }
 
 #[pymethods]
@@ -163,27 +220,12 @@ impl Device {
     #[new]
     fn new(py: Python<'_>, ordinal: usize) -> PyRes<Self> {
         let r = (|| {
-            let kernels = fetchahead::ffi::kernels_for(ordinal)?;
+            let kernels = Kernels::shared(ordinal)?;
             let stream = kernels.gpu().ctx.default_stream();
-            let clean = [IdStatus::CLEAN.bad as u64, IdStatus::CLEAN.first_index];
-            let scratch = stream
-                .clone_htod(&clean)
-                .map_err(|source| fetchahead::Error::Cuda {
-                    call: "cuMemcpyHtoD",
-                    source,
-                })?;
-            let scratch_address = scratch.device_ptr(&stream).0;
-            stream
-                .synchronize()
-                .map_err(|source| fetchahead::Error::Cuda {
-                    call: "cuStreamSynchronize",
-                    source,
-                })?;
-            Ok(Device {
-                kernels,
-                _scratch: scratch,
-                scratch_address,
-            })
+            let scratch = IdCheck::new(&stream)?;
+            // Clean before a launch on another stream (the caller's) records into it.
+            stream.synchronize().call("cuStreamSynchronize")?;
+            Ok(Device { kernels, scratch })
         })();
         done(py, r)
     }
@@ -219,13 +261,10 @@ impl Device {
         self.kernels.gpu().name.clone()
     }
 
-    /// The index of variant `name` of `family` (None: this arch's default).
+    /// Variant `name` of `family` (None: this device's arch's default), resolved once.
     #[pyo3(signature = (family, name=None))]
-    fn variant_index(&self, py: Python<'_>, family: &str, name: Option<&str>) -> PyRes<usize> {
-        let r = match family {
-            "gather" => self.kernels.gather_variant(name).map(|v| v.index()),
-            _ => self.kernels.dequant_variant(name).map(|v| v.index()),
-        };
+    fn variant(&self, py: Python<'_>, family: &str, name: Option<&str>) -> PyRes<Variant> {
+        let r = Family::named(family).and_then(|f| f.variant(name, self.kernels.defaults()));
         done(py, r)
     }
 
@@ -236,133 +275,79 @@ impl Device {
 
     /// The device address of a pinned host address (mapped memory, zero-copy).
     fn host_device_address(&self, py: Python<'_>, host: u64) -> PyRes<u64> {
-        let r =
-            (|| {
-                self.kernels.gpu().ctx.bind_to_thread().map_err(|source| {
-                    fetchahead::Error::Cuda {
-                        call: "cuCtxSetCurrent",
-                        source,
-                    }
-                })?;
-                let mut device: sys::CUdeviceptr = 0;
-                // SAFETY: a query: the driver checks that `host` lies in page-locked memory it
-                // mapped, and writes one address.
-                let mapped =
-                    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut _, 0) };
-                if mapped.result().is_ok() {
-                    return Ok(device);
-                }
-                // An address inside a pinned allocation that the call above did not take: its
-                // device address attribute (unified addressing) instead.
-                // SAFETY: a query writing one CUdeviceptr into `device`.
-                unsafe {
-                    sys::cuPointerGetAttribute(
-                        (&mut device as *mut sys::CUdeviceptr).cast(),
-                        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
-                        host,
+        let r = fetchahead::driver::memory::host_device_address(&self.kernels.gpu().ctx, host)
+            .and_then(|mapped| {
+                mapped.ok_or_else(|| {
+                    fetchahead::Error::invalid(
+                        "table",
+                        "a CPU tensor that is not pinned (use tensor.pin_memory())",
                     )
-                }
-                .result()
-                .map_err(|_| fetchahead::Error::Invalid {
-                    what: "table",
-                    why: "a CPU tensor that is not pinned (use tensor.pin_memory())".into(),
-                })?;
-                Ok(device)
-            })();
-        done(py, r)
-    }
-
-    /// Launches gather `variant` on `stream` (status 0: the device's scratch status).
-    #[allow(clippy::too_many_arguments)]
-    fn gather(
-        &self,
-        py: Python<'_>,
-        variant: usize,
-        table: u64,
-        rows: u64,
-        row_bytes: u32,
-        ids: u64,
-        n: u64,
-        out: u64,
-        status: u64,
-        stream: usize,
-    ) -> PyRes<()> {
-        let p = GatherParams {
-            table,
-            ids,
-            out,
-            status: if status == 0 {
-                self.scratch_address
-            } else {
-                status
-            },
-            n,
-            rows,
-            row_bytes,
-            _pad: 0,
-            timeline: fetchahead::device_abi::params::TimelineParams::OFF,
-        };
-        let r = GatherVariant::at(variant)
-            .ok_or_else(|| fetchahead::Error::Invalid {
-                what: "gather variant",
-                why: format!("no gather variant {variant}"),
-            })
-            .and_then(|variant| {
-                // SAFETY: the Python layer checked each tensor's device, size, dtype and
-                // alignment against these numbers; the tensors outlive the launch in the
-                // stream's order.
-                unsafe {
-                    self.kernels
-                        .launch_gather(stream as sys::CUstream, variant, p)
-                }
+                })
             });
         done(py, r)
     }
 
-    /// Launches gather + dequant `variant` on `stream` (status 0: the scratch status).
+    /// Launches `variant` on `stream`, either family: rows `table` (`scales`: their E8M0
+    /// scales for gather + dequant, 0 for a gather) of `width` (bytes for a gather, elements
+    /// for gather + dequant); status 0: the device's scratch status.
     #[allow(clippy::too_many_arguments)]
-    fn gather_dequant(
+    fn launch(
         &self,
         py: Python<'_>,
-        variant: usize,
-        weights: u64,
+        variant: &Variant,
+        table: u64,
         scales: u64,
         rows: u64,
-        dim: u32,
+        width: u32,
         ids: u64,
         n: u64,
         out: u64,
         status: u64,
         stream: usize,
     ) -> PyRes<()> {
-        let p = DequantParams {
-            weights,
-            scales,
-            ids,
-            out,
-            status: if status == 0 {
-                self.scratch_address
-            } else {
-                status
-            },
-            n,
-            rows,
-            dim,
-            _pad: 0,
-            timeline: fetchahead::device_abi::params::TimelineParams::OFF,
+        let status = if status == 0 {
+            self.scratch.address()
+        } else {
+            status
         };
-        let r = DequantVariant::at(variant)
-            .ok_or_else(|| fetchahead::Error::Invalid {
-                what: "gather + dequant variant",
-                why: format!("no gather + dequant variant {variant}"),
-            })
-            .and_then(|variant| {
-                // SAFETY: as for `gather`.
-                unsafe {
-                    self.kernels
-                        .launch_gather_dequant(stream as sys::CUstream, variant, p)
-                }
-            });
+        let (stream, timeline) = (stream as sys::CUstream, TimelineParams::OFF);
+        // SAFETY: the Python layer checked each tensor's device, size, dtype and alignment
+        // against these numbers; the tensors outlive the launch in the stream's order.
+        let r = unsafe {
+            match variant.0 {
+                Handle::Gather(v) => self.kernels.launch_gather(
+                    stream,
+                    v,
+                    GatherParams {
+                        table,
+                        ids,
+                        out,
+                        status,
+                        n,
+                        rows,
+                        row_bytes: width,
+                        _pad: 0,
+                        timeline,
+                    },
+                ),
+                Handle::Dequant(v) => self.kernels.launch_gather_dequant(
+                    stream,
+                    v,
+                    DequantParams {
+                        weights: table,
+                        scales,
+                        ids,
+                        out,
+                        status,
+                        n,
+                        rows,
+                        dim: width,
+                        _pad: 0,
+                        timeline,
+                    },
+                ),
+            }
+        };
         done(py, r)
     }
 }
@@ -732,7 +717,7 @@ impl Prefetcher {
         source: &Bound<'_, PyAny>,
         layer: u32,
         capacity: usize,
-        variant: Option<String>,
+        variant: &Variant,
         check: bool,
         fallback_on_error: bool,
         completion: &str,
@@ -749,6 +734,18 @@ impl Prefetcher {
             return Err(pyo3::exceptions::PyTypeError::new_err(
                 "source must be a fetchahead.RowStore or a fetchahead.MemoryTable",
             ));
+        };
+        let Variant(Handle::Dequant(variant)) = *variant else {
+            return done(
+                py,
+                Err(fetchahead::Error::invalid(
+                    "variant",
+                    format!(
+                        "`{}` is a gather variant; a prefetcher gathers with a gather_dequant one",
+                        variant.name()
+                    ),
+                )),
+            );
         };
         let kernels = device.kernels.clone();
         let lane = lane.map(|l| l.lane.clone());
@@ -780,13 +777,9 @@ impl Prefetcher {
                 }
             };
             let defaults = PrefetcherConfig::default();
-            let variant = match variant {
-                Some(name) => Some(fetchahead::kernels::dequant_variant_named(&name)?.name()),
-                None => None,
-            };
             let config = PrefetcherConfig {
                 capacity,
-                variant,
+                variant: Some(variant),
                 check,
                 fallback_on_error,
                 completion,
@@ -1040,8 +1033,7 @@ fn env_settings(py: Python<'_>) -> PyRes<Bound<'_, PyList>> {
 /// Whether the CUDA driver library can be loaded here.
 #[pyfunction]
 fn driver_present() -> bool {
-    // SAFETY: only probes whether libcuda can be loaded.
-    unsafe { sys::is_culib_present() }
+    fetchahead::driver::culib_present()
 }
 
 /// Raises `NoDeviceError` unless CUDA device `ordinal` exists; returns the device count. Creates
@@ -1051,16 +1043,14 @@ fn require_device(py: Python<'_>, ordinal: usize) -> PyRes<usize> {
     done(py, fetchahead::Gpu::check_present(ordinal))
 }
 
-/// The prefetcher defaults as each surface states them: `{"rust": {...}, "c": {...}}`, each
-/// `{"completion", "join", "capacity", "check", "fallback_on_error"}` in Python's spelling (the
-/// test that Python's, the demo's, C's and Rust's agree reads it).
+/// The prefetcher defaults as each surface states them: `{"rust": {...}, "demo": {...}}`,
+/// each `{"completion", "join", "capacity", "check", "fallback_on_error"}` in Python's spelling
+/// (the test that Python's, the demo's and Rust's agree reads it; C's is checked against
+/// Rust's by `tests/ffi_l2_plan.rs`).
 #[pyfunction]
 fn default_prefetcher_config(py: Python<'_>) -> PyRes<Bound<'_, PyDict>> {
-    use fetchahead::ffi::{
-        FETCHAHEAD_COMPLETION_FLAG, FETCHAHEAD_JOIN_TAGS, FfiPrefetcherConfig,
-        fetchahead_prefetcher_config_default,
-    };
-    let entry = |completion: Completion, join: Join, capacity: u64, check, fallback| {
+    let entry = |completion: Completion, join: Join| {
+        let r = PrefetcherConfig::default();
         let d = PyDict::new(py);
         d.set_item(
             "completion",
@@ -1076,62 +1066,16 @@ fn default_prefetcher_config(py: Python<'_>) -> PyRes<Bound<'_, PyDict>> {
                 Join::AtGather => "at_gather",
             },
         )?;
-        d.set_item("capacity", capacity)?;
-        d.set_item("check", check)?;
-        d.set_item("fallback_on_error", fallback)?;
+        d.set_item("capacity", r.capacity)?;
+        d.set_item("check", r.check)?;
+        d.set_item("fallback_on_error", r.fallback_on_error)?;
         PyRes::Ok(d)
     };
     let r = PrefetcherConfig::default();
-    let rust = entry(
-        r.completion,
-        r.join,
-        r.capacity as u64,
-        r.check,
-        r.fallback_on_error,
-    )?;
-    let mut c = FfiPrefetcherConfig {
-        capacity: 0,
-        variant: std::ptr::null(),
-        check: 0,
-        fallback_on_error: 0,
-        completion: u32::MAX,
-        check_log_ms: 0,
-        join: u32::MAX,
-    };
-    // SAFETY: `c` is a writable config.
-    let rc = unsafe { fetchahead_prefetcher_config_default(&mut c) };
-    if rc != fetchahead::ffi::FETCHAHEAD_OK {
-        return Err(pyo3::exceptions::PyRuntimeError::new_err(
-            "fetchahead_prefetcher_config_default failed",
-        ));
-    }
-    let c = entry(
-        if c.completion == FETCHAHEAD_COMPLETION_FLAG {
-            Completion::Flag
-        } else {
-            Completion::HostFunction
-        },
-        if c.join == FETCHAHEAD_JOIN_TAGS {
-            Join::Tags
-        } else {
-            Join::AtGather
-        },
-        c.capacity,
-        c.check != 0,
-        c.fallback_on_error != 0,
-    )?;
     let (completion, join) = fetchahead::cli::demo_defaults();
-    let demo = entry(
-        completion,
-        join,
-        r.capacity as u64,
-        r.check,
-        r.fallback_on_error,
-    )?;
     let d = PyDict::new(py);
-    d.set_item("rust", rust)?;
-    d.set_item("c", c)?;
-    d.set_item("demo", demo)?;
+    d.set_item("rust", entry(r.completion, r.join)?)?;
+    d.set_item("demo", entry(completion, join)?)?;
     Ok(d)
 }
 
@@ -1164,12 +1108,13 @@ fn nvtx_state() -> String {
     }
 }
 
-/// Every error kind as `(python class, C status code)`: the one mapping both are made from.
+/// Every error kind's Python class, from the crate's one `ErrorKind` list (C's status codes are
+/// made from the same kinds, `fetchahead::ffi`).
 #[pyfunction]
-fn error_kinds() -> Vec<(&'static str, i32)> {
+fn error_kinds() -> Vec<&'static str> {
     fetchahead::error::ErrorKind::ALL
         .iter()
-        .map(|k| (k.python_class(), fetchahead::ffi::kind_code(*k)))
+        .map(|k| errors::class_of(*k))
         .collect()
 }
 
@@ -1184,8 +1129,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyRes<()> {
     logs::install();
     fetchahead::settings::warn_unknown_env();
     m.add_function(wrap_pyfunction!(variants, m)?)?;
-    m.add_function(wrap_pyfunction!(default_variant, m)?)?;
-    m.add_function(wrap_pyfunction!(variant_index, m)?)?;
+    m.add_function(wrap_pyfunction!(variant, m)?)?;
     m.add_function(wrap_pyfunction!(make_table, m)?)?;
     m.add_function(wrap_pyfunction!(drain_logs, m)?)?;
     m.add_function(wrap_pyfunction!(dropped_log_records, m)?)?;
@@ -1200,6 +1144,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyRes<()> {
     m.add_function(wrap_pyfunction!(nvtx_state, m)?)?;
     m.add_function(wrap_pyfunction!(logs::_log_example, m)?)?;
     m.add_class::<Device>()?;
+    m.add_class::<Variant>()?;
     m.add_class::<RowStore>()?;
     m.add_class::<MemoryTable>()?;
     m.add_class::<FlagLane>()?;

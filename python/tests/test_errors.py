@@ -109,15 +109,13 @@ def test_an_unreadable_table_is_a_permission_error_with_its_filename(table, tmp_
     assert e.value.filename == str(locked)
 
 
-def test_every_error_kind_has_its_class_and_a_c_code():
+def test_every_error_kind_has_its_class():
     # The crate's one ErrorKind list: each kind's Python class exists and derives from Error,
-    # each has a C status code, and every class here is some kind's.
-    kinds = fetchahead._native.error_kinds()
-    classes = {cls for cls, _ in kinds}
-    for cls, code in kinds:
+    # and every class here is some kind's (each kind's C status code: host/ffi.rs's test).
+    classes = fetchahead._native.error_kinds()
+    for cls in classes:
         assert issubclass(getattr(errors, cls), fetchahead.Error), cls
-        assert 1 <= code <= 8, (cls, code)
-    assert classes == set(errors.__all__) - {"Error"}
+    assert set(classes) == set(errors.__all__) - {"Error"}
 
 
 def test_constructors_raise_no_device_error_before_touching_torch():

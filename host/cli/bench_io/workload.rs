@@ -17,19 +17,6 @@ use serde_json::{Value, json};
 
 use super::BenchIoArgs;
 
-fn delta(a: Stats, b: Stats) -> Stats {
-    Stats {
-        hits: b.hits - a.hits,
-        misses: b.misses - a.misses,
-        reads: b.reads - a.reads,
-        bytes: b.bytes - a.bytes,
-        rows_read: b.rows_read - a.rows_read,
-        advised: b.advised - a.advised,
-        advise_dropped: b.advise_dropped - a.advise_dropped,
-        advise_failed: b.advise_failed - a.advise_failed,
-    }
-}
-
 /// Rows/s, IOPS, latency and CPU of timed lookups.
 fn timing(times: &[Duration], rows: usize, d: &Stats, cpu_s: f64) -> Value {
     let secs: f64 = times.iter().map(Duration::as_secs_f64).sum();
@@ -304,7 +291,7 @@ fn measure_trace(
     store.evict_page_cache()?;
     let (before, cpu0) = (store.stats(), cpu_seconds());
     let times = time_lookups(&store, path, layer, &trace[from..], false)?;
-    let d = delta(before, store.stats());
+    let d = store.stats() - before;
     let rows: usize = trace[from..].iter().map(Vec::len).sum();
     let hits = HitCount {
         hits: d.hits,
@@ -340,7 +327,7 @@ fn measure_advised(
             &mut s[..ids.len() * dim / 32],
         )?;
     }
-    let d = delta(before, store.stats());
+    let d = store.stats() - before;
     Ok(HitCount {
         hits: d.hits,
         requests: d.hits + d.misses,
@@ -422,7 +409,7 @@ fn cold_vs_fio(
                 times.push(t.elapsed());
             }
             let cpu = cpu_seconds() - cpu0;
-            let d = delta(before, store.stats());
+            let d = store.stats() - before;
             let t = timing(&times, n * times.len(), &d, cpu);
             all_times.extend_from_slice(&times);
             all_cpu += cpu;
