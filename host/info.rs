@@ -87,7 +87,26 @@ pub fn report() -> Value {
 }
 
 fn defaults_of(d: &fetchahead_gpu::defaults::Defaults) -> Value {
-    json!({"arch": d.arch, "gather": d.gather.name(), "gather_dequant": d.dequant.name(), "measured_on": d.measured_on})
+    json!({
+        "arch": d.arch,
+        "gather": by_size(d.gather.buckets().iter().map(|(n, v)| (*n, v.name()))),
+        "gather_dequant": by_size(d.dequant.buckets().iter().map(|(n, v)| (*n, v.name()))),
+        "measured_on": d.measured_on,
+    })
+}
+
+/// A default by call size in words: `a (up to 1024 rows), b (up to 16384), c (more)`.
+fn by_size(buckets: impl Iterator<Item = (u64, &'static str)>) -> String {
+    let mut words = Vec::new();
+    for (i, (up_to, name)) in buckets.enumerate() {
+        words.push(match (up_to, i) {
+            (u64::MAX, 0) => name.to_string(),
+            (u64::MAX, _) => format!("{name} (more)"),
+            (_, 0) => format!("{name} (up to {up_to} rows)"),
+            _ => format!("{name} (up to {up_to})"),
+        });
+    }
+    words.join(", ")
 }
 
 /// [`report`] as the lines `fetchahead info` prints.

@@ -515,7 +515,7 @@ fn launches_refuse_bad_shapes_with_an_error() {
     }
     // An index past the table makes no handle; a name no row has, no variant.
     assert!(GatherVariant::at(gather::VARIANTS.len()).is_none());
-    let result = s.kernels.gather_variant(Some("no_such_gather"));
+    let result = s.kernels.gather_variant(Some("no_such_gather"), 72);
     assert!(
         matches!(result, Err(Error::Invalid { .. })),
         "missing variant: {result:?}"

@@ -63,7 +63,8 @@ fn the_baseline_ptx_holds_the_gathers_and_the_packed_dequant() {
     // own defaults gets the first entry's).
     for built in ptx::BUILT {
         let d = defaults::for_arch(built.arch);
-        for name in [d.gather.name(), d.dequant.name()] {
+        let gathers = d.gather.buckets().iter().map(|(_, v)| v.name());
+        for name in gathers.chain(d.dequant.buckets().iter().map(|(_, v)| v.name())) {
             assert!(
                 ptx::entries(built.text).any(|e| e == name),
                 "{}'s default {name} is not in its PTX",

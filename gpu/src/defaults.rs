@@ -1,37 +1,91 @@
-//! The variant each kernel family launches when the caller names none: for each arch, the
-//! fastest measured in the gather bench (`benches/gather.rs`, figures in BENCHMARKS.md), chosen
-//! by name here and nowhere else, and resolved to its handle when this crate builds (a name no
-//! row has fails the build). `tests/defaults.rs` checks them against the winners the bench
-//! recorded in `benches/recorded/winners.txt`.
+//! The variant each kernel family launches when the caller names none: for each arch and call
+//! size, the fastest measured (`benches/triton/peers.py`, figures in BENCHMARKS.md), chosen by
+//! name here and nowhere else, and resolved to its handle when this crate builds (a name no row
+//! has fails the build). `tests/defaults.rs` checks them against the winners the benches
+//! recorded in `benches/recorded/`.
 use crate::dequant::DequantVariant;
 use crate::gather::GatherVariant;
+
+/// A family's default by the number of rows a call gathers: `(up_to, variant)` pairs in rising
+/// `up_to`, the last one `u64::MAX`; a call of `n` rows gets the first whose `up_to` >= n.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BySize<V: 'static>(pub &'static [(u64, V)]);
+
+impl<V: Copy + PartialEq> BySize<V> {
+    /// The variant for a call of `n` rows.
+    pub fn for_rows(&self, n: u64) -> V {
+        match self.0.iter().find(|(up_to, _)| n <= *up_to) {
+            Some((_, v)) => *v,
+            None => self.0[self.0.len() - 1].1,
+        }
+    }
+
+    /// The buckets, `(up_to, variant)` in rising `up_to`.
+    pub fn buckets(&self) -> &'static [(u64, V)] {
+        self.0
+    }
+
+    /// Each distinct variant of the buckets, in bucket order.
+    pub fn variants(&self) -> impl Iterator<Item = V> + '_ {
+        let all = self.0;
+        all.iter()
+            .enumerate()
+            .filter(move |(i, (_, v))| !all[..*i].iter().any(|(_, w)| w == v))
+            .map(|(_, (_, v))| *v)
+    }
+}
 
 /// The default variants of one arch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Defaults {
     /// The arch these apply to, as `build.rs` names it (`sm_90`, `sm_121a`).
     pub arch: &'static str,
-    /// A row of [`crate::gather::VARIANTS`].
-    pub gather: GatherVariant,
-    /// A row of [`crate::dequant::VARIANTS`].
-    pub dequant: DequantVariant,
+    /// Rows of [`crate::gather::VARIANTS`] by call size.
+    pub gather: BySize<GatherVariant>,
+    /// Rows of [`crate::dequant::VARIANTS`] by call size.
+    pub dequant: BySize<DequantVariant>,
     /// Where the choice comes from.
     pub measured_on: &'static str,
 }
+
+/// The H200's winners by call size (`benches/triton/peers.py`, 16M-row table, random ids; the
+/// buckets' bounds lie between its sizes 72, 4096, 65536, 1M and 4M): per-call latency decides
+/// the small calls, streaming stores (`_cs`) the calls whose output fits in L2, and two rows a
+/// thread in flight the large ones.
+const H200_GATHER: BySize<GatherVariant> = BySize(&[
+    (16 << 10, GatherVariant::must("gather_chunk16_nohint")),
+    (512 << 10, GatherVariant::must("gather_chunk16_nohint_cs")),
+    (u64::MAX, GatherVariant::must("gather_chunk16_nohint_x2")),
+]);
+const H200_DEQUANT: BySize<DequantVariant> = BySize(&[
+    (1 << 10, DequantVariant::must("gather_dequant_u8_packed")),
+    (
+        16 << 10,
+        DequantVariant::must("gather_dequant_u8_packed_x2"),
+    ),
+    (
+        256 << 10,
+        DequantVariant::must("gather_dequant_u8_packed_x4_cs"),
+    ),
+    (
+        u64::MAX,
+        DequantVariant::must("gather_dequant_u8_packed_x2"),
+    ),
+]);
 
 /// One entry per arch `build.rs` builds by default.
 pub const BY_ARCH: &[Defaults] = &[
     Defaults {
         arch: "sm_90",
-        gather: GatherVariant::must("gather_chunk16_nohint_x2"),
-        dequant: DequantVariant::must("gather_dequant_u8_packed_x2"),
-        measured_on: "H200, gather bench",
+        gather: H200_GATHER,
+        dequant: H200_DEQUANT,
+        measured_on: "H200, benches/triton/peers.py by size",
     },
     // Not yet measured on a GB10: the H200's winners, the closest measured chip.
     Defaults {
         arch: "sm_121a",
-        gather: GatherVariant::must("gather_chunk16_nohint_x2"),
-        dequant: DequantVariant::must("gather_dequant_u8_packed_x2"),
+        gather: H200_GATHER,
+        dequant: H200_DEQUANT,
         measured_on: "H200's winners (no GB10 measurement yet)",
     },
 ];

@@ -229,15 +229,22 @@ impl Kernels {
         defaults::for_arch(self.choice.ptx.arch)
     }
 
-    /// The gather + dequant variant a user named (parsed here, at the edge), or this arch's
-    /// default for `None`.
-    pub fn dequant_variant(&self, name: Option<&str>) -> Result<DequantVariant> {
-        name.map_or(Ok(self.defaults().dequant), dequant_variant_named)
+    /// The gather + dequant variant a user named (parsed here, at the edge), or for `None`
+    /// this arch's default for a call of `rows` rows.
+    pub fn dequant_variant(&self, name: Option<&str>, rows: u64) -> Result<DequantVariant> {
+        name.map_or(
+            Ok(self.defaults().dequant.for_rows(rows)),
+            dequant_variant_named,
+        )
     }
 
-    /// The gather variant a user named, or this arch's default for `None`.
-    pub fn gather_variant(&self, name: Option<&str>) -> Result<GatherVariant> {
-        name.map_or(Ok(self.defaults().gather), gather_variant_named)
+    /// The gather variant a user named, or for `None` this arch's default for a call of `rows`
+    /// rows.
+    pub fn gather_variant(&self, name: Option<&str>, rows: u64) -> Result<GatherVariant> {
+        name.map_or(
+            Ok(self.defaults().gather.for_rows(rows)),
+            gather_variant_named,
+        )
     }
 
     /// Launches gather `variant` on `stream`.

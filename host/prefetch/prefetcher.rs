@@ -36,7 +36,7 @@ pub struct PrefetcherConfig {
     pub capacity: usize,
     /// The gather + dequant variant (a row of `fetchahead_gpu::dequant::VARIANTS`, resolved
     /// from a name where a user gave one); `None`: the fastest measured for the device's arch
-    /// (`fetchahead_gpu::defaults`). It runs the [`Join::AtGather`] gathers and the synchronous
+    /// and each gather's rows (`fetchahead_gpu::defaults`). It runs the [`Join::AtGather`] gathers and the synchronous
     /// path; [`Join::Tags`] gathers run the tagged kernel (`staged_dequant_tagged`, the
     /// dequant's tile loop with the tag wait), whatever this is.
     pub variant: Option<DequantVariant>,
@@ -238,8 +238,8 @@ struct Pending {
 pub struct Prefetcher {
     kernels: Arc<Kernels>,
     config: PrefetcherConfig,
-    /// `config.variant` resolved.
-    variant: DequantVariant,
+    /// `config.variant`: `None` picks the arch's default by each gather's rows.
+    variant: Option<DequantVariant>,
     dim: usize,
     side: Arc<CudaStream>,
     fork: CudaEvent,
@@ -314,7 +314,7 @@ impl Prefetcher {
     ) -> Result<Prefetcher> {
         let dim = store.dim();
         let layout = StagingLayout::new(config.capacity, dim)?;
-        let variant = config.variant.unwrap_or(kernels.defaults().dequant);
+        let variant = config.variant;
         let ctx = kernels.gpu().ctx.clone();
         // Prefetchers sharing a lane share its side stream too, so that their requests reach the
         // lane in the order they were enqueued (an earlier layer's never behind a later one's).
@@ -386,6 +386,13 @@ impl Prefetcher {
         self.config
     }
 
+    /// The variant a gather of `rows` rows runs: the configured one, or the arch's default for
+    /// that size.
+    fn variant_for(&self, rows: usize) -> DequantVariant {
+        self.variant
+            .unwrap_or_else(|| self.kernels.defaults().dequant.for_rows(rows as u64))
+    }
+
     /// The side stream the prefetches run on.
     pub fn side_stream(&self) -> &Arc<CudaStream> {
         &self.side
@@ -394,9 +401,14 @@ impl Prefetcher {
     /// First use of every buffer, kernel and the host-function path, eagerly. Call it before
     /// capturing a graph that prefetches; an eager prefetch warms on first use by itself.
     pub fn warm(&mut self) -> Result<()> {
-        let (kernels, variant, side) = (&*self.kernels, self.variant, &*self.side);
-        self.ahead.staging.warm(kernels, variant, side)?;
-        self.sync.staging.warm(kernels, variant, side)?;
+        // Every variant a gather may pick: the named one, or each of the default's sizes.
+        let variants: Vec<DequantVariant> = match self.variant {
+            Some(v) => vec![v],
+            None => self.kernels.defaults().dequant.variants().collect(),
+        };
+        let (kernels, side) = (&*self.kernels, &*self.side);
+        self.ahead.staging.warm(kernels, &variants, side)?;
+        self.sync.staging.warm(kernels, &variants, side)?;
         let s = side.cu_stream();
         // One lookup of no rows on each path: the host-function (or flag) machinery's first use.
         // SAFETY: no ids are read; the stream is synchronized below.
@@ -518,8 +530,11 @@ impl Prefetcher {
                             // SAFETY: the staged rows hold `count` rows; the caller vouches for
                             // `out`.
                             unsafe {
-                                self.kernels
-                                    .launch_gather_dequant(main, self.variant, params)?
+                                self.kernels.launch_gather_dequant(
+                                    main,
+                                    self.variant_for(p.count),
+                                    params,
+                                )?
                             };
                         }
                     }
@@ -632,7 +647,7 @@ impl Prefetcher {
             // SAFETY: the staged rows hold `count` rows; the caller vouches for `out`.
             unsafe {
                 self.kernels
-                    .launch_gather_dequant(main, self.variant, params)?
+                    .launch_gather_dequant(main, self.variant_for(count), params)?
             };
         }
         self.sync_gathers += 1;

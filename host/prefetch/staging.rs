@@ -254,7 +254,7 @@ impl StagingBuffers {
     pub fn warm(
         &mut self,
         kernels: &Kernels,
-        variant: DequantVariant,
+        variants: &[DequantVariant],
         stream: &CudaStream,
     ) -> Result<()> {
         if self.warmed {
@@ -283,7 +283,9 @@ impl StagingBuffers {
             stream::copy_to_device(self.device.scales, self.host.scales, l.scale_bytes(cap), s)?;
             stream::copy_to_host(self.host.ids.cast(), self.device.arange, 8, s)?;
             let (out, _use) = self.scratch.device_ptr(stream);
-            kernels.launch_gather_dequant(s, variant, self.gather_params(out, 1))?;
+            for &variant in variants {
+                kernels.launch_gather_dequant(s, variant, self.gather_params(out, 1))?;
+            }
             // The tagged gather too, its one row asking for the id its tag holds (the tags
             // themselves as ids): ready at once.
             let tags = self.device.tags;

@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
-use fetchahead_gpu::dequant::DequantVariant;
 use fetchahead_gpu::hash;
 use fetchahead_gpu::params::{DequantParams, HashParams, MAX_NGRAM};
 
@@ -207,8 +206,6 @@ pub struct EngramLayers {
     tokens_at: u64,
     layers: Vec<EngramLayer>,
     id_check: IdCheck,
-    /// The resident path's gather + dequant variant: the device's default, as the prefetchers'.
-    resident_variant: DequantVariant,
 }
 
 impl EngramLayers {
@@ -312,7 +309,6 @@ impl EngramLayers {
         let id_check = IdCheck::new(main)?;
         let tokens_at = tokens.device_ptr(main).0;
         Ok(EngramLayers {
-            resident_variant: kernels.dequant_variant(None)?,
             kernels,
             shape: shape.clone(),
             rows,
@@ -441,12 +437,10 @@ impl EngramLayers {
                     _pad: 0,
                     timeline: fetchahead_gpu::params::TimelineParams::OFF,
                 };
+                let variant = self.kernels.dequant_variant(None, p.n)?;
                 // SAFETY: the layer's resident table holds `rows` rows, `ids` n ids, `out` n
                 // rows.
-                unsafe {
-                    self.kernels
-                        .launch_gather_dequant(s, self.resident_variant, p)
-                }
+                unsafe { self.kernels.launch_gather_dequant(s, variant, p) }
             }
             // SAFETY: n ids and n * dim bf16 of output, both this step's.
             GatherPath::Sync => unsafe {

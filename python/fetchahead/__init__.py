@@ -189,10 +189,11 @@ def variants() -> dict[str, list[tuple[str, str]]]:
     return _native.variants()
 
 
-def default_variant(family: str, arch: Optional[str] = None) -> str:
+def default_variant(family: str, arch: Optional[str] = None, rows: Optional[int] = None) -> str:
     """The variant ``family`` ("gather" or "gather_dequant") uses by default on ``arch``
-    (``"sm_90"``, ``"sm_121a"``; None: the tested chip's): the fastest measured there."""
-    return _native.variant(family, None, arch).name
+    (``"sm_90"``, ``"sm_121a"``; None: the tested chip's) for a call of ``rows`` rows (None: a
+    large call): the fastest measured there at that size."""
+    return _native.variant(family, None, arch).name_for((1 << 64) - 1 if rows is None else rows)
 
 
 def env_settings() -> list[tuple[str, str]]:

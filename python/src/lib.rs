@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::sys;
+use fetchahead::device_abi::defaults::BySize;
 use fetchahead::device_abi::params::{DequantParams, GatherParams, TimelineParams};
 use fetchahead::device_abi::{dequant, gather};
 use fetchahead::error::CudaCall;
@@ -90,12 +91,12 @@ impl Family {
     ) -> fetchahead::Result<Variant> {
         Ok(match self {
             Family::Gather => Variant(Handle::Gather(match name {
-                Some(name) => fetchahead::gather_variant_named(name)?,
-                None => defaults.gather,
+                Some(name) => Pick::Named(fetchahead::gather_variant_named(name)?),
+                None => Pick::BySize(defaults.gather),
             })),
             Family::Dequant => Variant(Handle::Dequant(match name {
-                Some(name) => fetchahead::dequant_variant_named(name)?,
-                None => defaults.dequant,
+                Some(name) => Pick::Named(fetchahead::dequant_variant_named(name)?),
+                None => Pick::BySize(defaults.dequant),
             })),
         })
     }
@@ -110,8 +111,34 @@ struct Variant(Handle);
 /// A [`Variant`]'s family and handle.
 #[derive(Clone, Copy)]
 enum Handle {
-    Gather(GatherVariant),
-    Dequant(DequantVariant),
+    Gather(Pick<GatherVariant>),
+    Dequant(Pick<DequantVariant>),
+}
+
+/// A named variant, or an arch's default, which picks by each call's rows.
+#[derive(Clone, Copy)]
+enum Pick<V: 'static> {
+    Named(V),
+    BySize(BySize<V>),
+}
+
+impl<V: Copy + PartialEq> Pick<V> {
+    fn for_rows(&self, rows: u64) -> V {
+        match self {
+            Pick::Named(v) => *v,
+            Pick::BySize(by) => by.for_rows(rows),
+        }
+    }
+}
+
+impl Handle {
+    /// The name of the variant a call of `rows` rows launches.
+    fn name_for(&self, rows: u64) -> &'static str {
+        match self {
+            Handle::Gather(p) => p.for_rows(rows).name(),
+            Handle::Dequant(p) => p.for_rows(rows).name(),
+        }
+    }
 }
 
 #[pymethods]
@@ -125,12 +152,19 @@ impl Variant {
         .name()
     }
 
+    /// The variant's name; an arch's default is `"default"` (see `name_for`).
     #[getter]
     fn name(&self) -> &'static str {
         match self.0 {
-            Handle::Gather(v) => v.name(),
-            Handle::Dequant(v) => v.name(),
+            Handle::Gather(Pick::Named(v)) => v.name(),
+            Handle::Dequant(Pick::Named(v)) => v.name(),
+            _ => "default",
         }
+    }
+
+    /// The name of the variant a call of `rows` rows launches (a default picks by size).
+    fn name_for(&self, rows: u64) -> &'static str {
+        self.0.name_for(rows)
     }
 
     fn __repr__(&self) -> String {
@@ -317,7 +351,7 @@ impl Device {
             match variant.0 {
                 Handle::Gather(v) => self.kernels.launch_gather(
                     stream,
-                    v,
+                    v.for_rows(n),
                     GatherParams {
                         table,
                         ids,
@@ -332,7 +366,7 @@ impl Device {
                 ),
                 Handle::Dequant(v) => self.kernels.launch_gather_dequant(
                     stream,
-                    v,
+                    v.for_rows(n),
                     DequantParams {
                         weights: table,
                         scales,
@@ -735,7 +769,7 @@ impl Prefetcher {
                 "source must be a fetchahead.RowStore or a fetchahead.MemoryTable",
             ));
         };
-        let Variant(Handle::Dequant(variant)) = *variant else {
+        let Variant(Handle::Dequant(pick)) = *variant else {
             return done(
                 py,
                 Err(fetchahead::Error::invalid(
@@ -779,7 +813,10 @@ impl Prefetcher {
             let defaults = PrefetcherConfig::default();
             let config = PrefetcherConfig {
                 capacity,
-                variant: Some(variant),
+                variant: match pick {
+                    Pick::Named(v) => Some(v),
+                    Pick::BySize(_) => None,
+                },
                 check,
                 fallback_on_error,
                 completion,

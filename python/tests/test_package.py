@@ -39,7 +39,13 @@ def test_an_unknown_variant_is_a_value_error_naming_it():
 def test_a_variant_is_a_handle_resolved_once_with_its_name_and_family():
     v = fetchahead._native.variant("gather_dequant", None, "sm_90")
     assert v.family == "gather_dequant"
-    assert v.name == fetchahead.default_variant("gather_dequant", "sm_90")
+    # A default picks by each call's rows.
+    assert v.name == "default"
+    for rows in (72, 65536, 4 << 20):
+        assert v.name_for(rows) == fetchahead.default_variant("gather_dequant", "sm_90", rows)
+    assert fetchahead.default_variant("gather", "sm_90", 72) != fetchahead.default_variant(
+        "gather", "sm_90", 4 << 20
+    )
     named = fetchahead._native.variant("gather", "gather_chunk16")
     assert (named.family, named.name) == ("gather", "gather_chunk16")
     assert "gather_chunk16" in repr(named)
