@@ -9,9 +9,10 @@
 //! bytes. Criterion samples the quantized table; the others are timed by the summary's medians.
 //!
 //! The summary ends with each family's winners at each n: the variants whose slowest time over
-//! the three device tables is within 2% of the smallest. `FETCHAHEAD_WINNERS_OUT=FILE` writes
-//! them in the format of `benches/recorded/winners.txt` (`arch family n variants...`), where
-//! they are recorded (`tests/defaults.rs` checks each size's default against that file).
+//! the three device tables is within 2% of the smallest. These are eager launches, back to back;
+//! the record of winners the defaults are checked against (`benches/recorded/winners.txt`)
+//! comes from `benches/triton/peers.py --record`, which replays calls of up to 65536 rows from a
+//! CUDA graph, as decode runs them.
 //!
 //! `FETCHAHEAD_BENCH_TABLE_GIB` (default 4) sets the device table size.
 use std::sync::Arc;
@@ -416,8 +417,8 @@ fn main() {
 }
 
 /// Per variant at the sizes of at least 1M: its slowest over its fastest table time (the issue's
-/// data-independence bound is 1.1). Then each family's winner at the largest n: the smallest
-/// worst time over the three tables.
+/// data-independence bound is 1.1). Then each family's winners at each n: the variants within
+/// 2% of the smallest worst time over the three tables.
 fn spread_and_winners(rows: &[Row], arch: &str) {
     use std::collections::BTreeMap;
     let mut by_variant: BTreeMap<(&str, &str, u64), Vec<f64>> = BTreeMap::new();
@@ -448,7 +449,6 @@ fn spread_and_winners(rows: &[Row], arch: &str) {
             worst / best
         );
     }
-    let mut record = String::new();
     for n in SIZES {
         for family in ["gather", "dequant"] {
             let mut worst: Vec<(&str, f64)> = by_variant
@@ -471,12 +471,7 @@ fn spread_and_winners(rows: &[Row], arch: &str) {
                 best * 1e6,
                 tied.join(" ")
             );
-            record.push_str(&format!("{arch} {family} {n} {}\n", tied.join(" ")));
         }
-    }
-    if let Ok(path) = std::env::var("FETCHAHEAD_WINNERS_OUT") {
-        std::fs::write(&path, record).unwrap();
-        println!("winners written to {path}");
     }
 }
 

@@ -6,7 +6,7 @@ use crate::l2_plan::PLAN_ENV_SETTINGS;
 use crate::store::ENV_SETTINGS;
 
 /// The variables outside the settings tables that fetchahead, its tests, benches and build read.
-const OTHER_ENV: [&str; 9] = [
+const OTHER_ENV: [&str; 8] = [
     crate::logging::LOG_ENV,
     crate::timeline::TIMELINE_ENV,
     crate::kernels::ptx::PTX_ARCH_ENV,
@@ -15,7 +15,6 @@ const OTHER_ENV: [&str; 9] = [
     "FETCHAHEAD_ARCHS",
     "FETCHAHEAD_TMPFS",
     "FETCHAHEAD_GAP_REPS",
-    "FETCHAHEAD_WINNERS_OUT",
 ];
 /// Prefixes of the benches' and tests' own variables.
 const OTHER_ENV_PREFIXES: [&str; 2] = ["FETCHAHEAD_BENCH_", "FETCHAHEAD_TEST_"];

@@ -62,6 +62,9 @@ def parse_args(argv=None):
                    help="time fetchahead's default only, not every variant")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
+    p.add_argument("--record", metavar="FILE",
+                   help="also write each size's winners (within 2%% on the slowest table) in the "
+                        "format of benches/recorded/winners.txt")
     p.add_argument("--markdown", metavar="FILE",
                    help="also write BENCHMARKS.md's kernel rows (with MET / NOT MET) to FILE")
     a = p.parse_args(argv)
@@ -435,11 +438,12 @@ def main(a: argparse.Namespace) -> int:
     log(f"{device}; torch {torch.__version__}, triton {triton.__version__}; "
         f"fetchahead {fetchahead.__version__}, PTX: {ptx['why'] if ptx else '?'}")
     for family in a.families:
-        try:
-            name = fetchahead.default_variant(family, ptx["arch"] if ptx else None)
-        except fetchahead.Error:  # an arch without defaults of its own gets the tested chip's
-            name = fetchahead.default_variant(family)
-        log(f"{family} default (no variant named): {name}")
+        for n in a.sizes:
+            try:
+                name = fetchahead.default_variant(family, ptx["arch"] if ptx else None, n)
+            except fetchahead.Error:  # an arch without defaults of its own: the tested chip's
+                name = fetchahead.default_variant(family, None, n)
+            log(f"{family} default at n={report.size_label(n)} (no variant named): {name}")
     gen = torch.Generator(device="cuda").manual_seed(a.seed)
     results: dict[str, Any] = {}
     copy_rates = []
@@ -494,6 +498,14 @@ def main(a: argparse.Namespace) -> int:
             json.dump(doc, f, indent=1)
         os.replace(tmp, a.json)
         print(f"json: {a.json}")
+    if a.record:
+        if a.default_only:
+            print("--record needs every variant timed (not --default-only)", file=sys.stderr)
+            return 2
+        arch = ptx["arch"] if ptx else "?"
+        with open(a.record, "w") as f:
+            f.write("".join(line + "\n" for line in report.winner_lines(results, arch)))
+        print(f"winners: {a.record}")
     if a.markdown:
         import datetime
         import subprocess

@@ -91,6 +91,34 @@ def goals(results: dict[str, dict[str, dict[int, dict[str, Any]]]]) -> list[dict
     return rows
 
 
+# Variants whose slowest-table time is within this factor of the fastest's tie as a size's
+# winners: a default must be within 2% of the best variant (issue 24, item 5).
+WINNER_TIE = 1.02
+# The record's family names (tests/defaults.rs reads them).
+RECORD_FAMILY = {"gather": "gather", "gather_dequant": "dequant"}
+
+
+def winner_lines(results: dict[str, dict[str, dict[int, dict[str, Any]]]], arch: str) -> list[str]:
+    """``benches/recorded/winners.txt``'s lines: per family and size, ``arch family n names...``,
+    the variants whose slowest time over the tables measured (a variant measured on every one)
+    is within ``WINNER_TIE`` of the smallest, fastest first."""
+    lines = []
+    families = sorted({f for fams in results.values() for f in fams}, key=list(RECORD_FAMILY).index)
+    for family in families:
+        sizes = sorted({n for fams in results.values() for n in fams.get(family, {})})
+        for n in sizes:
+            per_table = [fams[family][n].get("variants", {}) for fams in results.values()
+                         if n in fams.get(family, {})]
+            names = set.intersection(*(set(v) for v in per_table)) if per_table else set()
+            worst = sorted((max(v[name]["us"] for v in per_table), name) for name in names)
+            if not worst:
+                continue
+            best = worst[0][0]
+            tied = [name for us, name in worst if us <= best * WINNER_TIE]
+            lines.append(f"{arch} {RECORD_FAMILY[family]} {n} {' '.join(tied)}")
+    return lines
+
+
 def peer_validity(results: dict[str, dict[str, dict[int, dict[str, Any]]]]) -> list[dict[str, Any]]:
     """The Triton peers against the issue's H200 figures, within 3%: a row per figure and table,
     ``{"family", "n", "table", "us", "window", "valid"}``."""

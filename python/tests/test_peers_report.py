@@ -109,3 +109,18 @@ def test_markdown_rows_carry_every_kernel_and_each_goal(report):
     assert "2 (default >= 1.03 x Triton): 1.042 MET" in dq
     g = next(line for line in lines if line.startswith("| gather | quantized | 4M |"))
     assert "3 (gather default >= 1.00 x Triton): 0.991 NOT MET" in g
+
+
+def test_winner_lines_keep_what_is_within_two_percent_on_the_slowest_table(report):
+    def size(**variants):
+        return {"variants": {name: m(us) for name, us in variants.items()}}
+
+    results = {
+        "quantized": {"gather": {72: size(a=1.00, b=1.01, c=1.015)},
+                      "gather_dequant": {72: size(x=2.0, y=2.02)}},
+        # b is slow here: its slowest-table time leaves it out; d was not measured on both.
+        "random": {"gather": {72: size(a=1.00, b=1.20, c=1.015, d=0.5)},
+                   "gather_dequant": {72: size(x=2.0, y=2.03)}},
+    }
+    lines = report.winner_lines(results, "sm_90")
+    assert lines == ["sm_90 gather 72 a c", "sm_90 dequant 72 x y"]
