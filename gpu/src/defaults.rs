@@ -48,13 +48,13 @@ pub struct Defaults {
     pub measured_on: &'static str,
 }
 
-/// The H200's winners by call size (`benches/triton/peers.py`, 16M-row table, random ids; the
-/// buckets' bounds lie between its sizes 72, 4096, 65536, 1M and 4M): per-call latency decides
-/// the small calls, streaming stores (`_cs`) the calls whose output fits in L2, and two rows a
-/// thread in flight the large ones.
+/// The H200's winners by call size (`benches/triton/peers.py --record`, 16M-row table, random
+/// ids, three tables; the buckets' bounds lie between its sizes 72, 4096, 65536, 1M and 4M):
+/// per-call latency decides the small calls, streaming stores (`_cs`) the middle ones, and two
+/// rows a thread in flight the large ones.
 const H200_GATHER: BySize<GatherVariant> = BySize(&[
     (16 << 10, GatherVariant::must("gather_chunk16_nohint")),
-    (512 << 10, GatherVariant::must("gather_chunk16_nohint_cs")),
+    (2 << 20, GatherVariant::must("gather_chunk16_nohint_cs")),
     (u64::MAX, GatherVariant::must("gather_chunk16_nohint_x2")),
 ]);
 const H200_DEQUANT: BySize<DequantVariant> = BySize(&[
