@@ -510,10 +510,12 @@ def main(a: argparse.Namespace) -> int:
         import datetime
         import subprocess
 
+        # A copied tree (the GPU machine's) may carry another checkout's git: the caller can say.
+        commit = os.environ.get("FETCHAHEAD_COMMIT", "")
         try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
-                                    check=True).stdout.strip()
+            commit = commit or subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             commit = "?"
         heading = (f"{datetime.date.today()}, {device} ({ptx['arch'] if ptx else '?'} PTX), "
