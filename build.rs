@@ -254,7 +254,9 @@ fn build_arch(rustc: &str, manifest_dir: &Path, target_dir: &Path, arch: &str) -
 }
 
 /// Every kernel the host loads on this arch (those whose `needs` it meets) is an entry of this
-/// PTX, taking a parameter block of exactly the size the host passes; no other kernel is.
+/// PTX, taking a parameter block of exactly the size the host passes; no other kernel is, and
+/// the PTX has no entry that the list (`fetchahead_gpu::all_kernels`, derived from gpu/'s
+/// declarations) does not hold.
 fn check_entries(arch: &str, ptx: &str) {
     let sm = parse_arch(arch).map_or(0, |(sm, _)| sm);
     for entry in fetchahead_gpu::all_kernels() {
@@ -283,4 +285,21 @@ fn check_entries(arch: &str, ptx: &str) {
             ));
         }
     }
+    for name in entries(ptx) {
+        if !fetchahead_gpu::all_kernels().any(|e| e.name == name) {
+            fail(&format!(
+                "{arch} PTX has kernel `{name}`, which no declaration of the kernel list holds \
+                 (`FAMILIES` in gpu/src/lib.rs: a `variants!` table or a hand-written entry's \
+                 row); declare it there"
+            ));
+        }
+    }
+}
+
+/// The names of the kernel entries in a PTX text (as `host/kernels/ptx.rs` reads them).
+fn entries(ptx: &str) -> impl Iterator<Item = &str> {
+    ptx.lines().filter_map(|line| {
+        let rest = line.trim_start().strip_prefix(".visible .entry ")?;
+        rest.split('(').next()
+    })
 }

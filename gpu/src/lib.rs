@@ -80,6 +80,17 @@ macro_rules! variants {
         /// `NEEDS[i]`): what its instructions need.
         pub const NEEDS: &[u32] = &[ $( $needs!(sm_number!() $kind { $($arg)* }), )* ];
 
+        /// Each variant's entry as the kernel list ([`crate::all_kernels`]) holds it: the same
+        /// name, description and needs as its row, and the size of its parameter block.
+        pub const KERNELS: &[crate::Declared] = &[
+            $( crate::Declared {
+                name: stringify!($name),
+                about: $about,
+                needs: $needs!(sm_number!() $kind { $($arg)* }),
+                param_bytes: core::mem::size_of::<crate::params::$params>(),
+            }, )*
+        ];
+
         #[cfg(target_arch = "nvptx64")]
         mod entries {
             $( $needs!(for_tier!({
@@ -243,8 +254,31 @@ mod device;
 #[cfg(target_arch = "nvptx64")]
 mod smem;
 
-/// A kernel entry point the host may load: its name, the size of the one parameter struct it
-/// takes, and what it does (for `fetchahead kernels`).
+/// A kernel entry point as its declaration states it: its name, what it does (for `fetchahead
+/// kernels`), the oldest SM whose PTX holds it (80, 89 or 90: what its instructions need), and
+/// the size of the one parameter struct it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Declared {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub needs: u32,
+    pub param_bytes: usize,
+}
+
+impl Declared {
+    /// A hand-written entry (no [`variants!`] table) of parameter struct `P`.
+    const fn of<P>(name: &'static str, about: &'static str, needs: u32) -> Declared {
+        Declared {
+            name,
+            about,
+            needs,
+            param_bytes: core::mem::size_of::<P>(),
+        }
+    }
+}
+
+/// A kernel entry point the host may load: its declaration, and for a `_timed` twin the kernel
+/// it records (`about` then says so).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
     pub name: &'static str,
@@ -252,6 +286,8 @@ pub struct Entry {
     pub about: &'static str,
     /// The oldest SM whose PTX holds it (80, 89 or 90): what its instructions need.
     pub needs: u32,
+    /// The kernel a `_timed` twin records; `None` for a plain kernel.
+    pub twin_of: Option<&'static str>,
 }
 
 /// The SM number of an arch as build.rs names it: `sm_121a` -> 121.
@@ -260,116 +296,130 @@ pub fn arch_sm(arch: &str) -> Option<u32> {
     digits.strip_suffix('a').unwrap_or(digits).parse().ok()
 }
 
-/// Every kernel entry point, the one list the host, `build.rs` and `fetchahead kernels` use.
-/// `build.rs` checks that each is an `.entry` of every PTX it builds, taking a parameter block of
-/// `param_bytes`.
-pub fn all_kernels() -> impl Iterator<Item = Entry> {
-    use core::mem::size_of;
-    let entry = |name, param_bytes, about, needs| Entry {
-        name,
-        param_bytes,
-        about,
-        needs,
-    };
-    // A family's timed twins, each needing what its variant needs.
-    let twins = move |names: &'static [&'static str], needs: &'static [u32], param_bytes| {
-        names
-            .iter()
-            .zip(needs)
-            .map(move |(&name, &needs)| entry(name, param_bytes, TIMED, needs))
-    };
-    let gather = size_of::<params::GatherParams>();
-    let dequant = size_of::<params::DequantParams>();
-    let prefetch = size_of::<params::PrefetchParams>();
-    let gemv = size_of::<params::GemvParams>();
-    let collective = size_of::<params::CollectiveParams>();
-    let staged = size_of::<params::StagedParams>();
-    let spin = size_of::<params::SpinParams>();
-    const TIMED: &str = "the same kernel, recording its blocks on the device timeline";
-    const BASE: u32 = BASELINE_SM;
-    gather::VARIANTS
-        .iter()
-        .zip(gather::NEEDS)
-        .map(move |(v, &needs)| entry(v.name, gather, v.about, needs))
-        .chain([entry(
+/// A family's entries as the list holds them: its declared kernels and their `_timed` twins
+/// (`timed[i]` records `kernels[i]`; a family without a timeline has none).
+struct Family {
+    kernels: &'static [Declared],
+    timed: &'static [&'static str],
+}
+
+const BASE: u32 = BASELINE_SM;
+
+/// Every kernel family, each once: the [`variants!`] tables as they declare them, and the
+/// hand-written entries with their constants' names. build.rs fails the build for a PTX entry
+/// that no family here declares, so an entry cannot be missed.
+const FAMILIES: &[Family] = &[
+    Family {
+        kernels: gather::KERNELS,
+        timed: gather::TIMED,
+    },
+    Family {
+        kernels: &[Declared::of::<params::GatherParams>(
             gather::EMPTY_KERNEL,
-            gather,
             "does nothing: the launch-cost floor for benches",
             BASE,
-        )])
-        .chain(
-            dequant::VARIANTS
-                .iter()
-                .zip(dequant::NEEDS)
-                .map(move |(v, &needs)| entry(v.name, dequant, v.about, needs)),
-        )
-        .chain(
-            l2_prefetch::VARIANTS
-                .iter()
-                .zip(l2_prefetch::NEEDS)
-                .map(move |(v, &needs)| entry(v.name, prefetch, v.about, needs)),
-        )
-        .chain(
-            gemv::VARIANTS
-                .iter()
-                .zip(gemv::NEEDS)
-                .map(move |(v, &needs)| entry(v.name, gemv, v.about, needs)),
-        )
-        .chain([
-            entry(
-                collective::KERNEL,
-                collective,
-                "simulated collective: 1-8 CTAs poll a flag for T ns",
-                BASE,
-            ),
-            entry(
-                staged::KERNEL,
-                size_of::<params::StagedParams>(),
-                "gather + dequant of staged rows that waits in the kernel for each row's tag \
-                 (the prefetcher's Join::Tags)",
-                BASE,
-            ),
-            entry(
-                check::KERNEL,
-                size_of::<params::CheckParams>(),
-                "counts launches whose two bf16 buffers differ (the prefetcher's check mode)",
-                BASE,
-            ),
-            entry(
-                hash::KERNEL,
-                size_of::<params::HashParams>(),
-                "hashes token n-grams into Engram row ids (the demo's hasher)",
-                BASE,
-            ),
-            entry(
-                spin::KERNEL,
-                spin,
-                "busy-waits on the GPU clock: a layer's compute in the demo and benches",
-                BASE,
-            ),
-            entry(
-                l2_prefetch::PARTITION_PROBE_KERNEL,
-                size_of::<params::PartitionProbeParams>(),
-                "times each SM's L2 hits on lines SM 0 read: tells the L2 partitions apart",
-                BASE,
-            ),
-        ])
-        // The timed twins, after every plain entry, so that a plain entry's index (the kernel
-        // id a timeline record carries) does not depend on them.
-        .chain(twins(gather::TIMED, gather::NEEDS, gather))
-        .chain(twins(dequant::TIMED, dequant::NEEDS, dequant))
-        .chain(twins(l2_prefetch::TIMED, l2_prefetch::NEEDS, prefetch))
-        .chain(twins(gemv::TIMED, gemv::NEEDS, gemv))
-        .chain([
-            entry(collective::KERNEL_TIMED, collective, TIMED, BASE),
-            entry(spin::KERNEL_TIMED, spin, TIMED, BASE),
-            entry(staged::KERNEL_TIMED, staged, TIMED, BASE),
-        ])
+        )],
+        timed: &[],
+    },
+    Family {
+        kernels: dequant::KERNELS,
+        timed: dequant::TIMED,
+    },
+    Family {
+        kernels: &[Declared::of::<params::StagedParams>(
+            staged::KERNEL,
+            "gather + dequant of staged rows that waits in the kernel for each row's tag (the \
+             prefetcher's Join::Tags)",
+            BASE,
+        )],
+        timed: &[staged::KERNEL_TIMED],
+    },
+    Family {
+        kernels: &[Declared::of::<params::CheckParams>(
+            check::KERNEL,
+            "counts launches whose two bf16 buffers differ (the prefetcher's check mode)",
+            BASE,
+        )],
+        timed: &[],
+    },
+    Family {
+        kernels: l2_prefetch::KERNELS,
+        timed: l2_prefetch::TIMED,
+    },
+    Family {
+        kernels: &[Declared::of::<params::PartitionProbeParams>(
+            l2_prefetch::PARTITION_PROBE_KERNEL,
+            "times each SM's L2 hits on lines SM 0 read: tells the L2 partitions apart",
+            BASE,
+        )],
+        timed: &[],
+    },
+    Family {
+        kernels: gemv::KERNELS,
+        timed: gemv::TIMED,
+    },
+    Family {
+        kernels: &[Declared::of::<params::CollectiveParams>(
+            collective::KERNEL,
+            "simulated collective: 1-8 CTAs poll a flag for T ns",
+            BASE,
+        )],
+        timed: &[collective::KERNEL_TIMED],
+    },
+    Family {
+        kernels: &[Declared::of::<params::HashParams>(
+            hash::KERNEL,
+            "hashes token n-grams into Engram row ids (the demo's hasher)",
+            BASE,
+        )],
+        timed: &[],
+    },
+    Family {
+        kernels: &[Declared::of::<params::SpinParams>(
+            spin::KERNEL,
+            "busy-waits on the GPU clock: a layer's compute in the demo and benches",
+            BASE,
+        )],
+        timed: &[spin::KERNEL_TIMED],
+    },
+];
+
+/// What a `_timed` twin's row says it does.
+const TIMED_ABOUT: &str = "the same kernel, recording its blocks on the device timeline";
+
+/// Every kernel entry point, the one list the host, `build.rs`, the PTX tests and `fetchahead
+/// kernels` use, derived from the families' declarations. `build.rs` checks that each is an
+/// `.entry` of every PTX whose arch it needs, taking a parameter block of `param_bytes`, and
+/// that the PTX has no other entry. The plain kernels come first, then the timed twins, so that
+/// a plain kernel's index (the kernel id a timeline record carries) does not depend on them.
+pub fn all_kernels() -> impl Iterator<Item = Entry> {
+    let entry = |k: &Declared, name, twin_of: Option<&'static str>| Entry {
+        name,
+        param_bytes: k.param_bytes,
+        about: if twin_of.is_some() {
+            TIMED_ABOUT
+        } else {
+            k.about
+        },
+        needs: k.needs,
+        twin_of,
+    };
+    let plain = FAMILIES
+        .iter()
+        .flat_map(|f| f.kernels)
+        .map(move |k| entry(k, k.name, None));
+    let twins = FAMILIES.iter().flat_map(move |f| {
+        f.timed
+            .iter()
+            .zip(f.kernels)
+            .map(move |(&twin, k)| entry(k, twin, Some(k.name)))
+    });
+    plain.chain(twins)
 }
 
 /// The `_timed` twin of kernel `name`, if it has one (every kernel the timeline records).
 pub fn timed_twin(name: &str) -> Option<&'static str> {
     all_kernels()
+        .find(|e| e.twin_of == Some(name))
         .map(|e| e.name)
-        .find(|t| t.strip_suffix("_timed") == Some(name))
 }

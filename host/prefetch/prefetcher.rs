@@ -35,7 +35,10 @@ pub struct PrefetcherConfig {
     /// Most rows per prefetch (rounded up to a power of two).
     pub capacity: usize,
     /// The gather + dequant variant by name (`fetchahead_gpu::dequant::VARIANTS`); `None`: the
-    /// fastest measured for the device's arch (`fetchahead_gpu::defaults`).
+    /// fastest measured for the device's arch (`fetchahead_gpu::defaults`). Under [`Join::Tags`]
+    /// it serves only the synchronous gathers (check mode, the fallback after a failed lookup,
+    /// [`Prefetcher::gather_dequant_sync`]): the prefetched gathers run `staged_dequant_tagged`,
+    /// whose layout is its own; a prefetcher built so says so in a warning.
     pub variant: Option<&'static str>,
     /// Run the synchronous path after every prefetched gather and count differing outputs.
     pub check: bool,
@@ -312,6 +315,15 @@ impl Prefetcher {
         let dim = store.dim();
         let layout = StagingLayout::new(config.capacity, dim)?;
         let variant = kernels.dequant_variant(config.variant)?;
+        if config.join == Join::Tags && config.variant.is_some() {
+            log::warn!(
+                "fetchahead: gather + dequant variant {variant} serves only this prefetcher's \
+                 synchronous gathers (check mode, the fallback, gather_dequant_sync): under \
+                 Join::Tags the prefetched gathers run {} (Join::AtGather runs the variant for \
+                 them too)",
+                fetchahead_gpu::staged::KERNEL
+            );
+        }
         let ctx = kernels.gpu().ctx.clone();
         // Prefetchers sharing a lane share its side stream too, so that their requests reach the
         // lane in the order they were enqueued (an earlier layer's never behind a later one's).
