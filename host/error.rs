@@ -369,8 +369,8 @@ impl Error {
     }
 }
 
-/// Names the driver call a `DriverError` came from.
-pub(crate) trait CudaCall<T> {
+/// Names the driver call a `DriverError` came from (the lab's calls too).
+pub trait CudaCall<T> {
     fn call(self, call: &'static str) -> Result<T>;
 }
 

@@ -1,9 +1,14 @@
 //! fetchahead's GPU kernels and everything the host shares with them.
 //!
-//! The same crate compiles twice: for `nvptx64-nvidia-cuda` (the kernels, built to PTX by the
-//! host crate's `build.rs`) and for the host, where only the `#[repr(C)]` parameter structs and
-//! the variant tables exist. Those are the one definition of the launch ABI; the host never copies
-//! them.
+//! The same crate compiles for `nvptx64-nvidia-cuda` (the kernels, built to PTX) and for the
+//! host, where only the `#[repr(C)]` parameter structs, the variant tables and the kernel list
+//! exist. Those are the one definition of the launch ABI; the host never copies them.
+//!
+//! Its kernels make two PTX modules ([`Module`]): the product's, which engines load (the
+//! product's `build.rs` compiles it), and the lab's (the simulation's readers, hasher, compute
+//! and collective stand-ins), which only `fetchahead-lab` loads (`lab/build.rs` compiles it with
+//! `--cfg fetchahead_lab`). Each PTX build compiles only its own module's families; the host
+//! sees every family, so that one list declares the entries of both.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(
     target_arch = "nvptx64",
@@ -233,26 +238,69 @@ pub(crate) const fn const_str_eq(a: &str, b: &str) -> bool {
     true
 }
 
+// The product's families, in the product's PTX and never in the lab's.
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
 pub mod check;
-pub mod collective;
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
 pub mod defaults;
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
 pub mod dequant;
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
 pub mod gather;
-pub mod gemv;
-pub mod hash;
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
 pub mod l2_prefetch;
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
 pub mod mxfp8;
-pub mod params;
-pub mod spin;
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
 pub mod staged;
+
+// The lab's families, in the lab's PTX only.
+#[cfg(any(not(target_arch = "nvptx64"), fetchahead_lab))]
+pub mod collective;
+#[cfg(any(not(target_arch = "nvptx64"), fetchahead_lab))]
+pub mod gemv;
+#[cfg(any(not(target_arch = "nvptx64"), fetchahead_lab))]
+pub mod hash;
+#[cfg(any(not(target_arch = "nvptx64"), fetchahead_lab))]
+pub mod spin;
+
+// Shared by both modules.
+pub mod params;
 pub mod timeline;
 
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", fetchahead_lab))]
 mod cluster;
 #[cfg(target_arch = "nvptx64")]
 mod device;
 #[cfg(target_arch = "nvptx64")]
 mod smem;
+
+/// The PTX module a kernel is compiled into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Module {
+    /// The product's kernels: what an engine loads (`fetchahead::Kernels`).
+    Product,
+    /// The lab's: the simulation's GEMV readers, hasher, compute and collective stand-ins, which
+    /// only `fetchahead-lab` loads, beside the product's.
+    Lab,
+}
+
+impl Module {
+    pub const ALL: [Module; 2] = [Module::Product, Module::Lab];
+
+    /// `product` or `lab`: how `fetchahead kernels` and `fetchahead ptx --module` name it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Module::Product => "product",
+            Module::Lab => "lab",
+        }
+    }
+
+    /// The module named `name` (`product` or `lab`).
+    pub fn named(name: &str) -> Option<Module> {
+        Module::ALL.into_iter().find(|m| m.name() == name)
+    }
+}
 
 /// A kernel entry point as its declaration states it: its name, what it does (for `fetchahead
 /// kernels`), the oldest SM whose PTX holds it (80, 89 or 90: what its instructions need), and
@@ -265,6 +313,7 @@ pub struct Declared {
     pub param_bytes: usize,
 }
 
+#[cfg(not(target_arch = "nvptx64"))]
 impl Declared {
     /// A hand-written entry (no [`variants!`] table) of parameter struct `P`.
     const fn of<P>(name: &'static str, about: &'static str, needs: u32) -> Declared {
@@ -277,10 +326,11 @@ impl Declared {
     }
 }
 
-/// A kernel entry point the host may load: its declaration, and for a `_timed` twin the kernel
-/// it records (`about` then says so).
+/// A kernel entry point the host may load: its declaration, its module, and for a `_timed` twin
+/// the kernel it records (`about` then says so).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
+    pub module: Module,
     pub name: &'static str,
     pub param_bytes: usize,
     pub about: &'static str,
@@ -291,6 +341,7 @@ pub struct Entry {
 }
 
 /// The SM number of an arch as build.rs names it: `sm_121a` -> 121.
+#[cfg(not(target_arch = "nvptx64"))]
 pub fn arch_sm(arch: &str) -> Option<u32> {
     let digits = arch.strip_prefix("sm_")?;
     digits.strip_suffix('a').unwrap_or(digits).parse().ok()
@@ -298,22 +349,28 @@ pub fn arch_sm(arch: &str) -> Option<u32> {
 
 /// A family's entries as the list holds them: its declared kernels and their `_timed` twins
 /// (`timed[i]` records `kernels[i]`; a family without a timeline has none).
+#[cfg(not(target_arch = "nvptx64"))]
 struct Family {
+    module: Module,
     kernels: &'static [Declared],
     timed: &'static [&'static str],
 }
 
+#[cfg(not(target_arch = "nvptx64"))]
 const BASE: u32 = BASELINE_SM;
 
 /// Every kernel family, each once: the [`variants!`] tables as they declare them, and the
 /// hand-written entries with their constants' names. build.rs fails the build for a PTX entry
 /// that no family here declares, so an entry cannot be missed.
+#[cfg(not(target_arch = "nvptx64"))]
 const FAMILIES: &[Family] = &[
     Family {
+        module: Module::Product,
         kernels: gather::KERNELS,
         timed: gather::TIMED,
     },
     Family {
+        module: Module::Product,
         kernels: &[Declared::of::<params::GatherParams>(
             gather::EMPTY_KERNEL,
             "does nothing: the launch-cost floor for benches",
@@ -322,10 +379,12 @@ const FAMILIES: &[Family] = &[
         timed: &[],
     },
     Family {
+        module: Module::Product,
         kernels: dequant::KERNELS,
         timed: dequant::TIMED,
     },
     Family {
+        module: Module::Product,
         kernels: &[Declared::of::<params::StagedParams>(
             staged::KERNEL,
             "gather + dequant of staged rows that waits in the kernel for each row's tag (the \
@@ -335,6 +394,7 @@ const FAMILIES: &[Family] = &[
         timed: &[staged::KERNEL_TIMED],
     },
     Family {
+        module: Module::Product,
         kernels: &[Declared::of::<params::CheckParams>(
             check::KERNEL,
             "counts launches whose two bf16 buffers differ (the prefetcher's check mode)",
@@ -343,10 +403,12 @@ const FAMILIES: &[Family] = &[
         timed: &[],
     },
     Family {
+        module: Module::Product,
         kernels: l2_prefetch::KERNELS,
         timed: l2_prefetch::TIMED,
     },
     Family {
+        module: Module::Product,
         kernels: &[Declared::of::<params::PartitionProbeParams>(
             l2_prefetch::PARTITION_PROBE_KERNEL,
             "times each SM's L2 hits on lines SM 0 read: tells the L2 partitions apart",
@@ -355,10 +417,12 @@ const FAMILIES: &[Family] = &[
         timed: &[],
     },
     Family {
+        module: Module::Lab,
         kernels: gemv::KERNELS,
         timed: gemv::TIMED,
     },
     Family {
+        module: Module::Lab,
         kernels: &[Declared::of::<params::CollectiveParams>(
             collective::KERNEL,
             "simulated collective: 1-8 CTAs poll a flag for T ns",
@@ -367,6 +431,7 @@ const FAMILIES: &[Family] = &[
         timed: &[collective::KERNEL_TIMED],
     },
     Family {
+        module: Module::Lab,
         kernels: &[Declared::of::<params::HashParams>(
             hash::KERNEL,
             "hashes token n-grams into Engram row ids (the demo's hasher)",
@@ -375,6 +440,7 @@ const FAMILIES: &[Family] = &[
         timed: &[],
     },
     Family {
+        module: Module::Lab,
         kernels: &[Declared::of::<params::SpinParams>(
             spin::KERNEL,
             "busy-waits on the GPU clock: a layer's compute in the demo and benches",
@@ -385,6 +451,7 @@ const FAMILIES: &[Family] = &[
 ];
 
 /// What a `_timed` twin's row says it does.
+#[cfg(not(target_arch = "nvptx64"))]
 const TIMED_ABOUT: &str = "the same kernel, recording its blocks on the device timeline";
 
 /// Every kernel entry point, the one list the host, `build.rs`, the PTX tests and `fetchahead
@@ -392,8 +459,10 @@ const TIMED_ABOUT: &str = "the same kernel, recording its blocks on the device t
 /// `.entry` of every PTX whose arch it needs, taking a parameter block of `param_bytes`, and
 /// that the PTX has no other entry. The plain kernels come first, then the timed twins, so that
 /// a plain kernel's index (the kernel id a timeline record carries) does not depend on them.
+#[cfg(not(target_arch = "nvptx64"))]
 pub fn all_kernels() -> impl Iterator<Item = Entry> {
-    let entry = |k: &Declared, name, twin_of: Option<&'static str>| Entry {
+    let entry = |f: &Family, k: &Declared, name, twin_of: Option<&'static str>| Entry {
+        module: f.module,
         name,
         param_bytes: k.param_bytes,
         about: if twin_of.is_some() {
@@ -406,18 +475,18 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
     };
     let plain = FAMILIES
         .iter()
-        .flat_map(|f| f.kernels)
-        .map(move |k| entry(k, k.name, None));
+        .flat_map(move |f| f.kernels.iter().map(move |k| entry(f, k, k.name, None)));
     let twins = FAMILIES.iter().flat_map(move |f| {
         f.timed
             .iter()
             .zip(f.kernels)
-            .map(move |(&twin, k)| entry(k, twin, Some(k.name)))
+            .map(move |(&twin, k)| entry(f, k, twin, Some(k.name)))
     });
     plain.chain(twins)
 }
 
 /// The `_timed` twin of kernel `name`, if it has one (every kernel the timeline records).
+#[cfg(not(target_arch = "nvptx64"))]
 pub fn timed_twin(name: &str) -> Option<&'static str> {
     all_kernels()
         .find(|e| e.twin_of == Some(name))

@@ -26,13 +26,12 @@ pub(crate) fn mapped_pinned(
     Ok((host, device_address))
 }
 
-#[cfg(feature = "simulation")]
 /// Enqueues setting `bytes` bytes at device address `address` to `value`.
 ///
 /// # Safety
 /// `address..address + bytes` lies in a live device allocation that nothing else writes
 /// meanwhile on other streams; `stream` is a valid stream of its context.
-pub(crate) unsafe fn memset_d8_async(
+pub unsafe fn memset_d8_async(
     address: u64,
     value: u8,
     bytes: usize,
@@ -42,12 +41,11 @@ pub(crate) unsafe fn memset_d8_async(
     unsafe { result::memset_d8_async(address, value, bytes, stream) }.call("cuMemsetD8Async")
 }
 
-#[cfg(feature = "simulation")]
 /// Enqueues a copy of `bytes` bytes from device address `src` to device address `dst`.
 ///
 /// # Safety
 /// Both spans lie in live device allocations and do not overlap; `stream` is a valid stream.
-pub(crate) unsafe fn memcpy_dtod_async(
+pub unsafe fn memcpy_dtod_async(
     dst: u64,
     src: u64,
     bytes: usize,

@@ -19,7 +19,7 @@
 //!
 //! - [`planner`]: [`Planner`], the plan logic alone, on the CPU, and its configuration.
 //! - [`device`]: [`L2Plan`], which drives the device with a planner.
-//! - `window_fit`: the byte caps that fit each window's prefetch into its window.
+//! - [`window_fit`]: the byte caps that fit each window's prefetch into its window.
 //! - [`partitions`]: which L2 partition each SM is near, measured on the device.
 //! - [`segments`]: prefetch segments checked on the host and uploaded as a device table.
 //! - [`access_policy`]: the persisting-L2 access-policy window, the plan's alternative mode.
@@ -32,7 +32,7 @@ pub mod device;
 pub mod partitions;
 pub mod planner;
 pub mod segments;
-pub(crate) mod window_fit;
+pub mod window_fit;
 
 pub use access_policy::{AccessWindow, PersistingL2};
 pub use device::{ForwardOutcome, L2Plan};

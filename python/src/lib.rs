@@ -1048,7 +1048,8 @@ fn require_device(py: Python<'_>, ordinal: usize) -> PyRes<usize> {
 
 /// The prefetcher defaults as each surface states them: `{"rust": {...}, "c": {...}}`, each
 /// `{"completion", "join", "capacity", "check", "fallback_on_error"}` in Python's spelling (the
-/// test that Python's, the demo's, C's and Rust's agree reads it).
+/// test that Python's, C's and Rust's agree reads it; the lab's tests check the demo's against
+/// Rust's).
 #[pyfunction]
 fn default_prefetcher_config(py: Python<'_>) -> PyRes<Bound<'_, PyDict>> {
     use fetchahead::ffi::{
@@ -1115,18 +1116,9 @@ fn default_prefetcher_config(py: Python<'_>) -> PyRes<Bound<'_, PyDict>> {
         c.check != 0,
         c.fallback_on_error != 0,
     )?;
-    let (completion, join) = fetchahead::cli::demo_defaults();
-    let demo = entry(
-        completion,
-        join,
-        r.capacity as u64,
-        r.check,
-        r.fallback_on_error,
-    )?;
     let d = PyDict::new(py);
     d.set_item("rust", rust)?;
     d.set_item("c", c)?;
-    d.set_item("demo", demo)?;
     Ok(d)
 }
 

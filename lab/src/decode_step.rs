@@ -2,7 +2,7 @@
 //! buys per step.
 //!
 //! The step: the Engram hash of the step's tokens (and the Engram prefetches right after it),
-//! then per layer its collectives, each a simulated collective kernel ([`Kernels::launch_collective`])
+//! then per layer its collectives, each a simulated collective kernel ([`LabKernels::launch_collective`])
 //! followed by weight-bound readers of the next weights (the crate's bf16 GEMV over weights of
 //! DeepSeek-V3's projection shapes per tensor-parallel rank), spin kernels for the rest of each
 //! layer's compute before each collective, and at the end of each Engram layer its gather of the
@@ -27,18 +27,18 @@ use fetchahead_gpu::timeline::NO_LABEL;
 use half::bf16;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
-use crate::error::CudaCall;
-use crate::kernels::Kernels;
-use crate::l2_plan::window_fit::{MEASURES, TAIL, WindowFit};
-use crate::l2_plan::{
-    CollectiveKind, L2Plan, PlanConfig, SEGMENT_PIECE, SegmentTable, Signature, default_budget,
-};
-use crate::prefetch::prefetcher::{Completion, Join, PrefetcherConfig, Stats};
-use crate::sim::forward::{
+use crate::LabKernels;
+use crate::forward::{
     EngramLayers, FlagLanes, ForwardShape, GatherPath, LayerTable, StepClock, StepTime,
 };
-use crate::sim::gemv::GemvLaunch;
-use crate::{Error, Result};
+use crate::gemv::GemvLaunch;
+use fetchahead::error::CudaCall;
+use fetchahead::l2_plan::window_fit::{MEASURES, TAIL, WindowFit};
+use fetchahead::l2_plan::{
+    CollectiveKind, L2Plan, PlanConfig, SEGMENT_PIECE, SegmentTable, Signature, default_budget,
+};
+use fetchahead::prefetch::prefetcher::{Completion, Join, PrefetcherConfig, Stats};
+use fetchahead::{Error, Result};
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -362,7 +362,7 @@ impl Reader {
     /// Copies `w` (`n x k` bf16) to the device on `stream`, with outputs, reading the `m x k`
     /// activations at `x` (a live device allocation that outlives the reader).
     fn new(
-        kernels: &Kernels,
+        kernels: &LabKernels,
         stream: &Arc<CudaStream>,
         x: u64,
         w: &[bf16],
@@ -372,7 +372,7 @@ impl Reader {
         let n = u32::try_from(w.len() / k.max(1) as usize)
             .map_err(|_| Error::invalid("reader", format!("{} weights", w.len())))?;
         let GemvLaunch { variant, splits } = GemvLaunch::default_for(kernels, m, n, k)?;
-        let reduce = Kernels::gemv_variant_at(variant)?.reduce;
+        let reduce = LabKernels::gemv_variant_at(variant)?.reduce;
         let bits: Vec<u16> = w.iter().map(|b| b.to_bits()).collect();
         let w = stream.clone_htod(&bits).call("cuMemcpyHtoD")?;
         let partial_len = if reduce == Reduce::Global && splits > 1 {
@@ -422,7 +422,7 @@ impl Reader {
     }
 
     /// Launches the reader on `stream` (raw addresses, nothing allocated: capturable).
-    pub fn launch(&self, kernels: &Kernels, stream: &CudaStream) -> Result<()> {
+    pub fn launch(&self, kernels: &LabKernels, stream: &CudaStream) -> Result<()> {
         // SAFETY: w, y, partial and counters are this reader's own allocations of the sizes the
         // params name (as `Gemv` sizes them), alive while it is; x is its weights' owner's
         // activations of m x k bf16, alive as long; y, partial and counters are written by this
@@ -456,7 +456,11 @@ impl DecodeWeights {
     /// Allocates and fills every reader's weights and the shared activations on `stream`
     /// (random bf16 from the shape's seed; each reader's weights a different stretch of one
     /// random pool).
-    pub fn new(kernels: &Kernels, stream: &Arc<CudaStream>, shape: &DecodeShape) -> Result<Self> {
+    pub fn new(
+        kernels: &LabKernels,
+        stream: &Arc<CudaStream>,
+        shape: &DecodeShape,
+    ) -> Result<Self> {
         let windows = shape.schedule()?;
         const SLACK: usize = 1 << 16;
         let roles = [WindowRole::Gather, WindowRole::Attention, WindowRole::Moe];
@@ -635,7 +639,7 @@ impl StepOutputs {
 
 /// A decode step on one stream: the Engram layers, the readers (shared), the L2 plan.
 pub struct DecodeStep {
-    kernels: Arc<Kernels>,
+    kernels: Arc<LabKernels>,
     main: Arc<CudaStream>,
     shape: DecodeShape,
     weights: Arc<DecodeWeights>,
@@ -655,7 +659,7 @@ impl DecodeStep {
     /// device's defaults
     /// (`PlanConfig::for_l2`, `Replay::Auto`).
     pub fn new(
-        kernels: Arc<Kernels>,
+        kernels: Arc<LabKernels>,
         main: Arc<CudaStream>,
         tables: &[Arc<dyn LayerTable>],
         shape: DecodeShape,
@@ -667,7 +671,7 @@ impl DecodeStep {
     /// As [`DecodeStep::new`], the prefetchers' gathers waiting for their rows the way `join`
     /// says (the bench compares the two).
     pub fn with_join(
-        kernels: Arc<Kernels>,
+        kernels: Arc<LabKernels>,
         main: Arc<CudaStream>,
         tables: &[Arc<dyn LayerTable>],
         shape: DecodeShape,
@@ -705,7 +709,7 @@ impl DecodeStep {
             FlagLanes::Shared,
         )?;
         let plan = L2Plan::new(
-            kernels.clone(),
+            kernels.product().clone(),
             main.clone(),
             PlanConfig::from_env(kernels.gpu().l2_bytes)?,
         )?;
@@ -746,7 +750,7 @@ impl DecodeStep {
         &self.plan
     }
 
-    pub fn kernels(&self) -> &Arc<Kernels> {
+    pub fn kernels(&self) -> &Arc<LabKernels> {
         &self.kernels
     }
 
@@ -867,7 +871,12 @@ impl DecodeStep {
                 // SAFETY: `y` is the GEMV's own allocation of m x n f32, alive with the
                 // weights this step holds; written by nothing else on this stream meanwhile.
                 unsafe {
-                    crate::driver::memory::memset_d8_async(p.y, 0xFF, bytes, self.main.cu_stream())
+                    fetchahead::driver::memory::memset_d8_async(
+                        p.y,
+                        0xFF,
+                        bytes,
+                        self.main.cu_stream(),
+                    )
                 }?;
             }
         }
@@ -1205,7 +1214,7 @@ fn capture_graph(
 /// the collective and the reader captured as one graph, timed around its launch, less the same
 /// graph without the reader.
 pub fn reader_times(
-    kernels: &Kernels,
+    kernels: &LabKernels,
     stream: &Arc<CudaStream>,
     weights: &DecodeWeights,
     reps: usize,
@@ -1284,14 +1293,14 @@ pub fn reader_times(
 /// Leaves L2 full of clean lines of a buffer of its own (twice the L2 size, 64-512 MiB): a write
 /// of it, then a read of it by every SM (`l2_prefetch_loads`), then the activations read back.
 struct CleanFlush<'a> {
-    kernels: &'a Kernels,
+    kernels: &'a LabKernels,
     stream: &'a Arc<CudaStream>,
     buffer: CudaSlice<u8>,
     table: SegmentTable,
 }
 
 impl<'a> CleanFlush<'a> {
-    fn new(kernels: &'a Kernels, stream: &'a Arc<CudaStream>) -> Result<Self> {
+    fn new(kernels: &'a LabKernels, stream: &'a Arc<CudaStream>) -> Result<Self> {
         let bytes = (2 * kernels.gpu().l2_bytes).clamp(64 << 20, 512 << 20);
         let buffer = stream
             .alloc_zeros::<u8>(bytes as usize)
@@ -1319,7 +1328,7 @@ impl<'a> CleanFlush<'a> {
         let base = self.buffer.device_ptr(self.stream).0;
         let bytes = self.buffer.len();
         // SAFETY: the flush buffer is this flush's own allocation of `bytes` bytes.
-        unsafe { crate::driver::memory::memset_d8_async(base, 0x5A, bytes, s) }?;
+        unsafe { fetchahead::driver::memory::memset_d8_async(base, 0x5A, bytes, s) }?;
         let n = self.table.len() as u32;
         let gpu = self.kernels.gpu();
         let (blocks, threads) = l2_prefetch::launch_shape(
@@ -1346,7 +1355,7 @@ impl<'a> CleanFlush<'a> {
         // SAFETY: x is a reader's live activations of `x_bytes`; the flush buffer, at least
         // 64 MiB, holds them and does not overlap them. The copy's writes are the activations'
         // bytes again, as a collective's output would leave them in L2.
-        unsafe { crate::driver::memory::memcpy_dtod_async(base, x, x_bytes, s) }
+        unsafe { fetchahead::driver::memory::memcpy_dtod_async(base, x, x_bytes, s) }
     }
 }
 

@@ -1,4 +1,4 @@
-//! `fetchahead demo` (the default command): simulated decode and prefill steps of a model with
+//! `fetchahead-lab demo` (the default command): simulated decode and prefill steps of a model with
 //! Engram layers. A hash kernel turns a token stream into each Engram layer's row ids, compute
 //! kernels stand in for the layers, and the gathers consume the rows, three ways: rows resident
 //! on the device (the floor), the synchronous lookup path, and the side-stream prefetcher. GPU
@@ -16,14 +16,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::LabKernels;
+use crate::forward::{
+    FlagLanes, ForwardShape, GatherPath, LEAD_IN_US, LayerTable, SimulatedForward,
+};
 use clap::{Args, Parser};
-use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::prefetch::lookup::MemoryRows;
 use fetchahead::prefetch::prefetcher::{Completion, Join, PrefetcherConfig};
-use fetchahead::sim::forward::{
-    FlagLanes, ForwardShape, GatherPath, LEAD_IN_US, LayerTable, SimulatedForward,
-};
 use fetchahead::store::make::{DirState, TableSpec, WriteOptions, dir_state, write_table_with};
 use fetchahead::store::{LayerRows, ReadPath, RowStore, Stats, StoreOptions};
 use fetchahead::{Error, Result};
@@ -241,7 +241,7 @@ impl DemoArgs {
     }
 }
 
-/// Parses the defaults declared above, so that `fetchahead` alone runs exactly `fetchahead demo`.
+/// Parses the defaults declared above, so that `fetchahead-lab` alone runs exactly `fetchahead-lab demo`.
 #[derive(Parser)]
 struct DefaultsOnly {
     #[command(flatten)]
@@ -504,7 +504,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         }
         Err(e) => return Err(e),
     };
-    let kernels = Arc::new(Kernels::load(&gpu)?);
+    let kernels = Arc::new(LabKernels::load(&gpu)?);
     let completion = Completion::from(args.completion);
     let join = Join::from(args.join);
     println!(

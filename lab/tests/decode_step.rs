@@ -1,21 +1,21 @@
 //! The simulated decode step: its schedule and Spark projection on the CPU, and on the GPU a
 //! small step whose outputs are bit-identical across every configuration, eager and replayed.
 mod common;
-#[path = "common/counting_alloc.rs"]
+#[path = "../../tests/common/counting_alloc.rs"]
 mod counting_alloc;
 use std::sync::Arc;
 
 use counting_alloc::allocations;
-use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::l2_plan::default_budget;
 use fetchahead::prefetch::lookup::MemoryRows;
-use fetchahead::sim::decode_step::{
+use fetchahead::{Error, Result};
+use fetchahead_lab::LabKernels;
+use fetchahead_lab::decode_step::{
     DecodeShape, DecodeStep, DecodeWeights, GB10, Matrix, MeasuredStep, ModelWindow, ReaderTime,
     SparkModel, StepConfig, StepOutputs, WindowRole,
 };
-use fetchahead::sim::forward::LayerTable;
-use fetchahead::{Error, Result};
+use fetchahead_lab::forward::LayerTable;
 
 fn the_deepseek_schedule_holds_the_origin_storys_windows() {
     let shape = DecodeShape::deepseek();
@@ -222,7 +222,7 @@ fn a_small_steps_outputs_are_bit_identical_across_configurations() -> Result<()>
     else {
         return Ok(());
     };
-    let kernels = Arc::new(Kernels::load(&gpu)?);
+    let kernels = Arc::new(LabKernels::load(&gpu)?);
     // SAFETY: every launch of this test passes raw addresses taken at creation.
     unsafe { gpu.ctx.disable_event_tracking() };
     let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
@@ -279,8 +279,8 @@ fn a_small_steps_outputs_are_bit_identical_across_configurations() -> Result<()>
 /// The step table from synthetic runs: every configuration's line, the goal line and the
 /// plan's saving lines, without a device.
 fn the_report_reads_every_configuration() {
-    use fetchahead::sim::decode_step::{Run, Runs, report, spark_lines};
-    use fetchahead::sim::forward::StepTime;
+    use fetchahead_lab::decode_step::{Run, Runs, report, spark_lines};
+    use fetchahead_lab::forward::StepTime;
     let mut runs = Runs::new();
     let base = |c: StepConfig| match c {
         StepConfig::Floor => 47.0,
@@ -299,7 +299,7 @@ fn the_report_reads_every_configuration() {
                     enqueue_ms: 2.0,
                     lead_in_overrun: false,
                 };
-                let lookup = if c.gather() == fetchahead::sim::forward::GatherPath::Resident {
+                let lookup = if c.gather() == fetchahead_lab::forward::GatherPath::Resident {
                     0.0
                 } else {
                     1.8
@@ -358,7 +358,7 @@ fn a_warm_steps_enqueue_allocates_nothing() -> Result<()> {
     let Some(gpu) = Gpu::for_test("a_warm_steps_enqueue_allocates_nothing")? else {
         return Ok(());
     };
-    let kernels = Arc::new(Kernels::load(&gpu)?);
+    let kernels = Arc::new(LabKernels::load(&gpu)?);
     let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
     let shape = small_shape();
     let stream = gpu.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;

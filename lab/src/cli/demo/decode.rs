@@ -1,19 +1,19 @@
 //! The demo's decode-step section: the DeepSeek-scale decode step of
-//! [`fetchahead::sim::decode_step`] on the demo's own row-store table, in every configuration (neither
+//! [`crate::decode_step`] on the demo's own row-store table, in every configuration (neither
 //! feature, the Engram prefetcher only, the L2 plan only, both, and the floors), eager and
 //! replayed from a CUDA graph; the outputs compared across them; the DGX Spark projection.
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use fetchahead::kernels::Kernels;
-use fetchahead::kernels::gpu::Gpu;
-use fetchahead::sim::decode_step::{
+use crate::LabKernels;
+use crate::decode_step::{
     DECODE_LEAD_IN_US, DecodeShape, DecodeStep, DecodeWeights, GB10, Run, Runs, SparkModel,
     StepConfig, StepOutputs, model_windows, reader_times, report, spark_lines,
 };
-use fetchahead::sim::forward::LayerTable;
-use fetchahead::sim::trace::{TRACED, trace_decode_step};
+use crate::forward::LayerTable;
+use crate::trace::{TRACED, trace_decode_step};
+use fetchahead::kernels::gpu::Gpu;
 use fetchahead::timeline::DEFAULT_CAPACITY;
 use fetchahead::{Error, Result};
 use rand::rngs::SmallRng;
@@ -68,7 +68,7 @@ pub fn skipped(args: &DemoArgs) {
 pub fn run(
     args: &DemoArgs,
     gpu: &Gpu,
-    kernels: &Arc<Kernels>,
+    kernels: &Arc<LabKernels>,
     tables: &[Arc<dyn LayerTable>],
     rng: &mut SmallRng,
 ) -> Result<bool> {

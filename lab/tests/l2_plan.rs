@@ -9,16 +9,16 @@ use fetchahead::device_abi::gemv::Reduce;
 use fetchahead::device_abi::l2_prefetch::PrefetchVariant;
 use fetchahead::device_abi::params::Segment;
 use fetchahead::device_abi::{gemv, l2_prefetch};
-use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::l2_plan::segments::{SegmentTable, aligned_segment, check_segment};
 use fetchahead::l2_plan::{
     L2Plan, Learned, PlanConfig, Planner, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature,
     auto_variant, default_budget, read_limit,
 };
-use fetchahead::sim::gemv::{Gemv, GemvLaunch};
-use fetchahead::sim::reference;
 use fetchahead::{Error, Result};
+use fetchahead_lab::LabKernels;
+use fetchahead_lab::gemv::{Gemv, GemvLaunch};
+use fetchahead_lab::reference;
 use half::bf16;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
@@ -317,7 +317,7 @@ const K: u32 = 1024;
 impl Layers {
     /// `layers` GEMVs of `m x K` activations against `rows x K` weights, random bf16.
     fn new(
-        kernels: &Kernels,
+        kernels: &LabKernels,
         stream: &Arc<CudaStream>,
         layers: usize,
         m: u32,
@@ -341,7 +341,7 @@ impl Layers {
     /// announced to `plan`.
     fn run(
         &self,
-        kernels: &Kernels,
+        kernels: &LabKernels,
         stream: &CudaStream,
         mut plan: Option<&mut L2Plan>,
         sig: Signature,
@@ -392,7 +392,7 @@ fn bits(outputs: &[Vec<f32>]) -> Vec<Vec<u32>> {
 /// GPU tests run one at a time: one sets the context's persisting-L2 limit, others capture.
 static GPU_LOCK: Mutex<()> = Mutex::new(());
 
-type Device = (Arc<Kernels>, Arc<CudaStream>, MutexGuard<'static, ()>);
+type Device = (Arc<LabKernels>, Arc<CudaStream>, MutexGuard<'static, ()>);
 
 fn open(what: &str) -> Result<Option<Device>> {
     let lock = GPU_LOCK
@@ -401,7 +401,7 @@ fn open(what: &str) -> Result<Option<Device>> {
     let Some(gpu) = Gpu::for_test(what)? else {
         return Ok(None);
     };
-    let kernels = Arc::new(Kernels::load(&gpu)?);
+    let kernels = Arc::new(LabKernels::load(&gpu)?);
     let stream = gpu.ctx.new_stream().map_err(|source| Error::Cuda {
         call: "cuStreamCreate",
         source,
@@ -460,7 +460,7 @@ fn gemv_matches_the_cpu_reference() -> Result<()> {
 /// Launches `gemv` twice against `want`: the split-K epilogue must leave its arrival counters
 /// ready for the next launch, and the result must not change.
 fn check_gemv(
-    kernels: &Kernels,
+    kernels: &LabKernels,
     stream: &Arc<CudaStream>,
     gemv: &mut Gemv,
     want: &[f64],
@@ -583,7 +583,7 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
         let mut config = PlanConfig::for_l2(l2);
         config.replay = replay;
         config.launch = launch;
-        let mut plan = match L2Plan::new(kernels.clone(), stream.clone(), config) {
+        let mut plan = match L2Plan::new(kernels.product().clone(), stream.clone(), config) {
             Ok(plan) => plan,
             Err(e) if replay == Replay::AccessPolicy => {
                 eprintln!("skipping the access-policy mode: {e}");
@@ -647,7 +647,7 @@ fn caps_each_window_to_what_its_prefetch_issues_within_it() -> Result<()> {
         config.replay = Replay::Prefetch {
             variant: l2_prefetch::BULK_VARIANT,
         };
-        let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
+        let mut plan = L2Plan::new(kernels.product().clone(), stream.clone(), config)?;
         let mut issued = Vec::new();
         for forward in 0..4 {
             layers.poison(&stream)?;
@@ -685,7 +685,7 @@ fn a_stale_plan_keeps_outputs_exact() -> Result<()> {
     new.run(&kernels, &stream, None, SIG)?;
     let want = bits(&new.outputs(&stream)?);
     let config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
-    let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
+    let mut plan = L2Plan::new(kernels.product().clone(), stream.clone(), config)?;
     old.run(&kernels, &stream, Some(&mut plan), SIG)?;
     for forward in 0..2 {
         new.poison(&stream)?;
@@ -714,7 +714,7 @@ fn forward_is_bit_identical_with_prefetch_in_a_graph() -> Result<()> {
     for variant in PrefetchVariant::all() {
         let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
         config.replay = Replay::Prefetch { variant };
-        let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
+        let mut plan = L2Plan::new(kernels.product().clone(), stream.clone(), config)?;
         // One forward learns, two more time the windows (2 us each): the capture bakes in
         // windows cut to fit.
         for _ in 0..3 {
@@ -911,7 +911,7 @@ fn a_replayed_plan_brings_readers_near_hand_warmed() -> Result<()> {
     let sig = Signature::new(8, 22);
     let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
     config.budget_per_window = 16 << 20;
-    let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
+    let mut plan = L2Plan::new(kernels.product().clone(), stream.clone(), config)?;
     // The plan learns, then fits its windows, eagerly.
     for _ in 0..4 {
         layers.run(&kernels, &stream, Some(&mut plan), sig)?;
@@ -1030,7 +1030,7 @@ fn measures_the_l2_partitions_of_every_sm() -> Result<()> {
         assert!(near > 0 && far > 0, "{near} near, {far} far");
     }
     let plan = L2Plan::new(
-        kernels.clone(),
+        kernels.product().clone(),
         stream.clone(),
         PlanConfig::for_l2(kernels.gpu().l2_bytes),
     )?;

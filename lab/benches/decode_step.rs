@@ -1,5 +1,5 @@
 //! What fetchahead buys per decode step: the simulated DeepSeek-scale step of
-//! `fetchahead::sim::decode_step` (a hasher; 61 layers with 89 all-reduce and 49 all-gather windows,
+//! `fetchahead_lab::decode_step` (a hasher; 61 layers with 89 all-reduce and 49 all-gather windows,
 //! 3.6 ms in all, each followed by bf16 GEMV readers of the next weights; spin compute between;
 //! Engram layers 2 and 15 gathering rows looked up in a row store on disk), timed with CUDA
 //! events, eager and replayed from a CUDA graph, in six configurations: neither feature, the
@@ -28,18 +28,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
-use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::prefetch::prefetcher::Join;
-use fetchahead::sim::decode_step::{
-    DECODE_LEAD_IN_US, DecodeShape, DecodeStep, DecodeWeights, GB10, Run, Runs, SparkModel,
-    StepConfig, StepOutputs, model_windows, reader_times, report, spark_lines,
-};
-use fetchahead::sim::forward::LayerTable;
-use fetchahead::sim::trace::{TRACED, trace_decode_step};
 use fetchahead::store::make::{TableSpec, write_table};
 use fetchahead::store::{LayerRows, ReadPath, RowStore, StoreOptions};
 use fetchahead::timeline::DEFAULT_CAPACITY;
+use fetchahead_lab::LabKernels;
+use fetchahead_lab::decode_step::{
+    DECODE_LEAD_IN_US, DecodeShape, DecodeStep, DecodeWeights, GB10, Run, Runs, SparkModel,
+    StepConfig, StepOutputs, model_windows, reader_times, report, spark_lines,
+};
+use fetchahead_lab::forward::LayerTable;
+use fetchahead_lab::trace::{TRACED, trace_decode_step};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
 const DIM: usize = 256;
@@ -198,7 +198,7 @@ fn decode_step(c: &mut Criterion) {
         }
         return;
     };
-    let kernels = Arc::new(Kernels::load(&gpu).expect("load the kernels"));
+    let kernels = Arc::new(LabKernels::load(&gpu).expect("load the kernels"));
     // SAFETY: from here on every launch passes raw addresses taken at creation, and no slice is
     // shared between streams without the crate's own fork and join events.
     unsafe { gpu.ctx.disable_event_tracking() };
@@ -272,7 +272,7 @@ fn decode_step(c: &mut Criterion) {
     type Measured<'a> = (
         &'a Lookups,
         Runs,
-        Vec<fetchahead::sim::decode_step::ModelWindow>,
+        Vec<fetchahead_lab::decode_step::ModelWindow>,
         f64,
     );
     let mut all_runs: Vec<Measured> = Vec::new();
