@@ -13,7 +13,7 @@ use fetchahead::{Error, Result};
 use fetchahead_lab::LabKernels;
 use fetchahead_lab::decode_step::{
     DecodeShape, DecodeStep, DecodeWeights, GB10, Matrix, MeasuredStep, ModelWindow, ReaderTime,
-    SparkModel, StepConfig, StepOutputs, WindowRole,
+    Run, SparkModel, StepConfig, StepOutputs, WindowRole, sweep,
 };
 use fetchahead_lab::forward::LayerTable;
 
@@ -215,8 +215,9 @@ fn small_shape() -> DecodeShape {
     }
 }
 
-/// Every configuration, eager and replayed from a graph, gives the same outputs bit for bit,
-/// and every output was written (poisoned before).
+/// Every configuration, eager and replayed from a graph (the one sweep the demo and the bench
+/// run), gives the same outputs bit for bit, run after run, and every output was written
+/// (poisoned before).
 fn a_small_steps_outputs_are_bit_identical_across_configurations() -> Result<()> {
     let Some(gpu) = Gpu::for_test("a_small_steps_outputs_are_bit_identical_across_configurations")?
     else {
@@ -234,41 +235,30 @@ fn a_small_steps_outputs_are_bit_identical_across_configurations() -> Result<()>
         .collect::<Result<_>>()?;
     let mut step = DecodeStep::new(kernels.clone(), stream, &tables, shape, weights)?;
     step.warm_plan()?;
-    step.set_tokens(&[3, 1, 4, 1])?;
-    let mut want: Option<StepOutputs> = None;
-    for config in StepConfig::ALL {
-        for graph in [false, true] {
-            let captured = if graph {
-                Some(step.capture(config)?)
-            } else {
-                None
-            };
-            for run in 0..2 {
-                step.poison()?;
-                match &captured {
-                    Some(g) => step.time_replay(g)?,
-                    None => step.time(config)?,
-                };
-                let got = step.outputs(config)?;
-                assert!(
-                    got.readers.iter().all(|y| y.iter().all(|&v| v != u32::MAX)),
-                    "{config:?} graph {graph} run {run}: a reader output was not written"
-                );
-                assert!(
-                    got.engram.iter().all(|r| r.iter().all(|&v| v != u16::MAX)),
-                    "{config:?} graph {graph} run {run}: an Engram row was not written"
-                );
-                match &want {
-                    None => want = Some(got),
-                    Some(want) => assert_eq!(
-                        want.first_difference(&got),
-                        None,
-                        "{config:?} graph {graph} run {run}"
-                    ),
-                }
+    let tokens = [3, 1, 4, 1];
+    let sweep = sweep(&mut step, StepConfig::ALL, &tokens, &mut None, |case| {
+        let name = case.name();
+        let mut first: Option<StepOutputs> = None;
+        for run in 0..2 {
+            let got = case.checked(&tokens)?;
+            assert!(
+                got.readers.iter().all(|y| y.iter().all(|&v| v != u32::MAX)),
+                "{name} run {run}: a reader output was not written"
+            );
+            assert!(
+                got.engram.iter().all(|r| r.iter().all(|&v| v != u16::MAX)),
+                "{name} run {run}: an Engram row was not written"
+            );
+            match &first {
+                None => first = Some(got),
+                Some(want) => assert_eq!(want.first_difference(&got), None, "{name} run {run}"),
             }
         }
-    }
+        Ok(Run::default())
+    });
+    assert!(sweep.failures.is_empty(), "{:?}", sweep.failures);
+    assert!(sweep.differences.is_empty(), "{:?}", sweep.differences);
+    assert_eq!(sweep.runs.len(), 2 * StepConfig::ALL.len());
     let counters = step.plan().counters();
     assert!(counters.windows_prefetched > 0, "{counters:?}");
     assert_eq!(counters.mismatches_at_capture, 0, "{counters:?}");
