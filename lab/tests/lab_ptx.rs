@@ -1,4 +1,5 @@
-//! The embedded PTX of the lab's module: every arch built for the product holds exactly the lab
+//! The embedded PTX of the lab's module (a test named apart from the product's `ptx`, so that the
+//! bundled test executables do not collide): every arch built for the product holds exactly the lab
 //! kernels it can run, with the checks the product's module passes (`tests/common/ptx_checks.rs`),
 //! and no product kernel.
 #[path = "../../tests/common/ptx_checks.rs"]
