@@ -6,6 +6,10 @@
 //! It also records the git commit built (`FETCHAHEAD_GIT_COMMIT`, "unknown" outside a git
 //! checkout, e.g. from an sdist).
 //!
+//! This builds the product's module: the kernels an engine loads. `lab/build.rs` includes this
+//! file and calls [`embed_ptx`] for the lab's (`--cfg fetchahead_lab`), so that both modules are
+//! built and checked by the same code.
+//!
 //! The sm_80 PTX is the baseline: the driver JIT-compiles a plain (not `a`) PTX for any newer
 //! device, so it runs the kernels that need nothing newer on A100, L40S and the RTX parts.
 //!
@@ -18,6 +22,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use fetchahead_gpu::Module;
+
 const DEFAULT_ARCHS: &str = "sm_121a,sm_90,sm_80";
 const TARGET: &str = "nvptx64-nvidia-cuda";
 /// The arch tiers above the baseline whose kernels a PTX holds only from that SM on (the
@@ -26,9 +32,22 @@ const TIERS: [u32; 2] = [89, 90];
 const COMPONENTS: [&str; 3] = ["rust-src", "llvm-bitcode-linker", "llvm-tools"];
 
 fn main() {
-    println!("cargo:rerun-if-changed=gpu/src");
-    println!("cargo:rerun-if-changed=gpu/Cargo.toml");
-    println!("cargo:rerun-if-changed=build.rs");
+    git_commit();
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    embed_ptx(Module::Product, &manifest_dir);
+}
+
+/// Compiles `module`'s kernels of `root`'s `gpu/` once per arch of `FETCHAHEAD_ARCHS`, checks
+/// each PTX against the kernel list, and writes `$OUT_DIR/ptx.rs`: `BUILT`, one `BuiltPtx` an
+/// arch (the including crate has `BuiltPtx` in scope).
+pub(crate) fn embed_ptx(module: Module, root: &Path) {
+    let gpu = root.join("gpu");
+    println!("cargo:rerun-if-changed={}", gpu.join("src").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        gpu.join("Cargo.toml").display()
+    );
+    println!("cargo:rerun-if-changed={}", root.join("build.rs").display());
     println!("cargo:rerun-if-env-changed=FETCHAHEAD_ARCHS");
 
     let archs = env::var("FETCHAHEAD_ARCHS").unwrap_or_else(|_| DEFAULT_ARCHS.to_string());
@@ -48,31 +67,33 @@ fn main() {
         fail("FETCHAHEAD_ARCHS names no arch; set it to e.g. sm_121a,sm_90");
     }
 
-    git_commit();
     let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     ensure_components(&rustc);
 
-    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
     // Shared by every profile and by clippy, so core is built once per arch, not once per build.
-    let ptx_root = out_dir
+    let mut ptx_root = out_dir
         .ancestors()
         .nth(4)
         .unwrap_or(&out_dir)
         .join("fetchahead-ptx");
+    if module == Module::Lab {
+        ptx_root.push("lab");
+    }
 
     let mut table = String::from("pub const BUILT: &[BuiltPtx] = &[\n");
     for (i, arch) in archs.iter().enumerate() {
         let started = std::time::Instant::now();
-        let ptx = build_arch(&rustc, &manifest_dir, &ptx_root.join(arch), arch);
+        let ptx = build_arch(&rustc, &gpu, &ptx_root.join(arch), arch, module);
         println!(
-            "cargo:warning=fetchahead: kernels for {arch} compiled to PTX ({} of {}, {:.1} s; \
-             FETCHAHEAD_ARCHS picks the archs)",
+            "cargo:warning=fetchahead: the {} module's kernels for {arch} compiled to PTX ({} of \
+             {}, {:.1} s; FETCHAHEAD_ARCHS picks the archs)",
+            module.name(),
             i + 1,
             archs.len(),
             started.elapsed().as_secs_f64()
         );
-        check_entries(arch, &ptx);
+        check_entries(arch, &ptx, module);
         let file = format!("{arch}.ptx");
         fs::write(out_dir.join(&file), &ptx).unwrap();
         writeln!(
@@ -192,7 +213,7 @@ fn ensure_components(rustc: &str) {
     ));
 }
 
-fn build_arch(rustc: &str, manifest_dir: &Path, target_dir: &Path, arch: &str) -> String {
+fn build_arch(rustc: &str, gpu: &Path, target_dir: &Path, arch: &str, module: Module) -> String {
     let mut flags = vec![
         "-Zunstable-options".to_string(),
         "-Cpanic=immediate-abort".to_string(),
@@ -218,6 +239,11 @@ fn build_arch(rustc: &str, manifest_dir: &Path, target_dir: &Path, arch: &str) -
         flags.push("--cfg".to_string());
         flags.push(format!("fetchahead_sm{tier}"));
     }
+    // gpu/src/lib.rs compiles one module's families a build.
+    if module == Module::Lab {
+        flags.push("--cfg".to_string());
+        flags.push("fetchahead_lab".to_string());
+    }
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     for (key, _) in env::vars() {
@@ -231,7 +257,7 @@ fn build_arch(rustc: &str, manifest_dir: &Path, target_dir: &Path, arch: &str) -
         .env("RUSTC", rustc)
         .env("RUSTC_BOOTSTRAP", "1")
         .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
-        .current_dir(manifest_dir.join("gpu"))
+        .current_dir(gpu)
         .args(["rustc", "--quiet", "--profile", "ptx", "--target", TARGET])
         .args(["-Zbuild-std=core", "--crate-type", "cdylib", "--target-dir"])
         .arg(target_dir);
@@ -241,7 +267,8 @@ fn build_arch(rustc: &str, manifest_dir: &Path, target_dir: &Path, arch: &str) -
     if !out.status.success() {
         eprintln!("{}", String::from_utf8_lossy(&out.stderr));
         fail(&format!(
-            "the {arch} PTX build of gpu/ failed (its output is above)"
+            "the {arch} PTX build of gpu/'s {} module failed (its output is above)",
+            module.name()
         ));
     }
     let ptx = target_dir.join(TARGET).join("ptx/fetchahead_gpu.ptx");
@@ -253,18 +280,23 @@ fn build_arch(rustc: &str, manifest_dir: &Path, target_dir: &Path, arch: &str) -
     })
 }
 
-/// Every kernel the host loads on this arch (those whose `needs` it meets) is an entry of this
-/// PTX, taking a parameter block of exactly the size the host passes; no other kernel is.
-fn check_entries(arch: &str, ptx: &str) {
+/// Every kernel of `module` the host loads on this arch (those whose `needs` it meets) is an
+/// entry of this PTX, taking a parameter block of exactly the size the host passes; no other
+/// kernel is, and the PTX has no entry that the list (`fetchahead_gpu::all_kernels`, derived
+/// from gpu/'s declarations) does not hold for `module`.
+fn check_entries(arch: &str, ptx: &str, module: Module) {
     let sm = parse_arch(arch).map_or(0, |(sm, _)| sm);
+    let here = module.name();
     for entry in fetchahead_gpu::all_kernels() {
         let (name, size) = (entry.name, entry.param_bytes);
         let present = ptx.contains(&format!(".entry {name}("));
-        if entry.needs > sm {
+        if entry.module != module || entry.needs > sm {
             if present {
                 fail(&format!(
-                    "{arch} PTX has kernel `{name}`, which its declaration says needs sm_{} \
-                     (its tier in gpu/ and its entry's cfg disagree)",
+                    "{arch} PTX of the {here} module has kernel `{name}`, which its declaration \
+                     puts in the {} module, needing sm_{} (gpu/src/lib.rs's cfgs and the list \
+                     disagree)",
+                    entry.module.name(),
                     entry.needs
                 ));
             }
@@ -272,8 +304,8 @@ fn check_entries(arch: &str, ptx: &str) {
         }
         if !present {
             fail(&format!(
-                "{arch} PTX has no kernel `{name}` (listed in gpu/'s variant tables, needing \
-                 sm_{})",
+                "{arch} PTX of the {here} module has no kernel `{name}` (listed in gpu/'s \
+                 declarations, needing sm_{})",
                 entry.needs
             ));
         }
@@ -283,4 +315,21 @@ fn check_entries(arch: &str, ptx: &str) {
             ));
         }
     }
+    for name in entries(ptx) {
+        if !fetchahead_gpu::all_kernels().any(|e| e.name == name) {
+            fail(&format!(
+                "{arch} PTX of the {here} module has kernel `{name}`, which no declaration of \
+                 the kernel list holds (`FAMILIES` in gpu/src/lib.rs: a `variants!` table or a \
+                 hand-written entry's row); declare it there"
+            ));
+        }
+    }
+}
+
+/// The names of the kernel entries in a PTX text (as `host/kernels/ptx.rs` reads them).
+fn entries(ptx: &str) -> impl Iterator<Item = &str> {
+    ptx.lines().filter_map(|line| {
+        let rest = line.trim_start().strip_prefix(".visible .entry ")?;
+        rest.split('(').next()
+    })
 }

@@ -164,8 +164,8 @@ pub extern "C" fn fetchahead_version() -> *const c_char {
 }
 
 /// What the library was built as, a static NUL-terminated JSON object: `version`,
-/// `git_commit`, `archs` (the embedded PTX), `simulation`, `target`. `fetchahead info` adds
-/// what it finds on the machine (device, read paths, settings).
+/// `git_commit`, `archs` (the embedded PTX), `features` (the crate's, on in this build),
+/// `target`. `fetchahead info` adds what it finds on the machine (device, read paths, settings).
 #[unsafe(no_mangle)]
 pub extern "C" fn fetchahead_build_info() -> *const c_char {
     static INFO: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();

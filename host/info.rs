@@ -17,9 +17,21 @@ pub fn build() -> Value {
         "version": VERSION,
         "git_commit": GIT_COMMIT,
         "archs": ptx::BUILT.iter().map(|p| p.arch).collect::<Vec<_>>(),
-        "simulation": cfg!(feature = "simulation"),
+        "features": features(),
         "target": format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS),
     })
+}
+
+/// The crate's features this build has on (`cli`, `selfcheck`): none for a library as an engine
+/// links it.
+fn features() -> Vec<&'static str> {
+    [
+        ("cli", cfg!(feature = "cli")),
+        ("selfcheck", cfg!(feature = "selfcheck")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect()
 }
 
 /// [`build`], then the device found (device 0) and the PTX it loads, each kernel family's

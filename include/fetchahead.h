@@ -57,7 +57,7 @@ size_t fetchahead_last_error(char *buf, size_t len);
 const char *fetchahead_version(void);
 
 /* What the library was built as, a static JSON object: {"version", "git_commit", "archs" (the
- * embedded PTX), "simulation", "target"}. */
+ * embedded PTX), "features" (the crate's, on in this build), "target"}. */
 const char *fetchahead_build_info(void);
 
 /* ---- tables ---------------------------------------------------------------------------- */

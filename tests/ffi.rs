@@ -1,6 +1,11 @@
 //! The C ABI called as C would: status codes, the last-error message, the host-function entry
 //! `fetchahead_lookup`, and (on a GPU) a prefetch and gather through raw pointers and streams.
+// The self-check's CPU reference (`fetchahead::selfcheck::reference`), one source; each test
+// file uses part of it.
 mod common;
+#[allow(dead_code)]
+#[path = "../host/selfcheck/reference.rs"]
+mod reference;
 use std::ffi::{CStr, c_char};
 use std::ptr;
 
@@ -9,7 +14,6 @@ use fetchahead::ffi::*;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::prefetch::lookup::MemoryRows;
 use fetchahead::row_lookup::RowLookup;
-use fetchahead::sim::reference;
 
 const DIM: usize = 256;
 

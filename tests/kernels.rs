@@ -2,7 +2,12 @@
 //! device memory and in mapped pinned host memory. Fresh random inputs every run (the seed is
 //! printed), the output poisoned before each launch. Without a GPU the runner reports them as
 //! ignored, with the reason; with FETCHAHEAD_REQUIRE_GPU=1 they fail.
+// The self-check's CPU reference (`fetchahead::selfcheck::reference`), one source; each test
+// file uses part of it.
 mod common;
+#[allow(dead_code)]
+#[path = "../host/selfcheck/reference.rs"]
+mod reference;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -10,8 +15,7 @@ use fetchahead::device_abi::gather;
 use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::kernels::id_check::IdCheck;
-use fetchahead::sim::reference;
-use fetchahead::sim::selfcheck::{fresh_seed, poison};
+use fetchahead::selfcheck::{fresh_seed, poison};
 use fetchahead::tables::table::{Mxfp8Table, Placement, RowTable};
 use fetchahead::{DequantVariant, Error, GatherVariant};
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};

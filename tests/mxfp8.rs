@@ -1,7 +1,11 @@
 //! The integer MXFP8 decoding (the scalar format definition), checked on the CPU for
 //! every E4M3 byte and every E8M0 scale against the independent reference (`half` + `float8`).
+// The self-check's CPU reference (`fetchahead::selfcheck::reference`), one source; each test
+// file uses part of it.
+#[allow(dead_code)]
+#[path = "../host/selfcheck/reference.rs"]
+mod reference;
 use fetchahead::device_abi::mxfp8::{BF16_NAN, e4m3_scaled_to_bf16};
-use fetchahead::sim::reference;
 
 #[test]
 fn integer_decoding_matches_the_reference_for_every_byte_and_scale() {

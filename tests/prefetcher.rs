@@ -2,7 +2,12 @@
 //! output against the synchronous path and the CPU reference, eagerly and replayed from a CUDA
 //! graph with new ids each replay, check mode, and injected lookup failures; the tagged gathers
 //! ([`Join::Tags`]) the same ways, waiting for a slow lookup, and giving up on a stalled one.
+// The self-check's CPU reference (`fetchahead::selfcheck::reference`), one source; each test
+// file uses part of it.
 mod common;
+#[allow(dead_code)]
+#[path = "../host/selfcheck/reference.rs"]
+mod reference;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -14,7 +19,7 @@ use fetchahead::prefetch::lookup::MemoryRows;
 use fetchahead::prefetch::prefetcher::{Completion, Join, Prefetcher, PrefetcherConfig};
 use fetchahead::prefetch::staging::StagingLayout;
 use fetchahead::row_lookup::{RowLookup, lookup_or_zero};
-use fetchahead::sim::{reference, selfcheck};
+use fetchahead::selfcheck;
 use fetchahead::{Error, Result};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
@@ -863,6 +868,42 @@ fn two_tagged_layers_in_one_graph_sharing_a_flag_lane() -> Result<()> {
     two_layers_in_one_graph(Completion::Flag, true, Join::Tags)
 }
 
+/// Device work between two layers' gathers, as a model's compute sits there: the product's check
+/// comparison of two 256 MiB buffers, a DRAM-bound read of 512 MiB (the lab's spin kernel, which
+/// stood here, is not in the product's module).
+struct Compute {
+    a: CudaSlice<u8>,
+    b: CudaSlice<u8>,
+    counter: CudaSlice<u32>,
+}
+
+impl Compute {
+    const BYTES: usize = 256 << 20;
+
+    fn new(s: &Setup) -> Result<Compute> {
+        let zeros = |n| s.main.alloc_zeros::<u8>(n).map_err(cuda("cuMemAlloc"));
+        Ok(Compute {
+            a: zeros(Compute::BYTES)?,
+            b: zeros(Compute::BYTES)?,
+            counter: s.main.alloc_zeros::<u32>(4).map_err(cuda("cuMemAlloc"))?,
+        })
+    }
+
+    /// # Safety
+    /// `main` is a stream of `s`'s context.
+    unsafe fn launch(&self, s: &Setup, main: sys::CUstream) -> Result<()> {
+        let p = fetchahead::device_abi::params::CheckParams {
+            a: addr(&self.a, &s.main),
+            b: addr(&self.b, &s.main),
+            chunks: (Compute::BYTES / 16) as u64,
+            counter: addr(&self.counter, &s.main),
+        };
+        // SAFETY: both buffers hold `chunks * 16` bytes nothing writes; the counter is this
+        // one's alone.
+        unsafe { s.kernels.launch_check_equal(main, p) }
+    }
+}
+
 /// Two Engram layers, each with its own prefetcher and ids, both prefetched at the start of the
 /// captured forward and gathered at different points, with compute between; with `shared_lane`
 /// both prefetchers' lookups run on a flag lane of the test's, ranked in gather order; without,
@@ -918,6 +959,7 @@ fn two_layers_in_one_graph(completion: Completion, shared_lane: bool, join: Join
         );
     }
     let main = s.main.cu_stream();
+    let compute = Compute::new(&s)?;
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     s.main
         .begin_capture(mode)
@@ -928,9 +970,9 @@ fn two_layers_in_one_graph(completion: Completion, shared_lane: bool, join: Join
         for (k, p) in layers.iter_mut().enumerate() {
             p.prefetch(addr(&ids[k], &s.main), counts[k], main)?;
         }
-        s.kernels.launch_spin(main, 200_000)?;
+        compute.launch(&s, main)?;
         layers[0].gather_dequant(addr(&outs[0], &s.main), main)?;
-        s.kernels.launch_spin(main, 200_000)?;
+        compute.launch(&s, main)?;
         layers[1].gather_dequant(addr(&outs[1], &s.main), main)?;
         for p in layers.iter_mut() {
             p.finish(main)?;

@@ -1,30 +1,15 @@
-//! The embedded PTX: every arch built, each holding exactly the kernels its arch can run, and
-//! the device-to-arch choice.
-use fetchahead::device_abi::{BASELINE_SM, all_kernels, defaults};
+//! The embedded PTX of the product's module: every arch built, each holding exactly the kernels
+//! its arch can run, and the device-to-arch choice. `lab/tests/ptx.rs` checks the lab's module
+//! with the same checks (`tests/common/ptx_checks.rs`).
+#[path = "common/ptx_checks.rs"]
+mod ptx_checks;
+use fetchahead::device_abi::{BASELINE_SM, Module, all_kernels, defaults};
 use fetchahead::kernels::ptx::{BuiltPtx, Reason, choose};
 use fetchahead::{Error, ptx};
 
 #[test]
 fn every_built_arch_has_exactly_the_kernels_it_can_run() {
-    assert!(!ptx::BUILT.is_empty());
-    for built in ptx::BUILT {
-        let entries: Vec<&str> = ptx::entries(built.text).collect();
-        for kernel in all_kernels() {
-            assert_eq!(
-                entries.contains(&kernel.name),
-                kernel.needs <= built.sm(),
-                "{} and {} (needs sm_{})",
-                built.arch,
-                kernel.name,
-                kernel.needs
-            );
-        }
-        assert!(
-            built.text.contains(&format!(".target {}", built.arch)),
-            "{}",
-            built.arch
-        );
-    }
+    ptx_checks::exactly_the_kernels_each_arch_can_run(Module::Product, ptx::BUILT);
 }
 
 /// The default build embeds the baseline, and it holds the gathers, the packed dequant and the
@@ -57,7 +42,6 @@ fn the_baseline_ptx_holds_the_gathers_and_the_packed_dequant() {
     assert!(newer.contains(&("gather_bulk", 90)), "{newer:?}");
     assert!(newer.contains(&("gather_dequant_cvt", 89)), "{newer:?}");
     assert!(newer.contains(&("l2_prefetch", 90)), "{newer:?}");
-    assert!(newer.contains(&("gemv_bf16_m8_cluster", 90)), "{newer:?}");
     assert!(newer.iter().all(|(name, _)| !held.contains(name)));
     // A device's defaults are kernels its PTX holds, on every arch built (an arch without its
     // own defaults gets the first entry's).
@@ -190,93 +174,28 @@ fn devices_get_the_ptx_of_their_compute_capability() {
 
 #[test]
 fn kernels_have_no_panic_path_and_no_local_stack() {
-    for built in ptx::BUILT {
-        for bad in ["trap;", "panic", ".local", "__local_depot"] {
-            assert!(
-                !built.text.contains(bad),
-                "{} PTX contains `{bad}`",
-                built.arch
-            );
-        }
-    }
+    ptx_checks::no_panic_path_and_no_local_stack(ptx::BUILT);
 }
 
-/// `smem::shared_buffer` declares its buffer inside its asm: a kernel whose asm LLVM duplicated
-/// would get two buffers, its threads splitting between them. Every entry holds at most one.
+/// gather_bulk and the cp.async gathers have a shared buffer each.
 #[test]
 fn kernels_declare_at_most_one_shared_buffer() {
-    for built in ptx::BUILT {
-        let mut kernels_with_a_buffer = 0;
-        for body in built.text.split(".entry ").skip(1) {
-            let name = body.split('(').next().unwrap_or("?").trim();
-            let declared = body.matches(".shared .align 128 .b8 fa_stage[").count();
-            assert!(
-                declared <= 1,
-                "{} {name} declares {declared} shared buffers",
-                built.arch
-            );
-            kernels_with_a_buffer += declared;
-        }
-        assert!(
-            kernels_with_a_buffer >= 3,
-            "{}: {kernels_with_a_buffer} kernels with a shared buffer (gather_bulk and the \
-             cp.async gathers have one each)",
-            built.arch
-        );
-    }
+    ptx_checks::at_most_one_shared_buffer(ptx::BUILT, 3);
 }
 
-/// The device timeline: every kernel the timeline records (L2 prefetches, gathers, the
-/// simulation's collective, readers and spin) has a `_timed` twin that declares its timeline word
-/// exactly once (a duplicated `begin` would declare it twice and fail to load) and reads
-/// `%smid`; the plain kernels, which run when the timeline is off, carry none of it.
+/// The L2 prefetches and the gathers record the device timeline; the empty gather, the check
+/// comparison and the partition probe do not. The partition probe and the loads prefetch (whose
+/// blocks pick their L2 partition's jobs) read `%smid` for their own work.
 #[test]
 fn timed_twins_declare_their_timeline_word_once_and_plain_kernels_none() {
-    let untimed = [
-        "gather_empty",
-        "hash_ngrams",
-        "check_equal",
-        "l2_partition_probe",
-    ];
-    // Kernels that read `%smid` for their own work: the partition probe, and the loads prefetch,
-    // whose blocks pick their L2 partition's jobs.
-    let own_smid = [
-        "l2_partition_probe",
-        "l2_prefetch_loads",
-        "l2_prefetch_loads_timed",
-    ];
-    for built in ptx::BUILT {
-        let mut twins = 0;
-        for body in built.text.split(".entry ").skip(1) {
-            let name = body.split('(').next().unwrap_or("?").trim();
-            let declared = body
-                .matches(".shared .align 8 .b8 fa_timeline_slot[8];")
-                .count();
-            let timed = name.ends_with("_timed");
-            assert_eq!(declared, usize::from(timed), "{} {name}", built.arch);
-            if !own_smid.contains(&name) {
-                assert_eq!(body.contains("%smid"), timed, "{} {name}", built.arch);
-            }
-            if timed {
-                twins += 1;
-            } else if !untimed.contains(&name) {
-                let twin = fetchahead::device_abi::timed_twin(name);
-                assert_eq!(
-                    twin,
-                    Some(format!("{name}_timed").as_str()),
-                    "{}",
-                    built.arch
-                );
-            }
-        }
-        let plain = all_kernels()
-            .filter(|k| !k.name.ends_with("_timed") && built.holds(k.needs))
-            .count();
-        assert_eq!(
-            twins,
-            plain - untimed.len(),
-            "{}: a twin a recorded kernel",
-            built.arch
-        );
-    }
+    ptx_checks::timed_twins_declare_their_timeline_word_once(
+        Module::Product,
+        ptx::BUILT,
+        &["gather_empty", "check_equal", "l2_partition_probe"],
+        &[
+            "l2_partition_probe",
+            "l2_prefetch_loads",
+            "l2_prefetch_loads_timed",
+        ],
+    );
 }

@@ -15,6 +15,7 @@ use std::ptr;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use common::cli::{mkfifo, run_cli};
 use common::{DIM, make, outputs};
 use fetchahead::Error;
 use fetchahead::ffi::*;
@@ -530,13 +531,6 @@ fn truncation_during_lookups_under_auto_after_tune_never_kills_the_process() {
 
 // ---- case 5: a FIFO never hangs --------------------------------------------------------
 
-fn mkfifo(path: &Path) {
-    let c = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: `c` is NUL-terminated.
-    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
-    assert_eq!(rc, 0, "mkfifo {}", path.display());
-}
-
 /// `open` returns within a second with an error naming `fifo` as a FIFO.
 fn refused_quickly(what: &str, fifo: &Path, open: impl FnOnce() -> String + Send + 'static) {
     let (tx, rx) = mpsc::channel();
@@ -821,56 +815,9 @@ fn failed_lookups_through_the_c_abi_leave_their_own_message() {
 
 // ---- the command line, end to end ------------------------------------------------------
 
-/// The `fetchahead` binary beside this test binary's folder (`target/release/fetchahead` for
-/// `target/release/deps/robustness-*`), found at run time, never from a compile-time path.
+/// The product's `fetchahead` binary, found at run time (`common::cli::binary`).
 fn cli() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let bin = exe.parent()?.parent()?.join("fetchahead");
-    if bin.is_file() {
-        Some(bin)
-    } else {
-        eprintln!(
-            "SKIP the command-line cases: no fetchahead binary at {}",
-            bin.display()
-        );
-        None
-    }
-}
-
-/// Runs the CLI with `args`; its exit status and stderr, or a panic if it is still running
-/// after `limit`.
-fn run_cli(bin: &Path, args: &[&str], env: &[(&str, &str)], limit: Duration) -> (i32, String) {
-    let mut child = Command::new(bin)
-        .args(args)
-        .envs(env.iter().copied())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            use std::io::Read;
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
-            assert!(
-                status.signal().is_none(),
-                "{args:?}: killed by {status}\n{err}"
-            );
-            return (status.code().unwrap_or(-1), err);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("fetchahead {args:?} still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::cli::binary("fetchahead")
 }
 
 #[test]
@@ -881,12 +828,7 @@ fn the_cli_refuses_a_fifo_within_a_second() {
     std::fs::create_dir(&dir).unwrap();
     mkfifo(&dir.join("model.safetensors"));
     let d = dir.to_str().unwrap();
-    for args in [
-        &["inspect", d][..],
-        &["tune", d],
-        &["bench-io", d],
-        &["demo", "--data-dir", d, "--rows", "4096", "--steps", "1"],
-    ] {
+    for args in [&["inspect", d][..], &["tune", d], &["bench-io", d]] {
         let (code, err) = run_cli(&bin, args, &[], Duration::from_secs(1));
         assert_ne!(code, 0, "{args:?}");
         assert!(
@@ -913,12 +855,6 @@ fn the_cli_rejects_what_a_user_gets_wrong() {
             &["bench-io", t, "--baseline-reads", "0"],
             "--baseline-reads",
         ),
-        (&["demo", "--data-dir", d, "--steps", "0"], "--steps"),
-        (
-            &["demo", "--data-dir", d, "--engram-layers", "1,1"],
-            "twice",
-        ),
-        (&["demo", "--memory", "--rows", "1000000000000"], "memory"),
         (&["make-table", d, "--rows", "1000000000000000"], "free"),
     ] {
         let (code, err) = run_cli(&bin, args, &[], long);
@@ -1445,32 +1381,7 @@ fn a_users_file_copied_over_a_table_survives_a_rewrite_that_names_it() {
         bytes
     );
 
-    // The same through the demo, over its own table.
-    let Some(bin) = cli() else { return };
-    let c = tmp.path().join("c");
-    let demo = WriteOptions {
-        writer: "demo".into(),
-        force: false,
-    };
-    write_table_with(&c, &spec(4096, 1), &demo, |_| {}).unwrap();
-    let (theirs, bytes) = users_shard(tmp.path(), 16384, 1, "model.safetensors");
-    std::fs::copy(&theirs, c.join("model.safetensors")).unwrap();
-    let args = [
-        "demo",
-        "--data-dir",
-        c.to_str().unwrap(),
-        "--rows",
-        "4096",
-        "--steps",
-        "1",
-    ];
-    let (code, err) = run_cli(&bin, &args, &[], Duration::from_secs(60));
-    assert_ne!(code, 0, "{err}");
-    assert!(
-        err.contains("model.safetensors") && err.contains("not the file fetchahead wrote"),
-        "{err}"
-    );
-    assert_eq!(std::fs::read(c.join("model.safetensors")).unwrap(), bytes);
+    // The same through the demo, over its own table: lab/tests/demo_cli.rs.
 }
 
 /// A manifest as fetchahead wrote it before issue 21: names, no records.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draws a fetchahead timeline trace (the Chrome trace JSON of `fetchahead trace`, the demo's
+"""Draws a fetchahead timeline trace (the Chrome trace JSON of `fetchahead-lab trace`, the demo's
 --timeline or the decode-step bench's FETCHAHEAD_BENCH_TIMELINE) as an SVG: one panel a step
 (eager and replayed side by side, on one time axis from each step's first block), a row an SM
 (--rows sm) or a kernel kind (--rows kind), each block a bar colored by its kind.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-window summary of a decode-step trace (`fetchahead trace --out T.json`): for each step
+"""Per-window summary of a decode-step trace (`fetchahead-lab trace --out T.json`): for each step
 (a process of the trace) and each collective window, where the window's L2 prefetch ran against
 its collective, and how long the window's readers took; then, per execution mode, the readers'
 time with the plan against without it.

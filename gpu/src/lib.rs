@@ -1,9 +1,14 @@
 //! fetchahead's GPU kernels and everything the host shares with them.
 //!
-//! The same crate compiles twice: for `nvptx64-nvidia-cuda` (the kernels, built to PTX by the
-//! host crate's `build.rs`) and for the host, where only the `#[repr(C)]` parameter structs and
-//! the variant tables exist. Those are the one definition of the launch ABI; the host never copies
-//! them.
+//! The same crate compiles for `nvptx64-nvidia-cuda` (the kernels, built to PTX) and for the
+//! host, where only the `#[repr(C)]` parameter structs, the variant tables and the kernel list
+//! exist. Those are the one definition of the launch ABI; the host never copies them.
+//!
+//! Its kernels make two PTX modules ([`Module`]): the product's, which engines load (the
+//! product's `build.rs` compiles it), and the lab's (the simulation's readers, hasher, compute
+//! and collective stand-ins), which only `fetchahead-lab` loads (`lab/build.rs` compiles it with
+//! `--cfg fetchahead_lab`). Each PTX build compiles only its own module's families; the host
+//! sees every family, so that one list declares the entries of both.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(
     target_arch = "nvptx64",
@@ -79,6 +84,17 @@ macro_rules! variants {
         /// The oldest SM whose PTX holds each variant and its twin (`VARIANTS[i]`'s is
         /// `NEEDS[i]`): what its instructions need.
         pub const NEEDS: &[u32] = &[ $( $needs!(sm_number!() $kind { $($arg)* }), )* ];
+
+        /// Each variant's entry as the kernel list ([`crate::all_kernels`]) holds it: the same
+        /// name, description and needs as its row, and the size of its parameter block.
+        pub const KERNELS: &[crate::Declared] = &[
+            $( crate::Declared {
+                name: stringify!($name),
+                about: $about,
+                needs: $needs!(sm_number!() $kind { $($arg)* }),
+                param_bytes: core::mem::size_of::<crate::params::$params>(),
+            }, )*
+        ];
 
         #[cfg(target_arch = "nvptx64")]
         mod entries {
@@ -222,154 +238,257 @@ pub(crate) const fn const_str_eq(a: &str, b: &str) -> bool {
     true
 }
 
+// The product's families, in the product's PTX and never in the lab's.
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
 pub mod check;
-pub mod collective;
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
 pub mod defaults;
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
 pub mod dequant;
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
 pub mod gather;
-pub mod gemv;
-pub mod hash;
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
 pub mod l2_prefetch;
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
 pub mod mxfp8;
-pub mod params;
-pub mod spin;
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
 pub mod staged;
+
+// The lab's families, in the lab's PTX only.
+#[cfg(any(not(target_arch = "nvptx64"), fetchahead_lab))]
+pub mod collective;
+#[cfg(any(not(target_arch = "nvptx64"), fetchahead_lab))]
+pub mod gemv;
+#[cfg(any(not(target_arch = "nvptx64"), fetchahead_lab))]
+pub mod hash;
+#[cfg(any(not(target_arch = "nvptx64"), fetchahead_lab))]
+pub mod spin;
+
+// Shared by both modules.
+pub mod params;
 pub mod timeline;
 
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", fetchahead_lab))]
 mod cluster;
 #[cfg(target_arch = "nvptx64")]
 mod device;
 #[cfg(target_arch = "nvptx64")]
 mod smem;
 
-/// A kernel entry point the host may load: its name, the size of the one parameter struct it
-/// takes, and what it does (for `fetchahead kernels`).
+/// The PTX module a kernel is compiled into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Module {
+    /// The product's kernels: what an engine loads (`fetchahead::Kernels`).
+    Product,
+    /// The lab's: the simulation's GEMV readers, hasher, compute and collective stand-ins, which
+    /// only `fetchahead-lab` loads, beside the product's.
+    Lab,
+}
+
+impl Module {
+    pub const ALL: [Module; 2] = [Module::Product, Module::Lab];
+
+    /// `product` or `lab`: how `fetchahead kernels` and `fetchahead ptx --module` name it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Module::Product => "product",
+            Module::Lab => "lab",
+        }
+    }
+
+    /// The module named `name` (`product` or `lab`).
+    pub fn named(name: &str) -> Option<Module> {
+        Module::ALL.into_iter().find(|m| m.name() == name)
+    }
+}
+
+/// A kernel entry point as its declaration states it: its name, what it does (for `fetchahead
+/// kernels`), the oldest SM whose PTX holds it (80, 89 or 90: what its instructions need), and
+/// the size of the one parameter struct it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Declared {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub needs: u32,
+    pub param_bytes: usize,
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl Declared {
+    /// A hand-written entry (no [`variants!`] table) of parameter struct `P`.
+    const fn of<P>(name: &'static str, about: &'static str, needs: u32) -> Declared {
+        Declared {
+            name,
+            about,
+            needs,
+            param_bytes: core::mem::size_of::<P>(),
+        }
+    }
+}
+
+/// A kernel entry point the host may load: its declaration, its module, and for a `_timed` twin
+/// the kernel it records (`about` then says so).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
+    pub module: Module,
     pub name: &'static str,
     pub param_bytes: usize,
     pub about: &'static str,
     /// The oldest SM whose PTX holds it (80, 89 or 90): what its instructions need.
     pub needs: u32,
+    /// The kernel a `_timed` twin records; `None` for a plain kernel.
+    pub twin_of: Option<&'static str>,
 }
 
 /// The SM number of an arch as build.rs names it: `sm_121a` -> 121.
+#[cfg(not(target_arch = "nvptx64"))]
 pub fn arch_sm(arch: &str) -> Option<u32> {
     let digits = arch.strip_prefix("sm_")?;
     digits.strip_suffix('a').unwrap_or(digits).parse().ok()
 }
 
-/// Every kernel entry point, the one list the host, `build.rs` and `fetchahead kernels` use.
-/// `build.rs` checks that each is an `.entry` of every PTX it builds, taking a parameter block of
-/// `param_bytes`.
-pub fn all_kernels() -> impl Iterator<Item = Entry> {
-    use core::mem::size_of;
-    let entry = |name, param_bytes, about, needs| Entry {
-        name,
-        param_bytes,
-        about,
-        needs,
-    };
-    // A family's timed twins, each needing what its variant needs.
-    let twins = move |names: &'static [&'static str], needs: &'static [u32], param_bytes| {
-        names
-            .iter()
-            .zip(needs)
-            .map(move |(&name, &needs)| entry(name, param_bytes, TIMED, needs))
-    };
-    let gather = size_of::<params::GatherParams>();
-    let dequant = size_of::<params::DequantParams>();
-    let prefetch = size_of::<params::PrefetchParams>();
-    let gemv = size_of::<params::GemvParams>();
-    let collective = size_of::<params::CollectiveParams>();
-    let staged = size_of::<params::StagedParams>();
-    let spin = size_of::<params::SpinParams>();
-    const TIMED: &str = "the same kernel, recording its blocks on the device timeline";
-    const BASE: u32 = BASELINE_SM;
-    gather::VARIANTS
-        .iter()
-        .zip(gather::NEEDS)
-        .map(move |(v, &needs)| entry(v.name, gather, v.about, needs))
-        .chain([entry(
+/// A family's entries as the list holds them: its declared kernels and their `_timed` twins
+/// (`timed[i]` records `kernels[i]`; a family without a timeline has none).
+#[cfg(not(target_arch = "nvptx64"))]
+struct Family {
+    module: Module,
+    kernels: &'static [Declared],
+    timed: &'static [&'static str],
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+const BASE: u32 = BASELINE_SM;
+
+/// Every kernel family, each once: the [`variants!`] tables as they declare them, and the
+/// hand-written entries with their constants' names. build.rs fails the build for a PTX entry
+/// that no family here declares, so an entry cannot be missed.
+#[cfg(not(target_arch = "nvptx64"))]
+const FAMILIES: &[Family] = &[
+    Family {
+        module: Module::Product,
+        kernels: gather::KERNELS,
+        timed: gather::TIMED,
+    },
+    Family {
+        module: Module::Product,
+        kernels: &[Declared::of::<params::GatherParams>(
             gather::EMPTY_KERNEL,
-            gather,
             "does nothing: the launch-cost floor for benches",
             BASE,
-        )])
-        .chain(
-            dequant::VARIANTS
-                .iter()
-                .zip(dequant::NEEDS)
-                .map(move |(v, &needs)| entry(v.name, dequant, v.about, needs)),
-        )
-        .chain(
-            l2_prefetch::VARIANTS
-                .iter()
-                .zip(l2_prefetch::NEEDS)
-                .map(move |(v, &needs)| entry(v.name, prefetch, v.about, needs)),
-        )
-        .chain(
-            gemv::VARIANTS
-                .iter()
-                .zip(gemv::NEEDS)
-                .map(move |(v, &needs)| entry(v.name, gemv, v.about, needs)),
-        )
-        .chain([
-            entry(
-                collective::KERNEL,
-                collective,
-                "simulated collective: 1-8 CTAs poll a flag for T ns",
-                BASE,
-            ),
-            entry(
-                staged::KERNEL,
-                size_of::<params::StagedParams>(),
-                "gather + dequant of staged rows that waits in the kernel for each row's tag \
-                 (the prefetcher's Join::Tags)",
-                BASE,
-            ),
-            entry(
-                check::KERNEL,
-                size_of::<params::CheckParams>(),
-                "counts launches whose two bf16 buffers differ (the prefetcher's check mode)",
-                BASE,
-            ),
-            entry(
-                hash::KERNEL,
-                size_of::<params::HashParams>(),
-                "hashes token n-grams into Engram row ids (the demo's hasher)",
-                BASE,
-            ),
-            entry(
-                spin::KERNEL,
-                spin,
-                "busy-waits on the GPU clock: a layer's compute in the demo and benches",
-                BASE,
-            ),
-            entry(
-                l2_prefetch::PARTITION_PROBE_KERNEL,
-                size_of::<params::PartitionProbeParams>(),
-                "times each SM's L2 hits on lines SM 0 read: tells the L2 partitions apart",
-                BASE,
-            ),
-        ])
-        // The timed twins, after every plain entry, so that a plain entry's index (the kernel
-        // id a timeline record carries) does not depend on them.
-        .chain(twins(gather::TIMED, gather::NEEDS, gather))
-        .chain(twins(dequant::TIMED, dequant::NEEDS, dequant))
-        .chain(twins(l2_prefetch::TIMED, l2_prefetch::NEEDS, prefetch))
-        .chain(twins(gemv::TIMED, gemv::NEEDS, gemv))
-        .chain([
-            entry(collective::KERNEL_TIMED, collective, TIMED, BASE),
-            entry(spin::KERNEL_TIMED, spin, TIMED, BASE),
-            entry(staged::KERNEL_TIMED, staged, TIMED, BASE),
-        ])
+        )],
+        timed: &[],
+    },
+    Family {
+        module: Module::Product,
+        kernels: dequant::KERNELS,
+        timed: dequant::TIMED,
+    },
+    Family {
+        module: Module::Product,
+        kernels: &[Declared::of::<params::StagedParams>(
+            staged::KERNEL,
+            "gather + dequant of staged rows that waits in the kernel for each row's tag (the \
+             prefetcher's Join::Tags)",
+            BASE,
+        )],
+        timed: &[staged::KERNEL_TIMED],
+    },
+    Family {
+        module: Module::Product,
+        kernels: &[Declared::of::<params::CheckParams>(
+            check::KERNEL,
+            "counts launches whose two bf16 buffers differ (the prefetcher's check mode)",
+            BASE,
+        )],
+        timed: &[],
+    },
+    Family {
+        module: Module::Product,
+        kernels: l2_prefetch::KERNELS,
+        timed: l2_prefetch::TIMED,
+    },
+    Family {
+        module: Module::Product,
+        kernels: &[Declared::of::<params::PartitionProbeParams>(
+            l2_prefetch::PARTITION_PROBE_KERNEL,
+            "times each SM's L2 hits on lines SM 0 read: tells the L2 partitions apart",
+            BASE,
+        )],
+        timed: &[],
+    },
+    Family {
+        module: Module::Lab,
+        kernels: gemv::KERNELS,
+        timed: gemv::TIMED,
+    },
+    Family {
+        module: Module::Lab,
+        kernels: &[Declared::of::<params::CollectiveParams>(
+            collective::KERNEL,
+            "simulated collective: 1-8 CTAs poll a flag for T ns",
+            BASE,
+        )],
+        timed: &[collective::KERNEL_TIMED],
+    },
+    Family {
+        module: Module::Lab,
+        kernels: &[Declared::of::<params::HashParams>(
+            hash::KERNEL,
+            "hashes token n-grams into Engram row ids (the demo's hasher)",
+            BASE,
+        )],
+        timed: &[],
+    },
+    Family {
+        module: Module::Lab,
+        kernels: &[Declared::of::<params::SpinParams>(
+            spin::KERNEL,
+            "busy-waits on the GPU clock: a layer's compute in the demo and benches",
+            BASE,
+        )],
+        timed: &[spin::KERNEL_TIMED],
+    },
+];
+
+/// What a `_timed` twin's row says it does.
+#[cfg(not(target_arch = "nvptx64"))]
+const TIMED_ABOUT: &str = "the same kernel, recording its blocks on the device timeline";
+
+/// Every kernel entry point, the one list the host, `build.rs`, the PTX tests and `fetchahead
+/// kernels` use, derived from the families' declarations. `build.rs` checks that each is an
+/// `.entry` of every PTX whose arch it needs, taking a parameter block of `param_bytes`, and
+/// that the PTX has no other entry. The plain kernels come first, then the timed twins, so that
+/// a plain kernel's index (the kernel id a timeline record carries) does not depend on them.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn all_kernels() -> impl Iterator<Item = Entry> {
+    let entry = |f: &Family, k: &Declared, name, twin_of: Option<&'static str>| Entry {
+        module: f.module,
+        name,
+        param_bytes: k.param_bytes,
+        about: if twin_of.is_some() {
+            TIMED_ABOUT
+        } else {
+            k.about
+        },
+        needs: k.needs,
+        twin_of,
+    };
+    let plain = FAMILIES
+        .iter()
+        .flat_map(move |f| f.kernels.iter().map(move |k| entry(f, k, k.name, None)));
+    let twins = FAMILIES.iter().flat_map(move |f| {
+        f.timed
+            .iter()
+            .zip(f.kernels)
+            .map(move |(&twin, k)| entry(f, k, twin, Some(k.name)))
+    });
+    plain.chain(twins)
 }
 
 /// The `_timed` twin of kernel `name`, if it has one (every kernel the timeline records).
+#[cfg(not(target_arch = "nvptx64"))]
 pub fn timed_twin(name: &str) -> Option<&'static str> {
     all_kernels()
+        .find(|e| e.twin_of == Some(name))
         .map(|e| e.name)
-        .find(|t| t.strip_suffix("_timed") == Some(name))
 }

@@ -5,7 +5,7 @@ use clap::Args;
 use fetchahead::Error;
 use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::{Gpu, REQUIRE_GPU_ENV, gpu_required};
-use fetchahead::sim::selfcheck;
+use fetchahead::selfcheck;
 
 #[derive(Args)]
 pub struct CheckArgs {
@@ -57,7 +57,7 @@ fn run_with(args: &CheckArgs, require_gpu: bool) -> fetchahead::Result<ExitCode>
     if let Some(name) = &args.variant {
         selfcheck::check_variant_name(name)?;
     }
-    super::kernels::list()?;
+    super::kernels::list(&[super::PRODUCT])?;
     let gpu = match Gpu::open(0) {
         Ok(gpu) => gpu,
         Err(Error::NoDevice(why)) if require_gpu => {

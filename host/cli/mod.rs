@@ -1,6 +1,8 @@
-//! The `fetchahead` command line: one module per subcommand, and [`main`], which the binary
-//! (`host/main.rs`) and the Python wheel's `fetchahead` command (`python -m fetchahead`) both
-//! run, so that there is one CLI.
+//! The product's `fetchahead` command line: one module per subcommand, and [`main`], which the
+//! binary (`host/main.rs`) and the Python wheel's `fetchahead` command (`python -m fetchahead`)
+//! both run, so that there is one CLI. The lab's command (`fetchahead-lab`: the demo, the trace)
+//! extends it: it flattens [`Command`] among its own and runs it with [`run_in`], naming the PTX
+//! modules it embeds.
 use std::ffi::OsString;
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -9,31 +11,41 @@ use clap::{Parser, Subcommand};
 
 mod bench_io;
 mod check;
-mod demo;
 mod inspect;
-mod kernels;
+pub mod kernels;
 mod make_table;
-pub(crate) mod trace;
 mod tune;
+
+pub use kernels::{Embedded, PRODUCT};
 
 #[derive(Parser)]
 #[command(
     name = "fetchahead",
     version,
-    about = "Gets bytes to the GPU before the kernels that need them start"
+    about = "Gets bytes to the GPU before the kernels that need them start",
+    arg_required_else_help = true
 )]
 struct Args {
     #[command(subcommand)]
-    command: Option<Command>,
+    command: Command,
 }
 
 /// Runs the command line `args` (the program name first) and returns its exit status: 0, 1 for
 /// a failure (printed as `error: ...`), 2 for a usage error (clap's). Prints `--help` and
 /// `--version` itself rather than exiting the process.
 pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> u8 {
+    main_with(args, |a: Args| run(a.command))
+}
+
+/// [`main`] for a parser of the caller's (`A`, the lab's command line): parses `args` with it
+/// and calls `run` on what it parsed, with the exit statuses and printing [`main`] describes.
+pub fn main_with<A: Parser>(
+    args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
+    run: impl FnOnce(A) -> fetchahead::Result<ExitCode>,
+) -> u8 {
     crate::logging::init_stderr();
-    let code = match Args::try_parse_from(args) {
-        Ok(args) => match run(args.command.unwrap_or_default()) {
+    let code = match A::try_parse_from(args) {
+        Ok(args) => match run(args) {
             Ok(code) => {
                 if code == ExitCode::SUCCESS {
                     0
@@ -55,13 +67,6 @@ pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> u8 {
     code
 }
 
-/// The prefetcher modes the demo runs when given no option (the test that every surface
-/// defaults alike reads them).
-pub fn demo_defaults() -> (crate::Completion, crate::Join) {
-    let args = demo::DemoArgs::default();
-    (args.completion.into(), args.join.into())
-}
-
 #[derive(Subcommand)]
 pub enum Command {
     /// What this build is and what it finds here: version, git commit, embedded archs, the
@@ -71,20 +76,19 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List every kernel of every arch this build embeds.
+    /// List every kernel of every arch and PTX module this binary embeds, marked with its module.
     Kernels,
     /// Print the PTX built for one arch.
     Ptx {
         /// e.g. sm_90 or sm_121a
         #[arg(long)]
         arch: String,
+        /// The PTX module: product (the default) or lab (in fetchahead-lab).
+        #[arg(long, value_name = "MODULE")]
+        module: Option<String>,
     },
     /// Run every kernel against the CPU reference on this machine's GPU, with bandwidth.
     Check(check::CheckArgs),
-    /// Simulated decode and prefill steps on a row-store table under --data-dir (written once):
-    /// hashed ids, side-stream prefetch, compute, gathers; GPU idle before the gathers with and
-    /// without the prefetcher, hit rate and IOPS (the default command).
-    Demo(demo::DemoArgs),
     /// Write a generated Engram table (safetensors shards) for the row store: into an empty
     /// directory or over a table make-table wrote (replaced whole), never elsewhere without --force.
     MakeTable(make_table::MakeTableArgs),
@@ -94,19 +98,17 @@ pub enum Command {
     /// measured, never chosen: a truncated shard would raise SIGBUS).
     Tune(tune::TuneArgs),
     /// Benchmark every read path cold and warm beside a raw io_uring QD64 baseline.
-    BenchIo(bench_io::BenchIoArgs),
-    /// Record a short simulated decode step (rows resident, the L2 plan off and on, eager and
-    /// replayed from a CUDA graph) on the device timeline and write it as a Chrome trace JSON.
-    Trace(trace::TraceArgs),
+    BenchIo(Box<bench_io::BenchIoArgs>),
 }
 
-impl Default for Command {
-    fn default() -> Self {
-        Command::Demo(demo::DemoArgs::default())
-    }
-}
-
+/// Runs `command` in the product's binary, which embeds the product's module only.
 pub fn run(command: Command) -> fetchahead::Result<ExitCode> {
+    run_in(command, &[PRODUCT])
+}
+
+/// Runs `command` in a binary that embeds the PTX modules `embedded` (`fetchahead kernels` and
+/// `fetchahead ptx` read them).
+pub fn run_in(command: Command, embedded: &[Embedded]) -> fetchahead::Result<ExitCode> {
     match command {
         Command::Info { json } => {
             let report = crate::info::report();
@@ -117,14 +119,12 @@ pub fn run(command: Command) -> fetchahead::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Kernels => kernels::list(),
-        Command::Ptx { arch } => kernels::print_ptx(&arch),
+        Command::Kernels => kernels::list(embedded),
+        Command::Ptx { arch, module } => kernels::print_ptx(embedded, &arch, module.as_deref()),
         Command::Check(args) => check::run(&args),
-        Command::Demo(args) => demo::run(&args),
         Command::MakeTable(args) => make_table::run(&args),
         Command::Inspect(args) => inspect::run(&args),
         Command::Tune(args) => tune::run(&args),
         Command::BenchIo(args) => bench_io::run(&args),
-        Command::Trace(args) => trace::run(&args),
     }
 }

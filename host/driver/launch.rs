@@ -13,7 +13,6 @@ fn zeroed_attribute_value() -> sys::CUlaunchAttributeValue {
     unsafe { std::mem::zeroed() }
 }
 
-#[cfg(feature = "simulation")]
 /// A launch attribute asking for clusters of `blocks` blocks along x.
 pub(crate) fn cluster_attribute(blocks: u32) -> sys::CUlaunchAttribute {
     let mut value = zeroed_attribute_value();
@@ -75,7 +74,6 @@ pub(crate) unsafe fn launch_kernel<P: Copy>(
     .call("cuLaunchKernel")
 }
 
-#[cfg(feature = "simulation")]
 /// One `cuLaunchKernelEx` of `function` with `config` (its grid, block, stream and attributes)
 /// and `p` as the kernel's one argument, by value.
 ///
@@ -103,7 +101,6 @@ pub(crate) unsafe fn launch_kernel_ex<P: Copy>(
     .call("cuLaunchKernelEx")
 }
 
-#[cfg(feature = "simulation")]
 /// How many clusters of `function` launched as `config` the device runs at once.
 ///
 /// # Safety

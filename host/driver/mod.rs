@@ -1,9 +1,10 @@
 //! The raw-driver layer: the only code that calls cudarc's `sys::cu*` and `result::*`.
 //!
 //! Each function here is one small checked call with a `// SAFETY:` comment saying which
-//! invariant holds; everything above it (kernels, tables, the L2 plan, the prefetch pipeline, the
-//! simulation) uses these functions or cudarc's safe types. `.ci/run` fails on a raw call
-//! outside this folder.
+//! invariant holds; everything above it (kernels, tables, the L2 plan, the prefetch pipeline)
+//! and the lab (`fetchahead-lab`) use these functions or cudarc's safe types. Public only where
+//! another crate needs a call: [`memory`]'s memsets and copies at raw device addresses. `.ci/run`
+//! fails on a raw call outside this folder.
 //!
 //! May depend on: cudarc, [`crate::error`]. Nothing else in the crate.
 //!

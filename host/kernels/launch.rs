@@ -11,20 +11,18 @@ use fetchahead_gpu::l2_prefetch::PrefetchVariant;
 use fetchahead_gpu::params::{
     CHUNK_BYTES, CheckParams, DequantParams, GatherParams, MX_BLOCK, PrefetchParams, TimelineParams,
 };
-use fetchahead_gpu::{
-    check, collective, defaults, dequant, gather, gemv, hash, l2_prefetch, spin, staged,
-};
+use fetchahead_gpu::{check, defaults, dequant, gather, l2_prefetch, staged};
 
 use crate::driver;
 use crate::error::CudaCall;
 use crate::kernels::gpu::Gpu;
-use crate::kernels::ptx::{self, Choice};
+use crate::kernels::ptx::{self, BuiltPtx, Choice};
 use crate::timeline::TimelineSwitch;
 use crate::{Error, Result};
 
 /// A loaded kernel and how many of its blocks fit on one multiprocessor.
 #[derive(Debug)]
-pub(crate) struct Loaded {
+pub struct LoadedKernel {
     pub(crate) function: CudaFunction,
     blocks_per_sm: u32,
     /// Its index in `fetchahead_gpu::all_kernels()`: the kernel id its timeline records carry.
@@ -33,7 +31,39 @@ pub(crate) struct Loaded {
     timed: Option<CudaFunction>,
 }
 
-impl Loaded {
+impl LoadedKernel {
+    /// Kernel `name` of `module`, its blocks per multiprocessor measured for blocks of
+    /// `block_threads` threads (static shared memory included), with its timed twin when it has
+    /// one.
+    pub(crate) fn load(
+        module: &Arc<CudaModule>,
+        name: &str,
+        block_threads: u32,
+    ) -> Result<LoadedKernel> {
+        let function = module.load_function(name).call("cuModuleGetFunction")?;
+        let blocks_per_sm = function
+            .occupancy_max_active_blocks_per_multiprocessor(block_threads, 0, None)
+            .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?
+            .max(1);
+        let id = fetchahead_gpu::all_kernels()
+            .position(|e| e.name == name)
+            .unwrap_or(usize::MAX) as u32;
+        let timed = fetchahead_gpu::timed_twin(name)
+            .map(|twin| module.load_function(twin).call("cuModuleGetFunction"))
+            .transpose()?;
+        Ok(LoadedKernel {
+            function,
+            blocks_per_sm,
+            id,
+            timed,
+        })
+    }
+
+    /// Its index in `fetchahead_gpu::all_kernels()`: the kernel id its timeline records carry.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
     /// The function a launch handing the kernel `timeline` runs: the timed twin when the
     /// timeline is on, the plain kernel (unchanged by the timeline) otherwise.
     pub(crate) fn function_for(&self, timeline: &TimelineParams) -> &CudaFunction {
@@ -45,8 +75,8 @@ impl Loaded {
 
     /// The empty kernel `empty` sized as this kernel is (its blocks per SM), so that a launch of
     /// it gets this kernel's grid; it records no timeline.
-    fn empty_like(&self, empty: &Loaded) -> Loaded {
-        Loaded {
+    fn empty_like(&self, empty: &LoadedKernel) -> LoadedKernel {
+        LoadedKernel {
             function: empty.function.clone(),
             blocks_per_sm: self.blocks_per_sm,
             id: empty.id,
@@ -57,8 +87,8 @@ impl Loaded {
 
 /// A variant's kernel, or why the loaded PTX does not hold it.
 #[derive(Debug)]
-pub(crate) enum Slot {
-    Loaded(Loaded),
+pub enum Slot {
+    Loaded(LoadedKernel),
     /// Its instructions need SM `needs`, newer than the loaded PTX's arch.
     Absent {
         name: &'static str,
@@ -66,29 +96,39 @@ pub(crate) enum Slot {
     },
 }
 
-/// Every kernel of the variant tables in `gpu/` that the loaded PTX holds, for one device (the
-/// simulation's hash, spin, collective and GEMV kernels too; their launches are in
-/// `crate::sim`). A variant that needs a newer arch is absent, and its launch says so.
+impl Slot {
+    /// Kernel `name` of `module` when `ptx` holds it (build.rs checked that a PTX holds exactly
+    /// the kernels whose needs its arch meets), else why not.
+    pub(crate) fn load(
+        module: &Arc<CudaModule>,
+        ptx: &BuiltPtx,
+        name: &'static str,
+        needs: u32,
+        block_threads: u32,
+    ) -> Result<Slot> {
+        if ptx.holds(needs) {
+            LoadedKernel::load(module, name, block_threads).map(Slot::Loaded)
+        } else {
+            Ok(Slot::Absent { name, needs })
+        }
+    }
+}
+
+/// Every kernel of the product's PTX module that the PTX loaded for one device holds (a variant
+/// that needs a newer arch is absent, and its launch says so). Another module (the lab's) loads
+/// beside it through [`Kernels::load_module`].
 #[derive(Debug)]
 pub struct Kernels {
     pub(crate) gpu: Gpu,
     choice: Choice,
     _module: Arc<CudaModule>,
     gather: Vec<Slot>,
-    empty: Loaded,
+    empty: LoadedKernel,
     dequant: Vec<Slot>,
     prefetch: Vec<Slot>,
-    #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
-    pub(crate) gemv: Vec<Slot>,
-    #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
-    pub(crate) collective: Loaded,
-    check: Loaded,
-    staged: Loaded,
-    partition_probe: Loaded,
-    #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
-    pub(crate) hash: Loaded,
-    #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
-    pub(crate) spin: Loaded,
+    check: LoadedKernel,
+    staged: LoadedKernel,
+    partition_probe: LoadedKernel,
     /// The device timeline: off unless enabled (`crate::timeline`).
     pub(crate) timeline: TimelineSwitch,
 }
@@ -133,37 +173,9 @@ impl Kernels {
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx.text))
             .call("cuModuleLoadData")?;
-        // Blocks of `block_threads` that fit on one multiprocessor (static shared memory
-        // included).
-        let load_blocks_of = |name: &str, block_threads: u32| -> Result<Loaded> {
-            let function = module.load_function(name).call("cuModuleGetFunction")?;
-            let blocks_per_sm = function
-                .occupancy_max_active_blocks_per_multiprocessor(block_threads, 0, None)
-                .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?
-                .max(1);
-            let id = fetchahead_gpu::all_kernels()
-                .position(|e| e.name == name)
-                .unwrap_or(usize::MAX) as u32;
-            let timed = fetchahead_gpu::timed_twin(name)
-                .map(|twin| module.load_function(twin).call("cuModuleGetFunction"))
-                .transpose()?;
-            Ok(Loaded {
-                function,
-                blocks_per_sm,
-                id,
-                timed,
-            })
-        };
-        let load = |name: &str| load_blocks_of(name, gather::BLOCK_THREADS);
-        // A variant's kernel when this PTX holds it (build.rs checked that it holds exactly
-        // those whose needs its arch meets).
-        let slot = |name: &'static str, needs: u32, block_threads: u32| -> Result<Slot> {
-            if ptx.holds(needs) {
-                load_blocks_of(name, block_threads).map(Slot::Loaded)
-            } else {
-                Ok(Slot::Absent { name, needs })
-            }
-        };
+        let load = |name: &str| LoadedKernel::load(&module, name, gather::BLOCK_THREADS);
+        let slot =
+            |name, needs, block_threads| Slot::load(&module, ptx, name, needs, block_threads);
         let threads = gather::BLOCK_THREADS;
         let kernels = Kernels {
             gather: gather::VARIANTS
@@ -182,17 +194,9 @@ impl Kernels {
                 .zip(l2_prefetch::NEEDS)
                 .map(|(v, &needs)| slot(v.name, needs, threads))
                 .collect::<Result<_>>()?,
-            gemv: gemv::VARIANTS
-                .iter()
-                .zip(gemv::NEEDS)
-                .map(|(v, &needs)| slot(v.name, needs, threads))
-                .collect::<Result<_>>()?,
-            collective: load(collective::KERNEL)?,
             check: load(check::KERNEL)?,
             staged: load(staged::KERNEL)?,
             partition_probe: load(l2_prefetch::PARTITION_PROBE_KERNEL)?,
-            hash: load(hash::KERNEL)?,
-            spin: load(spin::KERNEL)?,
             _module: module,
             choice,
             gpu: gpu.clone(),
@@ -513,12 +517,12 @@ impl Kernels {
 
     /// Variant `variant`'s kernel in `slots`, or why there is none: an index past the family,
     /// or a kernel the loaded PTX does not hold (naming the arch it needs).
-    pub(crate) fn pick<'a>(
+    pub fn pick<'a>(
         &self,
         slots: &'a [Slot],
         variant: usize,
         family: &'static str,
-    ) -> Result<&'a Loaded> {
+    ) -> Result<&'a LoadedKernel> {
         match slots.get(variant) {
             Some(Slot::Loaded(kernel)) => Ok(kernel),
             Some(&Slot::Absent { name, needs }) => Err(Error::KernelNeedsArch {
@@ -538,9 +542,13 @@ impl Kernels {
     /// on the device at once (the kernels are grid-stride loops); `kernel.blocks_per_sm` was
     /// measured for that block size (for the plain kernel: a timed twin may fit fewer). `timeline`
     /// (the one inside `p`) picks the plain kernel or its timed twin. No threads: no launch.
-    pub(crate) unsafe fn launch<P: Copy>(
+    ///
+    /// # Safety
+    /// `P` is the parameter struct `kernel` takes, and the addresses inside `p` are valid for
+    /// the launch; `stream` is a valid stream of this device's context.
+    pub unsafe fn launch<P: Copy>(
         &self,
-        kernel: &Loaded,
+        kernel: &LoadedKernel,
         timeline: &TimelineParams,
         threads: u64,
         stream: sys::CUstream,
@@ -677,7 +685,8 @@ fn check_chunk_count(chunks: u64) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn check_aligned(what: &'static str, address: u64) -> Result<()> {
+/// An error naming `what` unless `address` is a non-null, 16-byte aligned device address.
+pub fn check_aligned(what: &'static str, address: u64) -> Result<()> {
     check_aligned_to(what, address, 16)
 }
 
@@ -702,7 +711,8 @@ fn check_dequant(dim: u32, n: u64, [weights, out, scales, ids, status]: [u64; 5]
     Ok(true)
 }
 
-pub(crate) fn check_aligned_to(what: &'static str, address: u64, align: u64) -> Result<()> {
+/// An error naming `what` unless `address` is non-null and `align`-byte aligned.
+pub fn check_aligned_to(what: &'static str, address: u64, align: u64) -> Result<()> {
     if address == 0 || !address.is_multiple_of(align) {
         return Err(Error::invalid(
             what,

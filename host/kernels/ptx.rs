@@ -1,4 +1,5 @@
-//! The PTX that `build.rs` compiled from `gpu/`, one text per arch, and the choice for a device.
+//! The PTX that `build.rs` compiled from `gpu/`'s product module, one text per arch, and the
+//! choice for a device.
 //!
 //! The driver JIT-compiles a plain PTX (`sm_90`) for its own arch or any newer one, so a device
 //! gets the newest embedded PTX not newer than it. An `a` PTX (`sm_121a`) uses instructions of
@@ -95,7 +96,7 @@ pub fn built_archs() -> String {
     archs_of(BUILT)
 }
 
-fn archs_of(built: &[BuiltPtx]) -> String {
+pub(crate) fn archs_of(built: &[BuiltPtx]) -> String {
     built.iter().map(|p| p.arch).collect::<Vec<_>>().join(",")
 }
 
@@ -182,7 +183,8 @@ pub fn entries(text: &str) -> impl Iterator<Item = &str> {
     })
 }
 
-/// The SM number a kernel needs (`fetchahead_gpu::all_kernels()`'s `needs`), if it is one.
+/// The SM number a kernel needs (`fetchahead_gpu::all_kernels()`'s `needs`), if it is one (of
+/// either module).
 pub fn kernel_needs(name: &str) -> Option<u32> {
     fetchahead_gpu::all_kernels()
         .find(|e| e.name == name)

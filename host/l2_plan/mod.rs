@@ -19,7 +19,7 @@
 //!
 //! - [`planner`]: [`Planner`], the plan logic alone, on the CPU, and its configuration.
 //! - [`device`]: [`L2Plan`], which drives the device with a planner.
-//! - `window_fit`: the byte caps that fit each window's prefetch into its window.
+//! - [`window_fit`]: the byte caps that fit each window's prefetch into its window.
 //! - [`pace`]: whether the GPU keeps up with the host, so that eager windows the host is the
 //!   bottleneck of spend no host time on prefetches.
 //! - [`partitions`]: which L2 partition each SM is near, measured on the device.
@@ -35,7 +35,7 @@ pub mod pace;
 pub mod partitions;
 pub mod planner;
 pub mod segments;
-pub(crate) mod window_fit;
+pub mod window_fit;
 
 pub use access_policy::{AccessWindow, PersistingL2};
 pub use device::{ForwardOutcome, L2Plan};

@@ -36,9 +36,11 @@ pub struct PrefetcherConfig {
     pub capacity: usize,
     /// The gather + dequant variant (a row of `fetchahead_gpu::dequant::VARIANTS`, resolved
     /// from a name where a user gave one); `None`: the fastest measured for the device's arch
-    /// and each gather's rows (`fetchahead_gpu::defaults`). It runs the [`Join::AtGather`] gathers and the synchronous
-    /// path; [`Join::Tags`] gathers run the tagged kernel (`staged_dequant_tagged`, the
-    /// dequant's tile loop with the tag wait), whatever this is.
+    /// and each gather's rows (`fetchahead_gpu::defaults`). Under [`Join::Tags`] it serves only
+    /// the synchronous gathers (check mode, the fallback after a failed lookup,
+    /// [`Prefetcher::gather_dequant_sync`]): the prefetched gathers run
+    /// `staged_dequant_tagged`, whose layout is its own; a prefetcher built so says so in a
+    /// warning.
     pub variant: Option<DequantVariant>,
     /// Run the synchronous path after every prefetched gather and count differing outputs.
     pub check: bool,
@@ -315,6 +317,16 @@ impl Prefetcher {
         let dim = store.dim();
         let layout = StagingLayout::new(config.capacity, dim)?;
         let variant = config.variant;
+        if let (Join::Tags, Some(named)) = (config.join, variant) {
+            log::warn!(
+                "fetchahead: gather + dequant variant {} serves only this prefetcher's \
+                 synchronous gathers (check mode, the fallback, gather_dequant_sync): under \
+                 Join::Tags the prefetched gathers run {} (Join::AtGather runs the variant for \
+                 them too)",
+                named.name(),
+                fetchahead_gpu::staged::KERNEL
+            );
+        }
         let ctx = kernels.gpu().ctx.clone();
         // Prefetchers sharing a lane share its side stream too, so that their requests reach the
         // lane in the order they were enqueued (an earlier layer's never behind a later one's).

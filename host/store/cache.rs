@@ -11,7 +11,7 @@
 //! from); a miss on a window ghost grows the window, one on a main ghost shrinks it. Real
 //! lookups burst (a document repeats its own n-grams), which a pure LFU misses; a scan or a
 //! flat law leaves through the window without flushing the frequent head. `bench-io --trace`
-//! and `examples/cache_policies` measure it beside LRU, ARC, W-TinyLFU and exact LFU.
+//! and `lab/examples/cache_policies` measure it beside LRU, ARC, W-TinyLFU and exact LFU.
 //!
 //! Layout: `SHARDS` shards by key hash, each a mutex over one allocation of `capacity` rows, the
 //! rows' keys, an open-addressing index (linear probing, load at most one half), the window's

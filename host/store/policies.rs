@@ -1,7 +1,7 @@
 //! The classical cache policies the row cache is compared with, replayed on a trace of lookup
 //! batches as a lookup uses a cache ([`belady::replay`]: every id looked up, then the distinct
 //! misses inserted), each holding at most `capacity` rows. A replay reads nothing; it is the
-//! peer column of `bench-io --trace` and `examples/cache_policies`.
+//! peer column of `bench-io --trace` and `lab/examples/cache_policies`.
 //!
 //! - [`Policy::Lru`]: least recently used.
 //! - [`Policy::Arc`]: Megiddo and Modha's adaptive replacement cache (FAST 2003): recency and

@@ -1080,10 +1080,10 @@ fn require_device(py: Python<'_>, ordinal: usize) -> PyRes<usize> {
     done(py, fetchahead::Gpu::check_present(ordinal))
 }
 
-/// The prefetcher defaults as each surface states them: `{"rust": {...}, "demo": {...}}`,
-/// each `{"completion", "join", "capacity", "check", "fallback_on_error"}` in Python's spelling
-/// (the test that Python's, the demo's and Rust's agree reads it; C's is checked against
-/// Rust's by `tests/ffi_l2_plan.rs`).
+/// The prefetcher defaults as Rust states them: `{"rust": {...}}`, `{"completion", "join",
+/// "capacity", "check", "fallback_on_error"}` in Python's spelling (the test that Python's and
+/// Rust's agree reads it; C's is checked against Rust's by `tests/ffi_l2_plan.rs`, the demo's
+/// by the lab's tests).
 #[pyfunction]
 fn default_prefetcher_config(py: Python<'_>) -> PyRes<Bound<'_, PyDict>> {
     let entry = |completion: Completion, join: Join| {
@@ -1109,10 +1109,8 @@ fn default_prefetcher_config(py: Python<'_>) -> PyRes<Bound<'_, PyDict>> {
         PyRes::Ok(d)
     };
     let r = PrefetcherConfig::default();
-    let (completion, join) = fetchahead::cli::demo_defaults();
     let d = PyDict::new(py);
     d.set_item("rust", entry(r.completion, r.join)?)?;
-    d.set_item("demo", entry(completion, join)?)?;
     Ok(d)
 }
 

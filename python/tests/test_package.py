@@ -64,14 +64,15 @@ def test_memory_table_is_deterministic():
     assert (a[0] == b[0]).all() and (a[1] == b[1]).all()
 
 
-def test_the_prefetcher_defaults_agree_in_python_rust_and_the_demo():
-    # C's are checked against Rust's by tests/ffi_l2_plan.rs.
+def test_the_prefetcher_defaults_agree_in_python_and_rust():
+    # C's are checked against Rust's by tests/ffi_l2_plan.rs, the demo's by the lab's tests.
     import inspect
 
+    # The lab's demo takes Rust's (its own test checks that).
     stated = fetchahead._native.default_prefetcher_config()
     params = inspect.signature(fetchahead.Prefetcher).parameters
     python = {name: params[name].default for name in stated["rust"]}
-    assert python == stated["rust"] == stated["demo"], stated
+    assert python == stated["rust"], stated
     # The measured best (BENCHMARKS.md): the shared flag lane, tagged gathers.
     assert (python["completion"], python["join"]) == ("flag", "tags")
 

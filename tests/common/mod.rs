@@ -8,6 +8,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use safetensors::SafeTensors;
 
+pub mod cli;
 pub mod harness;
 
 pub const DIM: usize = 256;

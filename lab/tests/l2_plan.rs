@@ -10,7 +10,6 @@ use fetchahead::device_abi::gemv::Reduce;
 use fetchahead::device_abi::l2_prefetch::PrefetchVariant;
 use fetchahead::device_abi::params::Segment;
 use fetchahead::device_abi::{gemv, l2_prefetch};
-use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::l2_plan::pace::PROBE_LAG;
 use fetchahead::l2_plan::segments::{SegmentTable, aligned_segment, check_segment};
@@ -18,9 +17,10 @@ use fetchahead::l2_plan::{
     L2Plan, Learned, PlanConfig, Planner, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature,
     auto_variant, default_budget, read_limit,
 };
-use fetchahead::sim::gemv::{Gemv, GemvLaunch};
-use fetchahead::sim::reference;
 use fetchahead::{Error, Result};
+use fetchahead_lab::LabKernels;
+use fetchahead_lab::gemv::{Gemv, GemvLaunch};
+use fetchahead_lab::reference;
 use half::bf16;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
@@ -321,7 +321,7 @@ const K: u32 = 1024;
 impl Layers {
     /// `layers` GEMVs of `m x K` activations against `rows x K` weights, random bf16.
     fn new(
-        kernels: &Kernels,
+        kernels: &LabKernels,
         stream: &Arc<CudaStream>,
         layers: usize,
         m: u32,
@@ -346,7 +346,7 @@ impl Layers {
     /// announced to `plan`.
     fn run(
         &self,
-        kernels: &Kernels,
+        kernels: &LabKernels,
         stream: &CudaStream,
         mut plan: Option<&mut L2Plan>,
         sig: Signature,
@@ -401,7 +401,7 @@ fn bits(outputs: &[Vec<f32>]) -> Vec<Vec<u32>> {
 /// GPU tests run one at a time: one sets the context's persisting-L2 limit, others capture.
 static GPU_LOCK: Mutex<()> = Mutex::new(());
 
-type Device = (Arc<Kernels>, Arc<CudaStream>, MutexGuard<'static, ()>);
+type Device = (Arc<LabKernels>, Arc<CudaStream>, MutexGuard<'static, ()>);
 
 fn open(what: &str) -> Result<Option<Device>> {
     let lock = GPU_LOCK
@@ -410,7 +410,7 @@ fn open(what: &str) -> Result<Option<Device>> {
     let Some(gpu) = Gpu::for_test(what)? else {
         return Ok(None);
     };
-    let kernels = Arc::new(Kernels::load(&gpu)?);
+    let kernels = Arc::new(LabKernels::load(&gpu)?);
     let stream = gpu.ctx.new_stream().map_err(|source| Error::Cuda {
         call: "cuStreamCreate",
         source,
@@ -469,7 +469,7 @@ fn gemv_matches_the_cpu_reference() -> Result<()> {
 /// Launches `gemv` twice against `want`: the split-K epilogue must leave its arrival counters
 /// ready for the next launch, and the result must not change.
 fn check_gemv(
-    kernels: &Kernels,
+    kernels: &LabKernels,
     stream: &Arc<CudaStream>,
     gemv: &mut Gemv,
     want: &[f64],
@@ -594,7 +594,7 @@ fn forward_is_bit_identical_with_prefetch_eager() -> Result<()> {
         config.launch = launch;
         // Every window warmed, whether or not this host outpaces the GPU.
         config.host_pace = false;
-        let mut plan = match L2Plan::new(kernels.clone(), stream.clone(), config) {
+        let mut plan = match L2Plan::new(kernels.product().clone(), stream.clone(), config) {
             Ok(plan) => plan,
             Err(e) if replay == Replay::AccessPolicy => {
                 eprintln!("skipping the access-policy mode: {e}");
@@ -659,7 +659,7 @@ fn caps_each_window_to_what_its_prefetch_issues_within_it() -> Result<()> {
             variant: l2_prefetch::BULK_VARIANT,
         };
         config.host_pace = false;
-        let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
+        let mut plan = L2Plan::new(kernels.product().clone(), stream.clone(), config)?;
         let mut issued = Vec::new();
         for forward in 0..4 {
             layers.poison(&stream)?;
@@ -710,7 +710,7 @@ fn leaves_windows_cold_while_the_gpu_keeps_up_with_the_host() -> Result<()> {
     for pace in [true, false] {
         let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
         config.host_pace = pace;
-        let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
+        let mut plan = L2Plan::new(kernels.product().clone(), stream.clone(), config)?;
         layers.run(&kernels, &stream, Some(&mut plan), SIG)?; // learns
         let mut delta = |layers: &mut Layers, gpu_behind: bool| -> Result<(u64, u64)> {
             stream.synchronize().map_err(cuda("cuStreamSynchronize"))?;
@@ -765,7 +765,7 @@ fn a_stale_plan_keeps_outputs_exact() -> Result<()> {
     let want = bits(&new.outputs(&stream)?);
     let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
     config.host_pace = false;
-    let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
+    let mut plan = L2Plan::new(kernels.product().clone(), stream.clone(), config)?;
     old.run(&kernels, &stream, Some(&mut plan), SIG)?;
     for forward in 0..2 {
         new.poison(&stream)?;
@@ -794,7 +794,7 @@ fn forward_is_bit_identical_with_prefetch_in_a_graph() -> Result<()> {
     for variant in PrefetchVariant::all() {
         let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
         config.replay = Replay::Prefetch { variant };
-        let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
+        let mut plan = L2Plan::new(kernels.product().clone(), stream.clone(), config)?;
         // One forward learns, two more time the windows (2 us each): the capture bakes in
         // windows cut to fit.
         for _ in 0..3 {
@@ -995,7 +995,7 @@ fn a_replayed_plan_brings_readers_near_hand_warmed() -> Result<()> {
     let sig = Signature::new(8, 22);
     let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
     config.budget_per_window = 16 << 20;
-    let mut plan = L2Plan::new(kernels.clone(), stream.clone(), config)?;
+    let mut plan = L2Plan::new(kernels.product().clone(), stream.clone(), config)?;
     // The plan learns, then fits its windows, eagerly.
     for _ in 0..4 {
         layers.run(&kernels, &stream, Some(&mut plan), sig)?;
@@ -1114,7 +1114,7 @@ fn measures_the_l2_partitions_of_every_sm() -> Result<()> {
         assert!(near > 0 && far > 0, "{near} near, {far} far");
     }
     let plan = L2Plan::new(
-        kernels.clone(),
+        kernels.product().clone(),
         stream.clone(),
         PlanConfig::for_l2(kernels.gpu().l2_bytes),
     )?;

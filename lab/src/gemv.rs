@@ -7,10 +7,10 @@ use fetchahead_gpu::gemv::Reduce;
 use fetchahead_gpu::params::GemvParams;
 use half::bf16;
 
-use crate::error::CudaCall;
-use crate::kernels::Kernels;
-use crate::l2_plan::access_policy::AccessWindow;
-use crate::{Error, Result};
+use crate::LabKernels;
+use fetchahead::error::CudaCall;
+use fetchahead::l2_plan::access_policy::AccessWindow;
+use fetchahead::{Error, Result};
 
 /// Which GEMV kernel runs and how K is split.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,8 +23,8 @@ pub struct GemvLaunch {
 
 impl GemvLaunch {
     /// What the host picks for `m x k` activations and `n` weight rows on `kernels`' device.
-    pub fn default_for(kernels: &Kernels, m: u32, n: u32, k: u32) -> Result<GemvLaunch> {
-        let variant = Kernels::gemv_variant(m)?;
+    pub fn default_for(kernels: &LabKernels, m: u32, n: u32, k: u32) -> Result<GemvLaunch> {
+        let variant = LabKernels::gemv_variant(m)?;
         Ok(GemvLaunch {
             variant,
             splits: kernels.gemv_splits(variant, n, k)?,
@@ -49,7 +49,7 @@ impl Gemv {
     /// Copies `x` (`m x k`) and `w` (`n x k`) to the device on `stream`, with output buffers,
     /// launched as [`GemvLaunch::default_for`] picks.
     pub fn new(
-        kernels: &Kernels,
+        kernels: &LabKernels,
         stream: &Arc<CudaStream>,
         x: &[bf16],
         w: &[bf16],
@@ -88,7 +88,7 @@ impl Gemv {
         let n = u32::try_from(w.len() / ku)
             .map_err(|_| Error::invalid("gemv", format!("{} weight rows", w.len() / ku)))?;
         let GemvLaunch { variant, splits } = launch;
-        let reduce = Kernels::gemv_variant_at(variant)?.reduce;
+        let reduce = LabKernels::gemv_variant_at(variant)?.reduce;
         let bits = |v: &[bf16]| v.iter().map(|b| b.to_bits()).collect::<Vec<u16>>();
         let x = stream.clone_htod(&bits(x)).call("cuMemcpyHtoD")?;
         let w = stream.clone_htod(&bits(w)).call("cuMemcpyHtoD")?;
@@ -146,7 +146,7 @@ impl Gemv {
     /// Launches the GEMV on `stream` (raw addresses, nothing allocated or recorded: capturable).
     pub fn launch(
         &self,
-        kernels: &Kernels,
+        kernels: &LabKernels,
         stream: &CudaStream,
         policy: Option<AccessWindow>,
     ) -> Result<()> {
@@ -157,7 +157,7 @@ impl Gemv {
 
     /// Fills `y` with NaN bits (0xFF bytes) so that an unwritten element shows.
     pub fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        crate::sim::selfcheck::poison(stream, &mut self.y)
+        fetchahead::selfcheck::poison(stream, &mut self.y)
     }
 
     /// Copies `y` back (waits for `stream`).

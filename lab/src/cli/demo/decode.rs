@@ -1,19 +1,18 @@
 //! The demo's decode-step section: the DeepSeek-scale decode step of
-//! [`fetchahead::sim::decode_step`] on the demo's own row-store table, in every configuration (neither
+//! [`crate::decode_step`] on the demo's own row-store table, in every configuration (neither
 //! feature, the Engram prefetcher only, the L2 plan only, both, and the floors), eager and
 //! replayed from a CUDA graph; the outputs compared across them; the DGX Spark projection.
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use fetchahead::kernels::Kernels;
-use fetchahead::kernels::gpu::Gpu;
-use fetchahead::sim::decode_step::{
-    DECODE_LEAD_IN_US, DecodeShape, DecodeStep, DecodeWeights, GB10, Run, Runs, SparkModel,
-    StepConfig, StepOutputs, model_windows, reader_times, report, spark_lines,
+use crate::LabKernels;
+use crate::decode_step::{
+    self, DECODE_LEAD_IN_US, DecodeShape, DecodeStep, DecodeWeights, GB10, Run, SparkModel,
+    StepConfig, model_windows, reader_times, report, spark_lines,
 };
-use fetchahead::sim::forward::LayerTable;
-use fetchahead::sim::trace::{TRACED, trace_decode_step};
+use crate::forward::LayerTable;
+use crate::trace::{TRACED, trace_decode_step};
+use fetchahead::kernels::gpu::Gpu;
 use fetchahead::timeline::DEFAULT_CAPACITY;
 use fetchahead::{Error, Result};
 use rand::rngs::SmallRng;
@@ -68,7 +67,7 @@ pub fn skipped(args: &DemoArgs) {
 pub fn run(
     args: &DemoArgs,
     gpu: &Gpu,
-    kernels: &Arc<Kernels>,
+    kernels: &Arc<LabKernels>,
     tables: &[Arc<dyn LayerTable>],
     rng: &mut SmallRng,
 ) -> Result<bool> {
@@ -113,72 +112,42 @@ pub fn run(
     };
     step.warm_plan()?;
     let check_tokens = token_stream(rng, shape.tokens as usize);
-    let mut runs: Runs = BTreeMap::new();
-    let mut reference: Option<StepOutputs> = None;
-    let mut differences = Vec::new();
-    for config in StepConfig::ALL {
-        for graph in [false, true] {
-            let captured = if graph {
-                Some(step.capture(config)?)
-            } else {
-                None
-            };
-            let run: &mut Run = runs.entry((graph, config)).or_default();
-            for i in 0..=args.steps {
-                step.set_tokens(&token_stream(rng, shape.tokens as usize))?;
-                let (all, first) = (step.engram_stats(), step.first_layer_stats());
-                let warmed = step.plan().counters().bytes_prefetched;
-                let t = match &captured {
-                    Some(g) => step.time_replay(g)?,
-                    None => step.time(config)?,
-                };
-                if i == 0 {
-                    continue;
-                }
-                let ms = |after: u64, before: u64| (after - before) as f64 / 1e6;
-                run.record(
-                    t,
-                    ms(step.engram_stats().lookup_ns, all.lookup_ns),
-                    ms(step.first_layer_stats().lookup_ns, first.lookup_ns),
-                    step.before_first_gather_ms(),
-                );
-                run.warmed_bytes += step.plan().counters().bytes_prefetched - warmed;
+    let tokens = shape.tokens as usize;
+    let sweep = decode_step::sweep(
+        &mut step,
+        StepConfig::ALL,
+        &check_tokens,
+        &mut None,
+        |case| {
+            // One untimed step first (a graph's first launch, the lane's first lookup).
+            case.timed(&token_stream(rng, tokens), &mut Run::default())?;
+            let mut run = Run::default();
+            for _ in 0..args.steps {
+                case.timed(&token_stream(rng, tokens), &mut run)?;
             }
-            step.set_tokens(&check_tokens)?;
-            step.poison()?;
-            match &captured {
-                Some(g) => step.time_replay(g)?,
-                None => step.time(config)?,
-            };
-            let out = step.outputs(config)?;
-            match &reference {
-                None => reference = Some(out),
-                Some(want) => {
-                    if let Some(why) = want.first_difference(&out) {
-                        let exec = if graph { "graph" } else { "eager" };
-                        differences.push(format!("{exec} {}: {why}", config.name()));
-                    }
-                }
-            }
-        }
-    }
+            Ok(run)
+        },
+    );
     println!(
         "step = GPU ms behind the lead-in (the CPU's enqueue apart, in ms); saves = against \
          neither; Engram stall = step minus its floor (rows resident, same plan setting), as a \
          share of the step's lookup time"
     );
     for graph in [false, true] {
-        for line in report("demo", graph, &runs) {
+        for line in report("demo", graph, &sweep.runs) {
             println!("{line}");
         }
+    }
+    for f in &sweep.failures {
+        println!("FAILED: {f}");
     }
     println!(
         "outputs (every reader's and Engram layer's, same tokens) bit-identical across the \
          configurations, eager and graph: {}",
-        if differences.is_empty() {
+        if sweep.differences.is_empty() {
             "yes".to_string()
         } else {
-            format!("NO: {}", differences.join("; "))
+            format!("NO: {}", sweep.differences.join("; "))
         }
     );
     for line in SparkModel::assumptions(&GB10) {
@@ -186,7 +155,7 @@ pub fn run(
     }
     let model = model_windows(&step);
     for graph in [false, true] {
-        for line in spark_lines("demo", graph, &runs, &model, &times)? {
+        for line in spark_lines("demo", graph, &sweep.runs, &model, &times)? {
             println!("{line}");
         }
     }
@@ -194,5 +163,5 @@ pub fn run(
         let trace = trace_decode_step(&mut step, &TRACED, 1, DEFAULT_CAPACITY)?;
         crate::cli::trace::write(&trace, out, args.force)?;
     }
-    Ok(differences.is_empty() && step.engram_stats().lookup_errors == 0)
+    Ok(sweep.passed() && step.engram_stats().lookup_errors == 0)
 }

@@ -1,6 +1,6 @@
-//! Row-cache policies on the long Zipf traces of `bench-io --zipf` (issue 16): each candidate's
-//! hit rate beside Belady's optimum and the static oracle (the law's hottest rows pinned from the
-//! start), on the same traces, budgets and hit definition. No table is read: the traces are
+//! The lab's policy research: row-cache policies on the long Zipf traces of `bench-io --zipf`
+//! (issue 16): each candidate's hit rate beside Belady's optimum and the static oracle (the law's
+//! hottest rows pinned from the start), on the same traces, budgets and hit definition. No table is read: the traces are
 //! those of bench-io's long replay on a table of `--rows` rows with ids every `--stride`-th row.
 //! Prints a markdown table (hit rate, and in brackets x Belady); the whole grid takes about four
 //! minutes on one core.

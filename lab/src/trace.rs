@@ -1,16 +1,16 @@
 //! Decode steps recorded on the device timeline: each configuration asked for run eagerly and
 //! replayed from a graph captured with the timeline on, each step its own process in the trace
 //! ("eager floor_plan step 1", "replayed floor_plan step 1"), so that Perfetto shows them side
-//! by side. Used by `fetchahead trace`, the demo (`--timeline`) and the decode-step bench
+//! by side. Used by `fetchahead-lab trace`, the demo (`--timeline`) and the decode-step bench
 //! (`FETCHAHEAD_BENCH_TIMELINE`).
 use std::sync::Arc;
 
-use crate::Result;
-use crate::error::CudaCall;
-use crate::prefetch::lookup::MemoryRows;
-use crate::sim::decode_step::{DecodeShape, DecodeStep, StepConfig};
-use crate::sim::forward::LayerTable;
-use crate::timeline::Trace;
+use crate::decode_step::{DecodeShape, DecodeStep, StepConfig};
+use crate::forward::LayerTable;
+use fetchahead::Result;
+use fetchahead::error::CudaCall;
+use fetchahead::prefetch::lookup::MemoryRows;
+use fetchahead::timeline::Trace;
 
 /// The configurations a trace records by default: rows resident, the L2 plan off and on.
 pub const TRACED: [StepConfig; 2] = [StepConfig::Floor, StepConfig::FloorPlan];

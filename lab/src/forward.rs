@@ -16,7 +16,7 @@
 //! gather order ([`FlagLanes::Shared`]), or each on a lane of its own ([`FlagLanes::PerLayer`]).
 //!
 //! The Engram side of a step (token buffer, hash, prefetches, gathers, resident tables) is
-//! [`EngramLayers`], which the decode step of [`crate::sim::decode_step`] enqueues too.
+//! [`EngramLayers`], which the decode step of [`crate::decode_step`] enqueues too.
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -24,15 +24,15 @@ use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys
 use fetchahead_gpu::hash;
 use fetchahead_gpu::params::{DequantParams, HashParams, MAX_NGRAM};
 
-use crate::error::CudaCall;
-use crate::kernels::Kernels;
-use crate::kernels::id_check::IdCheck;
-use crate::prefetch::flag_worker::FlagLane;
-use crate::prefetch::lookup::{MemoryRows, RowLookup};
-use crate::prefetch::prefetcher::{Completion, Prefetcher, PrefetcherConfig, Stats};
-use crate::store::LayerRows;
-use crate::tables::table::{Mxfp8Table, Placement};
-use crate::{Error, Result};
+use crate::LabKernels;
+use fetchahead::error::CudaCall;
+use fetchahead::kernels::id_check::IdCheck;
+use fetchahead::prefetch::flag_worker::FlagLane;
+use fetchahead::prefetch::lookup::{MemoryRows, RowLookup};
+use fetchahead::prefetch::prefetcher::{Completion, Prefetcher, PrefetcherConfig, Stats};
+use fetchahead::store::LayerRows;
+use fetchahead::tables::table::{Mxfp8Table, Placement};
+use fetchahead::{Error, Result};
 
 /// The model being simulated.
 #[derive(Clone, Debug)]
@@ -193,10 +193,10 @@ struct EngramLayer {
 
 /// The Engram side of a simulated forward: the step's token buffer, and per Engram layer its
 /// ids, outputs, resident table and warm prefetcher. [`SimulatedForward`] and
-/// [`crate::sim::decode_step::DecodeStep`] both enqueue through it: the hash (and prefetches) at the
+/// [`crate::decode_step::DecodeStep`] both enqueue through it: the hash (and prefetches) at the
 /// head of the step, each layer's gather where the model reaches it.
 pub struct EngramLayers {
-    kernels: Arc<Kernels>,
+    kernels: Arc<LabKernels>,
     /// The hash's heads, n-gram and seed (the layer counts and compute are the caller's).
     shape: ForwardShape,
     rows: u64,
@@ -215,7 +215,7 @@ impl EngramLayers {
     /// capacity is set here, from `max_tokens`); in flag mode the prefetchers' lookup threads
     /// are as `lanes` says.
     pub fn new(
-        kernels: Arc<Kernels>,
+        kernels: Arc<LabKernels>,
         main: &Arc<CudaStream>,
         tables: &[Arc<dyn LayerTable>],
         shape: &ForwardShape,
@@ -275,15 +275,15 @@ impl EngramLayers {
             let mut prefetcher = match (&shared_lane, config.completion) {
                 // Ranked in gather order: `engram_layers` is sorted.
                 (Some(lane), _) => {
-                    Prefetcher::in_lane(kernels.clone(), store, config, lane, k as u32)?
+                    Prefetcher::in_lane(kernels.product().clone(), store, config, lane, k as u32)?
                 }
                 // `FlagLanes::PerLayer`: a lane of this layer's own.
                 (None, Completion::Flag) => {
                     let own = FlagLane::start(format!("fetchahead-layer{k}"))?;
-                    Prefetcher::in_lane(kernels.clone(), store, config, &own, 0)?
+                    Prefetcher::in_lane(kernels.product().clone(), store, config, &own, 0)?
                 }
                 (None, Completion::HostFunction) => {
-                    Prefetcher::new(kernels.clone(), store, config)?
+                    Prefetcher::new(kernels.product().clone(), store, config)?
                 }
             };
             prefetcher.warm()?;
@@ -454,7 +454,7 @@ impl EngramLayers {
     }
 
     /// The end of a step on `s`: each prefetcher joins its side stream back
-    /// ([`Prefetcher::finish`]; nothing with [`Join::AtGather`](crate::prefetch::prefetcher::Join)).
+    /// ([`Prefetcher::finish`]; nothing with [`Join::AtGather`](fetchahead::prefetch::prefetcher::Join)).
     /// Capturable.
     ///
     /// # Safety
@@ -474,8 +474,8 @@ impl EngramLayers {
     /// output shows.
     pub fn poison(&mut self, main: &Arc<CudaStream>) -> Result<()> {
         for layer in &mut self.layers {
-            crate::sim::selfcheck::poison(main, &mut layer.out)?;
-            crate::sim::selfcheck::poison(main, &mut layer.resident_out)?;
+            fetchahead::selfcheck::poison(main, &mut layer.out)?;
+            fetchahead::selfcheck::poison(main, &mut layer.resident_out)?;
         }
         Ok(())
     }
@@ -533,7 +533,7 @@ impl EngramLayers {
 
 /// The simulated forward's buffers, kernels and prefetchers on one stream.
 pub struct SimulatedForward {
-    kernels: Arc<Kernels>,
+    kernels: Arc<LabKernels>,
     main: Arc<CudaStream>,
     shape: ForwardShape,
     engram: EngramLayers,
@@ -545,7 +545,7 @@ impl SimulatedForward {
     /// Buffers for up to `max_tokens` tokens per step and the Engram layers' tables, resident
     /// copies and prefetchers ([`EngramLayers::new`]).
     pub fn new(
-        kernels: Arc<Kernels>,
+        kernels: Arc<LabKernels>,
         main: Arc<CudaStream>,
         tables: &[Arc<dyn LayerTable>],
         shape: ForwardShape,
@@ -705,7 +705,7 @@ impl StepClock {
     /// A `lead_in_us` spin kernel on `main`, then the start event; the step's enqueue follows.
     pub(crate) fn begin(
         &self,
-        kernels: &Kernels,
+        kernels: &LabKernels,
         main: &Arc<CudaStream>,
         lead_in_us: u64,
     ) -> Result<Started> {

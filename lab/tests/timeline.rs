@@ -11,14 +11,14 @@ use fetchahead::device_abi::l2_prefetch::BULK_VARIANT;
 use fetchahead::device_abi::params::{PrefetchParams, Segment, TimelineParams};
 use fetchahead::device_abi::timeline::TimelineRecord;
 use fetchahead::device_abi::{collective, gather, l2_prefetch, spin};
-use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::kernels::id_check::IdCheck;
 use fetchahead::l2_plan::SegmentTable;
-use fetchahead::sim::trace::short_shape;
 use fetchahead::tables::table::{Placement, RowTable};
 use fetchahead::timeline::{Capture, DEFAULT_CAPACITY};
 use fetchahead::{Error, GatherVariant, Result};
+use fetchahead_lab::LabKernels;
+use fetchahead_lab::trace::short_shape;
 
 const ROW_BYTES: u32 = 256;
 const ROWS: u64 = 4096;
@@ -89,7 +89,7 @@ impl Launches {
     }
 
     /// Launches all four; returns the gather's output.
-    fn run(&mut self, kernels: &Kernels, stream: &Arc<CudaStream>) -> Result<Vec<u8>> {
+    fn run(&mut self, kernels: &LabKernels, stream: &Arc<CudaStream>) -> Result<Vec<u8>> {
         let variant = GatherVariant::named("gather_chunk16").expect("the plain gather");
         let ids = stream.clone_htod(&self.ids).map_err(cuda("cuMemcpyHtoD"))?;
         let mut out = stream
@@ -146,7 +146,7 @@ fn each_instrumented_kernel_records_each_of_its_blocks() -> Result<()> {
     let Some(gpu) = Gpu::for_test("each_instrumented_kernel_records_each_of_its_blocks")? else {
         return Ok(());
     };
-    let kernels = Kernels::load(&gpu)?;
+    let kernels = LabKernels::load(&gpu)?;
     let stream = gpu.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
     let mut launches = Launches::new(&stream)?;
     assert!(!kernels.timeline_enabled(), "off by default");
@@ -212,7 +212,7 @@ fn a_graph_captured_with_the_timeline_records_every_replay() -> Result<()> {
     else {
         return Ok(());
     };
-    let kernels = Kernels::load(&gpu)?;
+    let kernels = LabKernels::load(&gpu)?;
     let stream = gpu.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
     let mut launches = Launches::new(&stream)?;
     kernels.enable_timeline(1 << 12)?;
@@ -252,7 +252,7 @@ fn a_graph_captured_with_the_timeline_records_every_replay() -> Result<()> {
     Ok(())
 }
 
-/// `fetchahead trace`'s step: a valid schedule for any layer count asked for.
+/// `fetchahead-lab trace`'s step: a valid schedule for any layer count asked for.
 fn the_trace_command_runs_a_short_valid_step() {
     for layers in [0, 2, 4, 10, 61, 100] {
         let shape = short_shape(layers);

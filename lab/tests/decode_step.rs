@@ -1,21 +1,21 @@
 //! The simulated decode step: its schedule and Spark projection on the CPU, and on the GPU a
 //! small step whose outputs are bit-identical across every configuration, eager and replayed.
 mod common;
-#[path = "common/counting_alloc.rs"]
+#[path = "../../tests/common/counting_alloc.rs"]
 mod counting_alloc;
 use std::sync::Arc;
 
 use counting_alloc::allocations;
-use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::l2_plan::default_budget;
 use fetchahead::prefetch::lookup::MemoryRows;
-use fetchahead::sim::decode_step::{
-    DecodeShape, DecodeStep, DecodeWeights, GB10, Matrix, MeasuredStep, ModelWindow, ReaderTime,
-    SparkModel, StepConfig, StepOutputs, WindowRole,
-};
-use fetchahead::sim::forward::LayerTable;
 use fetchahead::{Error, Result};
+use fetchahead_lab::LabKernels;
+use fetchahead_lab::decode_step::{
+    DecodeShape, DecodeStep, DecodeWeights, GB10, Matrix, MeasuredStep, ModelWindow, ReaderTime,
+    Run, SparkModel, StepConfig, StepOutputs, WindowRole, sweep,
+};
+use fetchahead_lab::forward::LayerTable;
 
 fn the_deepseek_schedule_holds_the_origin_storys_windows() {
     let shape = DecodeShape::deepseek();
@@ -215,14 +215,15 @@ fn small_shape() -> DecodeShape {
     }
 }
 
-/// Every configuration, eager and replayed from a graph, gives the same outputs bit for bit,
-/// and every output was written (poisoned before).
+/// Every configuration, eager and replayed from a graph (the one sweep the demo and the bench
+/// run), gives the same outputs bit for bit, run after run, and every output was written
+/// (poisoned before).
 fn a_small_steps_outputs_are_bit_identical_across_configurations() -> Result<()> {
     let Some(gpu) = Gpu::for_test("a_small_steps_outputs_are_bit_identical_across_configurations")?
     else {
         return Ok(());
     };
-    let kernels = Arc::new(Kernels::load(&gpu)?);
+    let kernels = Arc::new(LabKernels::load(&gpu)?);
     // SAFETY: every launch of this test passes raw addresses taken at creation.
     unsafe { gpu.ctx.disable_event_tracking() };
     let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
@@ -234,41 +235,30 @@ fn a_small_steps_outputs_are_bit_identical_across_configurations() -> Result<()>
         .collect::<Result<_>>()?;
     let mut step = DecodeStep::new(kernels.clone(), stream, &tables, shape, weights)?;
     step.warm_plan()?;
-    step.set_tokens(&[3, 1, 4, 1])?;
-    let mut want: Option<StepOutputs> = None;
-    for config in StepConfig::ALL {
-        for graph in [false, true] {
-            let captured = if graph {
-                Some(step.capture(config)?)
-            } else {
-                None
-            };
-            for run in 0..2 {
-                step.poison()?;
-                match &captured {
-                    Some(g) => step.time_replay(g)?,
-                    None => step.time(config)?,
-                };
-                let got = step.outputs(config)?;
-                assert!(
-                    got.readers.iter().all(|y| y.iter().all(|&v| v != u32::MAX)),
-                    "{config:?} graph {graph} run {run}: a reader output was not written"
-                );
-                assert!(
-                    got.engram.iter().all(|r| r.iter().all(|&v| v != u16::MAX)),
-                    "{config:?} graph {graph} run {run}: an Engram row was not written"
-                );
-                match &want {
-                    None => want = Some(got),
-                    Some(want) => assert_eq!(
-                        want.first_difference(&got),
-                        None,
-                        "{config:?} graph {graph} run {run}"
-                    ),
-                }
+    let tokens = [3, 1, 4, 1];
+    let sweep = sweep(&mut step, StepConfig::ALL, &tokens, &mut None, |case| {
+        let name = case.name();
+        let mut first: Option<StepOutputs> = None;
+        for run in 0..2 {
+            let got = case.checked(&tokens)?;
+            assert!(
+                got.readers.iter().all(|y| y.iter().all(|&v| v != u32::MAX)),
+                "{name} run {run}: a reader output was not written"
+            );
+            assert!(
+                got.engram.iter().all(|r| r.iter().all(|&v| v != u16::MAX)),
+                "{name} run {run}: an Engram row was not written"
+            );
+            match &first {
+                None => first = Some(got),
+                Some(want) => assert_eq!(want.first_difference(&got), None, "{name} run {run}"),
             }
         }
-    }
+        Ok(Run::default())
+    });
+    assert!(sweep.failures.is_empty(), "{:?}", sweep.failures);
+    assert!(sweep.differences.is_empty(), "{:?}", sweep.differences);
+    assert_eq!(sweep.runs.len(), 2 * StepConfig::ALL.len());
     let counters = step.plan().counters();
     assert!(counters.windows_prefetched > 0, "{counters:?}");
     assert_eq!(counters.mismatches_at_capture, 0, "{counters:?}");
@@ -279,8 +269,8 @@ fn a_small_steps_outputs_are_bit_identical_across_configurations() -> Result<()>
 /// The step table from synthetic runs: every configuration's line, the goal line and the
 /// plan's saving lines, without a device.
 fn the_report_reads_every_configuration() {
-    use fetchahead::sim::decode_step::{Run, Runs, report, spark_lines};
-    use fetchahead::sim::forward::StepTime;
+    use fetchahead_lab::decode_step::{Run, Runs, report, spark_lines};
+    use fetchahead_lab::forward::StepTime;
     let mut runs = Runs::new();
     let base = |c: StepConfig| match c {
         StepConfig::Floor => 47.0,
@@ -299,7 +289,7 @@ fn the_report_reads_every_configuration() {
                     enqueue_ms: 2.0,
                     lead_in_overrun: false,
                 };
-                let lookup = if c.gather() == fetchahead::sim::forward::GatherPath::Resident {
+                let lookup = if c.gather() == fetchahead_lab::forward::GatherPath::Resident {
                     0.0
                 } else {
                     1.8
@@ -358,7 +348,7 @@ fn a_warm_steps_enqueue_allocates_nothing() -> Result<()> {
     let Some(gpu) = Gpu::for_test("a_warm_steps_enqueue_allocates_nothing")? else {
         return Ok(());
     };
-    let kernels = Arc::new(Kernels::load(&gpu)?);
+    let kernels = Arc::new(LabKernels::load(&gpu)?);
     let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
     let shape = small_shape();
     let stream = gpu.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;

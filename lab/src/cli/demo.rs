@@ -1,4 +1,4 @@
-//! `fetchahead demo` (the default command): simulated decode and prefill steps of a model with
+//! `fetchahead-lab demo` (the default command): simulated decode and prefill steps of a model with
 //! Engram layers. A hash kernel turns a token stream into each Engram layer's row ids, compute
 //! kernels stand in for the layers, and the gathers consume the rows, three ways: rows resident
 //! on the device (the floor), the synchronous lookup path, and the side-stream prefetcher. GPU
@@ -16,14 +16,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::LabKernels;
+use crate::forward::{
+    FlagLanes, ForwardShape, GatherPath, LEAD_IN_US, LayerTable, SimulatedForward,
+};
 use clap::{Args, Parser};
-use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::prefetch::lookup::MemoryRows;
 use fetchahead::prefetch::prefetcher::{Completion, Join, PrefetcherConfig};
-use fetchahead::sim::forward::{
-    FlagLanes, ForwardShape, GatherPath, LEAD_IN_US, LayerTable, SimulatedForward,
-};
 use fetchahead::store::make::{DirState, TableSpec, WriteOptions, dir_state, write_table_with};
 use fetchahead::store::{LayerRows, ReadPath, RowStore, Stats, StoreOptions};
 use fetchahead::{Error, Result};
@@ -241,7 +241,7 @@ impl DemoArgs {
     }
 }
 
-/// Parses the defaults declared above, so that `fetchahead` alone runs exactly `fetchahead demo`.
+/// Parses the defaults declared above, so that `fetchahead-lab` alone runs exactly `fetchahead-lab demo`.
 #[derive(Parser)]
 struct DefaultsOnly {
     #[command(flatten)]
@@ -477,34 +477,66 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         Ok(gpu) => gpu,
         Err(Error::NoDevice(why)) => {
             println!("\nno GPU here ({why}); running the host half only");
-            let results = host_half(args, &shape, &tables, &phases, &mut rng)?;
-            print_host_half(&phases, &results);
-            decode::skipped(args);
-            let wrong: usize = results.iter().map(|r| r.wrong_rows).sum();
-            println!(
-                "\nlookups equal the table's own bytes{}: {}\n\
-                 skipped: the hash kernel, row copies, compute, gathers and GPU idle times (they \
-                 need a CUDA device)",
-                if tables.store.is_some() {
-                    " (read straight from its files)"
-                } else {
-                    ""
-                },
-                if wrong == 0 {
-                    "yes".to_string()
-                } else {
-                    format!("NO ({wrong} rows differ)")
-                }
-            );
-            return Ok(if wrong == 0 {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            });
+            return without_gpu(args, &shape, &tables, &phases, &mut rng);
         }
         Err(e) => return Err(e),
     };
-    let kernels = Arc::new(Kernels::load(&gpu)?);
+    let kernels = Arc::new(LabKernels::load(&gpu)?);
+    let phases_ok = forward_phases(args, &gpu, &kernels, shape, &tables, &phases, &mut rng)?;
+    let decode_ok = decode::run(args, &gpu, &kernels, &tables.layers, &mut rng)?;
+    Ok(if phases_ok && decode_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Without a GPU: the host half of every phase, its lookups checked against the table's own
+/// bytes, and what was skipped.
+fn without_gpu(
+    args: &DemoArgs,
+    shape: &ForwardShape,
+    tables: &Tables,
+    phases: &[Phase],
+    rng: &mut SmallRng,
+) -> Result<ExitCode> {
+    let results = host_half(args, shape, tables, phases, rng)?;
+    print_host_half(phases, &results);
+    decode::skipped(args);
+    let wrong: usize = results.iter().map(|r| r.wrong_rows).sum();
+    println!(
+        "\nlookups equal the table's own bytes{}: {}\n\
+         skipped: the hash kernel, row copies, compute, gathers and GPU idle times (they \
+         need a CUDA device)",
+        if tables.store.is_some() {
+            " (read straight from its files)"
+        } else {
+            ""
+        },
+        if wrong == 0 {
+            "yes".to_string()
+        } else {
+            format!("NO ({wrong} rows differ)")
+        }
+    );
+    Ok(if wrong == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The simulated forward's phases on the GPU, each three ways (rows resident, synchronous,
+/// prefetched), as a table; true when every output matched and no lookup failed.
+fn forward_phases(
+    args: &DemoArgs,
+    gpu: &Gpu,
+    kernels: &Arc<LabKernels>,
+    shape: ForwardShape,
+    tables: &Tables,
+    phases: &[Phase],
+    rng: &mut SmallRng,
+) -> Result<bool> {
     let completion = Completion::from(args.completion);
     let join = Join::from(args.join);
     println!(
@@ -554,8 +586,8 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         "IOPS"
     );
     let mut all_match = true;
-    for phase in &phases {
-        let r = run_phase(args, &mut forward, &tables, phase, &mut rng)?;
+    for phase in phases {
+        let r = run_phase(args, &mut forward, tables, phase, rng)?;
         all_match &= r.outputs_match;
         let differed = forward.check_differed()?;
         all_match &= differed.unwrap_or(0) == 0;
@@ -606,13 +638,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
          lookup errors: {errors}",
         if all_match { "yes" } else { "NO" }
     );
-    drop(forward);
-    let decode_ok = decode::run(args, &gpu, &kernels, &tables.layers, &mut rng)?;
-    Ok(if all_match && errors == 0 && decode_ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(all_match && errors == 0)
 }
 
 /// The store's hit rate and reads per second over `ms` milliseconds, as table cells.

@@ -20,7 +20,6 @@ use fetchahead::device_abi::l2_prefetch::PrefetchVariant;
 use fetchahead::device_abi::params::{GemvParams, PrefetchParams, Segment};
 use fetchahead::device_abi::{gemv, l2_prefetch};
 use fetchahead::driver::{memory, stream};
-use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::l2_plan::access_policy::{AccessWindow, PersistingL2};
 use fetchahead::l2_plan::segments::SegmentTable;
@@ -28,8 +27,9 @@ use fetchahead::l2_plan::{
     L2Plan, PlanConfig, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature, default_budget,
     read_limit,
 };
-use fetchahead::sim::gemv::{Gemv, GemvLaunch};
 use fetchahead::{Error, Result};
+use fetchahead_lab::LabKernels;
+use fetchahead_lab::gemv::{Gemv, GemvLaunch};
 use half::bf16;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
@@ -100,7 +100,7 @@ fn cuda(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
 
 /// Everything one bench run shares.
 struct Bench {
-    kernels: Arc<Kernels>,
+    kernels: Arc<LabKernels>,
     stream: Arc<CudaStream>,
     flush: CudaSlice<u8>,
     flush_address: u64,
@@ -111,7 +111,7 @@ struct Bench {
 
 impl Bench {
     fn new(gpu: &Gpu) -> Result<Bench> {
-        let kernels = Arc::new(Kernels::load(gpu)?);
+        let kernels = Arc::new(LabKernels::load(gpu)?);
         let stream = gpu.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
         let flush_bytes = (2 * gpu.l2_bytes).clamp(64 * MIB, 512 * MIB) as usize;
         let flush = stream
@@ -272,7 +272,7 @@ fn setup(bench: &Bench, gemv: &Gemv, mode: Mode, ns: u64, graph: bool) -> Result
         }),
     };
     let mut plan = plan
-        .map(|c| L2Plan::new(bench.kernels.clone(), bench.stream.clone(), c))
+        .map(|c| L2Plan::new(bench.kernels.product().clone(), bench.stream.clone(), c))
         .transpose()?;
     let (persisting, policy) = if mode == Mode::AccessPolicy {
         let persisting = PersistingL2::reserve(gpu, w_bytes)?;

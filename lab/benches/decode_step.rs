@@ -1,5 +1,5 @@
 //! What fetchahead buys per decode step: the simulated DeepSeek-scale step of
-//! `fetchahead::sim::decode_step` (a hasher; 61 layers with 89 all-reduce and 49 all-gather windows,
+//! `fetchahead_lab::decode_step` (a hasher; 61 layers with 89 all-reduce and 49 all-gather windows,
 //! 3.6 ms in all, each followed by bf16 GEMV readers of the next weights; spin compute between;
 //! Engram layers 2 and 15 gathering rows looked up in a row store on disk), timed with CUDA
 //! events, eager and replayed from a CUDA graph, in six configurations: neither feature, the
@@ -24,24 +24,24 @@
 //! plan off and on, eager and replayed, as a Chrome trace).
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
-use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::prefetch::prefetcher::Join;
-use fetchahead::sim::decode_step::{
-    DECODE_LEAD_IN_US, DecodeShape, DecodeStep, DecodeWeights, GB10, Run, Runs, SparkModel,
-    StepConfig, StepOutputs, model_windows, reader_times, report, spark_lines,
-};
-use fetchahead::sim::forward::LayerTable;
-use fetchahead::sim::trace::{TRACED, trace_decode_step};
 use fetchahead::store::make::{TableSpec, write_table};
 use fetchahead::store::{LayerRows, RowStore};
 use fetchahead::timeline::DEFAULT_CAPACITY;
+use fetchahead_lab::LabKernels;
+use fetchahead_lab::decode_step::{
+    DECODE_LEAD_IN_US, DecodeShape, DecodeStep, DecodeWeights, GB10, ModelWindow, ReaderTime, Run,
+    Runs, SparkModel, StepConfig, StepOutputs, model_windows, reader_times, report, spark_lines,
+    sweep,
+};
+use fetchahead_lab::forward::LayerTable;
+use fetchahead_lab::trace::{TRACED, trace_decode_step};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
 use common::{BenchStore, knob, table_dir};
@@ -103,51 +103,93 @@ impl Lookups {
     }
 }
 
-/// One timed step on fresh tokens, prepared as `lookups` says, recorded into `run`.
-fn step(
-    s: &mut DecodeStep,
-    lookups: &Lookups,
-    config: StepConfig,
-    graph: Option<&cudarc::driver::CudaGraph>,
-    rng: &mut SmallRng,
-    run: &mut Run,
-) -> fetchahead::Result<f64> {
-    let tokens: Vec<u32> = (0..s.shape().tokens)
-        .map(|_| rng.random_range(0..VOCAB))
-        .collect();
-    s.set_tokens(&tokens)?;
-    lookups.before_step();
-    let (all, first) = (s.engram_stats(), s.first_layer_stats());
-    let warmed = s.plan().counters().bytes_prefetched;
-    let t = match graph {
-        Some(g) => s.time_replay(g),
-        None => s.time(config),
-    }?;
-    let ms = |after: u64, before: u64| (after - before) as f64 / 1e6;
-    run.record(
-        t,
-        ms(s.engram_stats().lookup_ns, all.lookup_ns),
-        ms(s.first_layer_stats().lookup_ns, first.lookup_ns),
-        s.before_first_gather_ms(),
-    );
-    run.warmed_bytes += s.plan().counters().bytes_prefetched - warmed;
-    Ok(t.gpu_ms)
+/// `n` random tokens.
+fn tokens(rng: &mut SmallRng, n: u32) -> Vec<u32> {
+    (0..n).map(|_| rng.random_range(0..VOCAB)).collect()
 }
 
-/// One step of `tokens` with every output poisoned first: its outputs.
-fn checked_step(
-    s: &mut DecodeStep,
-    config: StepConfig,
-    graph: Option<&cudarc::driver::CudaGraph>,
-    tokens: &[u32],
-) -> fetchahead::Result<StepOutputs> {
-    s.set_tokens(tokens)?;
-    s.poison()?;
-    match graph {
-        Some(g) => s.time_replay(g),
-        None => s.time(config),
-    }?;
-    s.outputs(config)
+/// Per lookup setting: its runs, the model's windows, the work before the first gather.
+type Measured<'a> = (&'a Lookups, Runs, Vec<ModelWindow>, f64);
+
+/// The summary after the measurements: the failures, the step tables, whether the outputs were
+/// bit-identical, the readers' times and the projection.
+fn summary(
+    shape: &DecodeShape,
+    failures: &[String],
+    differences: &[String],
+    all_runs: &[Measured],
+    times: &[ReaderTime],
+) {
+    let windows = shape.schedule().expect("the DeepSeek shape's schedule");
+    println!("\n== decode step summary");
+    for line in shape.describe(&windows) {
+        println!("{line}");
+    }
+    for f in failures {
+        println!("FAILED: {f}");
+    }
+    println!(
+        "\nstep = GPU time from a start event behind a {} ms lead-in (the CPU's enqueue, printed \
+         apart in ms, is not in it); saves = neither's mean minus this one's; Engram stall = this \
+         step minus its floor (rows resident, the same plan setting), as a share of the step's \
+         lookup time (both Engram layers, measured inside the lookups in the same steps)",
+        DECODE_LEAD_IN_US / 1000
+    );
+    for (lookups, runs, _, before_ms) in all_runs {
+        println!(
+            "\n{} lookups: {}; {} ids a step per Engram layer; {before_ms:.3} ms of compute and \
+             collectives before the first Engram gather",
+            lookups.label,
+            lookups.what,
+            shape.tokens * shape.heads
+        );
+        for graph in [false, true] {
+            for line in report(lookups.label, graph, runs) {
+                println!("{line}");
+            }
+        }
+    }
+    println!(
+        "\noutputs (every reader's y and every Engram layer's rows, same tokens, poisoned before) \
+         bit-identical across all {} configurations, eager and graph, cold and warm: {}",
+        StepConfig::ALL.len(),
+        if differences.is_empty() {
+            "yes".to_string()
+        } else {
+            format!("NO: {}", differences.join("; "))
+        }
+    );
+    println!(
+        "\nreaders on this device (median of {READER_REPS}, event-timed behind a 20 us idle \
+         collective): cold with L2 full of other, clean lines / warm right after the same \
+         launch; eager, and replayed from a graph"
+    );
+    for t in times {
+        println!(
+            "  {:<20} [{} x {}] {:>6.1} MiB: eager cold {:.2} us, warm {:.2} us; replayed cold \
+             {:.2} us, warm {:.2} us",
+            t.matrix.name,
+            t.matrix.rows,
+            t.matrix.k,
+            t.matrix.bytes() as f64 / (1u64 << 20) as f64,
+            t.cold_us,
+            t.warm_us,
+            t.replay_cold_us,
+            t.replay_warm_us,
+        );
+    }
+    println!();
+    for line in SparkModel::assumptions(&GB10) {
+        println!("{line}");
+    }
+    for (lookups, runs, windows, _) in all_runs {
+        for graph in [false, true] {
+            match spark_lines(lookups.label, graph, runs, windows, times) {
+                Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
+                Err(e) => println!("projection failed: {e}"),
+            }
+        }
+    }
 }
 
 fn decode_step(c: &mut Criterion) {
@@ -167,7 +209,7 @@ fn decode_step(c: &mut Criterion) {
         }
         return;
     };
-    let kernels = Arc::new(Kernels::load(&gpu).expect("load the kernels"));
+    let kernels = Arc::new(LabKernels::load(&gpu).expect("load the kernels"));
     // SAFETY: from here on every launch passes raw addresses taken at creation, and no slice is
     // shared between streams without the crate's own fork and join events.
     unsafe { gpu.ctx.disable_event_tracking() };
@@ -227,19 +269,10 @@ fn decode_step(c: &mut Criterion) {
     let times = reader_times(&kernels, &setup, &weights, READER_REPS).expect("reader times");
 
     let mut rng = SmallRng::seed_from_u64(7);
-    let check_tokens: Vec<u32> = (0..shape.tokens)
-        .map(|_| rng.random_range(0..VOCAB))
-        .collect();
+    let check_tokens = tokens(&mut rng, shape.tokens);
     let mut reference: Option<StepOutputs> = None;
     let mut differences = Vec::new();
     let mut failures: Vec<String> = Vec::new();
-    /// Per lookup setting: its runs, the model's windows, the work before the first gather.
-    type Measured<'a> = (
-        &'a Lookups,
-        Runs,
-        Vec<fetchahead::sim::decode_step::ModelWindow>,
-        f64,
-    );
     let mut all_runs: Vec<Measured> = Vec::new();
     let mut group = c.benchmark_group("decode_step");
     group
@@ -270,81 +303,39 @@ fn decode_step(c: &mut Criterion) {
         )
         .expect("the decode step");
         s.warm_plan().expect("warm the plan");
-        let mut runs: Runs = BTreeMap::new();
-        let mut graphs_work = true;
-        for config in StepConfig::ALL {
-            if !picked("FETCHAHEAD_BENCH_CONFIGS", config.id()) {
-                continue;
-            }
-            for graph in [false, true] {
-                let exec = if graph { "graph" } else { "eager" };
-                let name = format!("{} {exec} {}", lookups.label, config.name());
-                if graph && !graphs_work {
-                    continue;
-                }
-                let captured = match graph.then(|| s.capture(config)).transpose() {
-                    Ok(captured) => captured,
-                    Err(e) => {
-                        failures.push(format!("{name}: capture failed, graphs skipped: {e}"));
-                        graphs_work = false;
-                        continue;
-                    }
-                };
-                // One untimed step first (a graph's first launch, the lane's first lookup).
-                let warm_up = step(
-                    &mut s,
-                    lookups,
-                    config,
-                    captured.as_ref(),
-                    &mut rng,
-                    &mut Run::default(),
-                );
-                let mut run = Run::default();
-                let mut failure = warm_up.err();
-                if failure.is_none() {
-                    let id = format!("{}/{exec}/{}", lookups.label, config.id());
-                    group.bench_function(id, |b| {
-                        b.iter_custom(|iters| {
-                            let mut total = 0.0;
-                            for _ in 0..iters {
-                                match step(
-                                    &mut s,
-                                    lookups,
-                                    config,
-                                    captured.as_ref(),
-                                    &mut rng,
-                                    &mut run,
-                                ) {
-                                    Ok(ms) => total += ms,
-                                    Err(e) => {
-                                        failure.get_or_insert(e);
-                                    }
-                                }
-                            }
-                            Duration::from_secs_f64(total / 1e3)
-                        })
-                    });
-                }
-                if let Some(e) = failure {
-                    failures.push(format!("{name}: a step failed: {e}"));
-                    continue;
-                }
-                runs.insert((graph, config), run);
-                // The same tokens for every configuration, outputs poisoned first.
-                match checked_step(&mut s, config, captured.as_ref(), &check_tokens) {
-                    Err(e) => failures.push(format!("{name}: the checked step failed: {e}")),
-                    Ok(out) => match &reference {
-                        None => reference = Some(out),
-                        Some(want) => {
-                            if let Some(why) = want.first_difference(&out) {
-                                differences.push(format!("{name}: {why}"));
+        let configs = StepConfig::ALL
+            .into_iter()
+            .filter(|config| picked("FETCHAHEAD_BENCH_CONFIGS", config.id()));
+        // The same check tokens for every configuration of both lookup settings: outputs
+        // compare across all of them.
+        let sweep = sweep(&mut s, configs, &check_tokens, &mut reference, |case| {
+            let id = format!("{}/{}/{}", lookups.label, case.exec(), case.config().id());
+            // One untimed step first (a graph's first launch, the lane's first lookup).
+            lookups.before_step();
+            case.timed(&tokens(&mut rng, shape.tokens), &mut Run::default())?;
+            let mut run = Run::default();
+            let mut failure = None;
+            group.bench_function(id, |b| {
+                b.iter_custom(|iters| {
+                    let mut total = 0.0;
+                    for _ in 0..iters {
+                        lookups.before_step();
+                        match case.timed(&tokens(&mut rng, shape.tokens), &mut run) {
+                            Ok(t) => total += t.gpu_ms,
+                            Err(e) => {
+                                failure.get_or_insert(e);
                             }
                         }
-                    },
-                }
-                drop(captured);
-            }
-        }
+                    }
+                    Duration::from_secs_f64(total / 1e3)
+                })
+            });
+            failure.map_or(Ok(run), Err)
+        });
+        let label = |what: &String| format!("{} {what}", lookups.label);
+        failures.extend(sweep.failures.iter().map(label));
+        differences.extend(sweep.differences.iter().map(label));
+        let runs = sweep.runs;
         // The timeline of the step (rows resident, plan off and on, eager and replayed), once.
         if let Some(out) =
             std::env::var_os("FETCHAHEAD_BENCH_TIMELINE").filter(|_| lookups.label == cold.label)
@@ -369,75 +360,7 @@ fn decode_step(c: &mut Criterion) {
     }
     group.finish();
 
-    println!("\n== decode step summary");
-    for line in shape.describe(&windows) {
-        println!("{line}");
-    }
-    for f in &failures {
-        println!("FAILED: {f}");
-    }
-    println!(
-        "\nstep = GPU time from a start event behind a {} ms lead-in (the CPU's enqueue, printed \
-         apart in ms, is not in it); saves = neither's mean minus this one's; Engram stall = this \
-         step minus its floor (rows resident, the same plan setting), as a share of the step's \
-         lookup time (both Engram layers, measured inside the lookups in the same steps)",
-        DECODE_LEAD_IN_US / 1000
-    );
-    for (lookups, runs, _, before_ms) in &all_runs {
-        println!(
-            "\n{} lookups: {}; {} ids a step per Engram layer; {before_ms:.3} ms of compute and \
-             collectives before the first Engram gather",
-            lookups.label,
-            lookups.what,
-            shape.tokens * shape.heads
-        );
-        for graph in [false, true] {
-            for line in report(lookups.label, graph, runs) {
-                println!("{line}");
-            }
-        }
-    }
-    println!(
-        "\noutputs (every reader's y and every Engram layer's rows, same tokens, poisoned before) \
-         bit-identical across all {} configurations, eager and graph, cold and warm: {}",
-        StepConfig::ALL.len(),
-        if differences.is_empty() {
-            "yes".to_string()
-        } else {
-            format!("NO: {}", differences.join("; "))
-        }
-    );
-    println!(
-        "\nreaders on this device (median of {READER_REPS}, event-timed behind a 20 us idle \
-         collective): cold with L2 full of other, clean lines / warm right after the same \
-         launch; eager, and replayed from a graph"
-    );
-    for t in &times {
-        println!(
-            "  {:<20} [{} x {}] {:>6.1} MiB: eager cold {:.2} us, warm {:.2} us; replayed cold \
-             {:.2} us, warm {:.2} us",
-            t.matrix.name,
-            t.matrix.rows,
-            t.matrix.k,
-            t.matrix.bytes() as f64 / (1u64 << 20) as f64,
-            t.cold_us,
-            t.warm_us,
-            t.replay_cold_us,
-            t.replay_warm_us,
-        );
-    }
-    println!();
-    for line in SparkModel::assumptions(&GB10) {
-        println!("{line}");
-    }
-    for (lookups, runs, windows, _) in &all_runs {
-        for graph in [false, true] {
-            match spark_lines(lookups.label, graph, runs, windows, &times) {
-                Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
-                Err(e) => println!("projection failed: {e}"),
-            }
-        }
-    }
+    summary(&shape, &failures, &differences, &all_runs, &times);
     if !differences.is_empty() || !failures.is_empty() {
         eprintln!("decode_step bench: outputs differed or configurations failed (above)");
         std::process::exit(1);

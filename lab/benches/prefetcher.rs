@@ -45,16 +45,16 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use cudarc::driver::{CudaGraph, CudaStream, DevicePtr, sys};
-use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::prefetch::lookup::MemoryRows;
 use fetchahead::prefetch::prefetcher::{Completion, Join, Prefetcher, PrefetcherConfig};
 use fetchahead::row_lookup::RowLookup;
-use fetchahead::sim::forward::{
-    FlagLanes, ForwardShape, GatherPath, LEAD_IN_US, LayerTable, SimulatedForward, StepTime,
-};
 use fetchahead::store::make::{TableSpec, write_table};
 use fetchahead::store::{LayerRows, RowStore, Stats};
+use fetchahead_lab::LabKernels;
+use fetchahead_lab::forward::{
+    FlagLanes, ForwardShape, GatherPath, LEAD_IN_US, LayerTable, SimulatedForward, StepTime,
+};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
 use common::{BenchStore, knob, table_dir};
@@ -282,7 +282,7 @@ struct Config {
 
 /// One forward per variant over `lookups`' tables.
 fn forwards(
-    kernels: &Arc<Kernels>,
+    kernels: &Arc<LabKernels>,
     gpu: &Gpu,
     lookups: &Lookups,
     shape: &ForwardShape,
@@ -422,7 +422,7 @@ fn capture_chain(
 /// The chain overhead lines: per completion mode, lookup and eager or replayed, the mean of
 /// `CHAIN_REPS` chains (fork, ids copy to the host, completion, row copies to the device, join
 /// and gather of `n` rows) minus the time inside the lookup.
-fn chain_overhead(gpu: &Gpu, kernels: &Arc<Kernels>, n: usize) -> Vec<String> {
+fn chain_overhead(gpu: &Gpu, kernels: &Arc<LabKernels>, n: usize) -> Vec<String> {
     let main = gpu.ctx.new_stream().unwrap();
     let ids = main.alloc_zeros::<i64>(n).unwrap();
     let out = main.alloc_zeros::<u16>(n * DIM).unwrap();
@@ -447,7 +447,7 @@ fn chain_overhead(gpu: &Gpu, kernels: &Arc<Kernels>, n: usize) -> Vec<String> {
                 join: Join::AtGather,
                 ..Default::default()
             };
-            let mut p = Prefetcher::new(kernels.clone(), lookup.clone(), config).unwrap();
+            let mut p = Prefetcher::new(kernels.product().clone(), lookup.clone(), config).unwrap();
             p.warm().unwrap();
             let graph = capture_chain(&main, &mut p, ids_at, n, out_at);
             for replayed in [false, true] {
@@ -493,7 +493,7 @@ fn prefetcher(c: &mut Criterion) {
     let Some(gpu) = Gpu::for_test("the prefetcher bench").unwrap() else {
         return;
     };
-    let kernels = Arc::new(Kernels::load(&gpu).unwrap());
+    let kernels = Arc::new(LabKernels::load(&gpu).unwrap());
     let tokens = knob("FETCHAHEAD_BENCH_TOKENS", 64).max(1) as usize;
     let decode_tokens = (knob("FETCHAHEAD_BENCH_DECODE_TOKENS", 8) as usize).clamp(1, tokens);
     let rows = knob("FETCHAHEAD_BENCH_ROWS", 1 << 19);

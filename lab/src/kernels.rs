@@ -1,26 +1,79 @@
-//! The simulation's launches: the hash, spin, collective and bf16 GEMV kernels, as a second
-//! `impl Kernels` block (the kernels stay loaded by [`Kernels::load`] either way).
+//! The lab's kernels: [`LabKernels`], the product's [`Kernels`] of one device with the lab's PTX
+//! module loaded beside them at the same arch, and the launches of the hash, spin, collective
+//! and bf16 GEMV kernels, through the product's checked launch paths.
+use std::ops::Deref;
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use fetchahead::kernels::{
+    Gpu, KernelModule, Kernels, LoadedKernel, Slot, check_aligned, check_aligned_to,
+};
+use fetchahead::{Error, Result};
 use fetchahead_gpu::gemv::Reduce;
 use fetchahead_gpu::params::{
     CollectiveParams, GEMV_K_STEP, GEMV_ROWS_PER_WARP, GemvParams, HashParams, MAX_NGRAM,
     SpinParams, TimelineParams,
 };
-use fetchahead_gpu::{collective, gather, gemv};
+use fetchahead_gpu::{collective, gather, gemv, hash, spin};
 
-use crate::driver;
-use crate::error::CudaCall;
-use crate::kernels::Kernels;
-use crate::kernels::launch::{check_aligned, check_aligned_to};
-use crate::l2_plan::AccessWindow;
-use crate::{Error, Result};
-use cudarc::driver::sys;
+use crate::ptx;
 
-/// GEMV warps a multiprocessor that [`Kernels::gemv_splits`] stays within.
+/// GEMV warps a multiprocessor that [`LabKernels::gemv_splits`] stays within.
 pub const GEMV_WARPS_PER_SM: u32 = 16;
-/// The most K splits [`Kernels::gemv_splits`] picks.
+/// The most K splits [`LabKernels::gemv_splits`] picks.
 pub const GEMV_MAX_SPLITS: u32 = 16;
 
-impl Kernels {
+/// The product's kernels of one device and the lab's module loaded beside them, at the arch the
+/// product's loaded. It dereferences to those [`Kernels`] (the lab launches both), and holds them
+/// in an `Arc` for what takes them shared (a prefetcher).
+#[derive(Debug)]
+pub struct LabKernels {
+    kernels: Arc<Kernels>,
+    _module: KernelModule,
+    gemv: Vec<Slot>,
+    collective: LoadedKernel,
+    hash: LoadedKernel,
+    spin: LoadedKernel,
+}
+
+impl Deref for LabKernels {
+    type Target = Kernels;
+
+    fn deref(&self) -> &Kernels {
+        &self.kernels
+    }
+}
+
+impl LabKernels {
+    /// Loads the product's kernels for `gpu` ([`Kernels::load`]) and the lab's beside them.
+    pub fn load(gpu: &Gpu) -> Result<LabKernels> {
+        LabKernels::beside(Arc::new(Kernels::load(gpu)?))
+    }
+
+    /// Loads the lab's module at the arch `kernels` loaded.
+    pub fn beside(kernels: Arc<Kernels>) -> Result<LabKernels> {
+        let module = kernels.load_module(ptx::BUILT)?;
+        let threads = gather::BLOCK_THREADS;
+        let gemv = gemv::VARIANTS
+            .iter()
+            .zip(gemv::NEEDS)
+            .map(|(v, &needs)| module.slot(v.name, needs, threads))
+            .collect::<Result<_>>()?;
+        Ok(LabKernels {
+            gemv,
+            collective: module.kernel(collective::KERNEL, threads)?,
+            hash: module.kernel(hash::KERNEL, threads)?,
+            spin: module.kernel(spin::KERNEL, threads)?,
+            _module: module,
+            kernels,
+        })
+    }
+
+    /// The product's kernels, shared.
+    pub fn product(&self) -> &Arc<Kernels> {
+        &self.kernels
+    }
+
     /// Hashes `p.n_tokens` tokens into `p.n_tokens * p.heads` ids.
     ///
     /// # Safety
@@ -41,7 +94,7 @@ impl Kernels {
         let threads = p.n_tokens * p.heads as u64;
         // SAFETY: the caller guarantees the addresses; one thread per (token, head).
         unsafe {
-            self.launch(
+            self.kernels.launch(
                 &self.hash,
                 &TimelineParams::OFF,
                 threads,
@@ -57,14 +110,14 @@ impl Kernels {
     /// # Safety
     /// `stream` is a valid stream of this device's context.
     pub unsafe fn launch_spin(&self, stream: sys::CUstream, nanos: u64) -> Result<()> {
-        let threads = self.gpu.multiprocessors as u64 * gather::BLOCK_THREADS as u64;
+        let threads = self.gpu().multiprocessors as u64 * gather::BLOCK_THREADS as u64;
         let p = SpinParams {
             nanos,
-            timeline: self.timeline.params(self.spin.id),
+            timeline: self.timeline_params(&self.spin),
         };
         // SAFETY: the spin kernel touches no memory.
         unsafe {
-            self.launch(
+            self.kernels.launch(
                 &self.spin,
                 &p.timeline,
                 threads,
@@ -87,9 +140,9 @@ impl Kernels {
     /// 32-element step. In the H200 sweep (2026-11-29) a second wave of clusters cost more than
     /// the extra splits gained.
     pub fn gemv_splits(&self, variant: usize, n: u32, k: u32) -> Result<u32> {
-        let v = Kernels::gemv_variant_at(variant)?;
+        let v = LabKernels::gemv_variant_at(variant)?;
         let groups = (n / GEMV_ROWS_PER_WARP).max(1);
-        let warps = GEMV_WARPS_PER_SM * self.gpu.multiprocessors;
+        let warps = GEMV_WARPS_PER_SM * self.gpu().multiprocessors;
         let steps = k / GEMV_K_STEP;
         Ok(match v.reduce {
             Reduce::Global => {
@@ -118,24 +171,8 @@ impl Kernels {
 
     /// How many clusters of `blocks` blocks of cluster GEMV `variant` the device runs at once.
     pub fn gemv_max_clusters(&self, variant: usize, blocks: u32) -> Result<u32> {
-        let mut attrs = [driver::launch::cluster_attribute(blocks)];
-        let config = sys::CUlaunchConfig {
-            gridDimX: blocks,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: Reduce::Cluster.block_threads(),
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: 0,
-            hStream: std::ptr::null_mut(),
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: attrs.len() as u32,
-        };
         let kernel = self.pick(&self.gemv, variant, "gemv")?;
-        self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-        // SAFETY: `config` and its attribute live across the query; the function is this
-        // module's, its context bound above.
-        unsafe { driver::launch::max_active_clusters(&kernel.function, &config) }
+        self.max_active_clusters(kernel, blocks, Reduce::Cluster.block_threads())
     }
 
     /// GEMV `variant` (an index into `gemv::VARIANTS`), or an error naming it.
@@ -172,13 +209,13 @@ impl Kernels {
         stream: sys::CUstream,
         variant: usize,
         p: GemvParams,
-        policy: Option<AccessWindow>,
+        policy: Option<fetchahead::AccessWindow>,
     ) -> Result<()> {
-        let v = Kernels::gemv_variant_at(variant)?;
+        let v = LabKernels::gemv_variant_at(variant)?;
         check_gemv(&p, v.reduce)?;
         let kernel = self.pick(&self.gemv, variant, "gemv")?;
         let p = GemvParams {
-            timeline: self.timeline.params(kernel.id),
+            timeline: self.timeline_params(kernel),
             ..p
         };
         if p.m > v.max_m {
@@ -189,40 +226,32 @@ impl Kernels {
         }
         let groups = (p.n / GEMV_ROWS_PER_WARP) as u64;
         let block_threads = v.reduce.block_threads();
-        // At most two attributes, in a fixed array: a launch allocates nothing.
-        let mut attrs = [driver::launch::cluster_attribute(1); 2];
-        let mut count = 0;
-        if let Some(window) = policy {
-            attrs[count] = window.launch_attribute();
-            count += 1;
-        }
-        let blocks = match v.reduce {
-            Reduce::Global => (groups * p.splits as u64 * 32).div_ceil(block_threads as u64),
+        let (blocks, cluster) = match v.reduce {
+            Reduce::Global => (
+                (groups * p.splits as u64 * 32).div_ceil(block_threads as u64),
+                None,
+            ),
             Reduce::Cluster => {
                 let cluster = p.splits / gemv::CLUSTER_BLOCK_WARPS;
-                attrs[count] = driver::launch::cluster_attribute(cluster);
-                count += 1;
-                groups * cluster as u64
+                (groups * cluster as u64, Some(cluster))
             }
         };
         let blocks = u32::try_from(blocks)
             .map_err(|_| Error::invalid("gemv", format!("{blocks} blocks")))?;
-        let config = sys::CUlaunchConfig {
-            gridDimX: blocks,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: block_threads,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: 0,
-            hStream: stream,
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: count as u32,
-        };
-        self.gpu.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-        // SAFETY: `p` is the struct the kernel takes; `config` and its attributes live across
-        // the call; the caller guarantees the buffers and the stream.
-        unsafe { driver::launch::launch_kernel_ex(kernel.function_for(&p.timeline), &config, p) }
+        let window = policy.map(|w| w.launch_attribute());
+        // SAFETY: `p` is the struct the kernel takes; a cluster variant runs in clusters; the
+        // caller guarantees the buffers and the stream.
+        unsafe {
+            self.launch_with(
+                kernel,
+                &p.timeline,
+                (blocks, block_threads),
+                cluster,
+                window,
+                stream,
+                p,
+            )
+        }
     }
 
     /// Launches the simulated collective: `blocks` (1..=8) CTAs polling `flag` (0: none) for
@@ -252,12 +281,11 @@ impl Kernels {
         let p = CollectiveParams {
             ns,
             flag,
-            timeline: self.timeline.params(self.collective.id),
+            timeline: self.timeline_params(&self.collective),
         };
-        let function = self.collective.function_for(&p.timeline);
         let threads = collective::BLOCK_THREADS;
         // SAFETY: the caller guarantees `flag`; the checks above bound the launch.
-        unsafe { self.launch_exact(function, blocks, threads, stream, p) }
+        unsafe { self.launch_grid(&self.collective, &p.timeline, blocks, threads, stream, p) }
     }
 }
 

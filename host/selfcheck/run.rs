@@ -1,47 +1,22 @@
-//! Runs every gather and gather + dequant variant on this machine's GPU against the CPU reference,
-//! for a table in device memory and one in mapped pinned host memory, and times each launch.
+//! The self-check's run: every variant against the reference, timed.
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, sys};
 use fetchahead_gpu::dequant::DequantVariant;
 use fetchahead_gpu::gather::GatherVariant;
-use fetchahead_gpu::{dequant, gather};
 use rand::{Rng, RngExt, SeedableRng, rngs::SmallRng};
 
+use super::{Outcome, ROW_BYTES, check_variant_name, poison, reference};
 use crate::Result;
 use crate::error::CudaCall;
 use crate::kernels::Kernels;
 use crate::kernels::id_check::IdCheck;
-use crate::sim::reference;
 use crate::tables::table::{Mxfp8Table, Placement, RowTable};
-
-/// Bytes per Engram row: 256 FP8 weights (the scales travel separately).
-pub const ROW_BYTES: u32 = 256;
-
-/// One kernel's result on one table placement.
-#[derive(Clone, Debug)]
-pub struct Outcome {
-    pub kernel: &'static str,
-    pub placement: Placement,
-    pub passed: bool,
-    /// Empty when passed; otherwise where the output first differed.
-    pub detail: String,
-    /// Bytes moved (table rows read + output written + ids) per second of the timed launch.
-    pub bytes_per_s: f64,
-}
 
 /// Random `ids` into `rows`, a table of random bytes, every variant launched once to warm up and
 /// once timed; the output is poisoned before each launch.
 pub fn run(kernels: &Kernels, table_rows: u64, n: usize, seed: u64) -> Result<Vec<Outcome>> {
     run_only(kernels, table_rows, n, seed, None)
-}
-
-/// The names of the variants [`run`] checks: every gather and gather + dequant variant.
-pub fn checked_variants() -> impl Iterator<Item = &'static str> {
-    gather::VARIANTS
-        .iter()
-        .map(|v| v.name)
-        .chain(dequant::VARIANTS.iter().map(|v| v.name))
 }
 
 /// As [`run`], for the one variant named `only` when given (an error listing the names when
@@ -129,30 +104,6 @@ pub fn run_only(
     Ok(outcomes)
 }
 
-/// The variants [`run`] leaves out on `kernels` because the loaded PTX does not hold them, each
-/// with the SM its instructions need.
-pub fn not_held(kernels: &Kernels) -> Vec<(&'static str, u32)> {
-    checked_variants()
-        .filter(|name| !kernels.holds(name))
-        .map(|name| (name, crate::kernels::ptx::kernel_needs(name).unwrap_or(0)))
-        .collect()
-}
-
-/// `Ok` when [`run`] checks a variant named `name`; otherwise an error that lists the names.
-pub fn check_variant_name(name: &str) -> Result<()> {
-    if checked_variants().any(|v| v == name) {
-        return Ok(());
-    }
-    let names: Vec<_> = checked_variants().collect();
-    Err(crate::Error::invalid(
-        "variant",
-        format!(
-            "no gather or gather + dequant variant named `{name}` (one of: {})",
-            names.join(", ")
-        ),
-    ))
-}
-
 fn outcome(
     kernel: &'static str,
     placement: Placement,
@@ -168,17 +119,6 @@ fn outcome(
             .unwrap_or_default(),
         bytes_per_s,
     }
-}
-
-/// Fills a device buffer with 0xFF bytes, so that an unwritten element fails the comparison.
-pub fn poison<T: cudarc::driver::DeviceRepr>(
-    stream: &Arc<CudaStream>,
-    out: &mut CudaSlice<T>,
-) -> Result<()> {
-    let bytes = out.len() * size_of::<T>();
-    let (address, _use) = out.device_ptr_mut(stream);
-    // SAFETY: the slice owns `bytes` bytes at `address`.
-    unsafe { crate::driver::memory::memset_d8_async(address, 0xFF, bytes, stream.cu_stream()) }
 }
 
 /// Runs `launch` once to warm up, poisons `out`, and runs it again between events: the seconds
@@ -203,9 +143,4 @@ fn time<T: cudarc::driver::DeviceRepr>(
     end.synchronize().call("cuEventSynchronize")?;
     let ms = start.elapsed_ms(&end).call("cuEventElapsedTime")?;
     Ok((ms > 0.0).then_some(ms as f64 / 1e3))
-}
-
-/// A fresh seed for a run (printed, so that a failure can be replayed).
-pub fn fresh_seed() -> u64 {
-    rand::rng().next_u64()
 }

@@ -1,15 +1,15 @@
-//! `fetchahead trace --out FILE.json`: a short simulated decode step (rows resident, the L2 plan
+//! `fetchahead-lab trace --out FILE.json`: a short simulated decode step (rows resident, the L2 plan
 //! off and on, eager and replayed from a graph) recorded on the device timeline and written as a
 //! Chrome trace that Perfetto (ui.perfetto.dev) opens.
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use crate::LabKernels;
+use crate::decode_step::{DecodeStep, DecodeWeights};
+use crate::trace::{TRACED, memory_tables, short_shape, trace_decode_step};
 use clap::Args;
-use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
-use fetchahead::sim::decode_step::{DecodeStep, DecodeWeights};
-use fetchahead::sim::trace::{TRACED, memory_tables, short_shape, trace_decode_step};
 use fetchahead::timeline::{DEFAULT_CAPACITY, Trace};
 use fetchahead::{Error, Result};
 
@@ -41,7 +41,7 @@ pub fn run(args: &TraceArgs) -> Result<ExitCode> {
         }
         Err(e) => return Err(e),
     };
-    let kernels = Arc::new(Kernels::load(&gpu)?);
+    let kernels = Arc::new(LabKernels::load(&gpu)?);
     let shape = short_shape(args.layers);
     let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
     let stream = gpu.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;

@@ -1,5 +1,5 @@
-//! The CPU reference the kernels are checked against, built on the `half` and `float8` crates
-//! rather than on the kernels' own scalar code.
+//! The CPU reference the product's kernels are checked against, built on the `half` and `float8`
+//! crates rather than on the kernels' own scalar code (the lab's GEMV reference is the lab's).
 use float8::F8E4M3;
 use half::bf16;
 
@@ -57,23 +57,4 @@ pub fn first_bf16_mismatch(got: &[u16], want: &[u16]) -> Option<usize> {
         return Some(got.len().min(want.len()));
     }
     got.iter().zip(want).position(|(&g, &w)| !same_bf16(g, w))
-}
-
-/// `y[m, n] = sum_k x[m, k] * w[n, k]` in f64 (bf16 inputs are exact in f64), `[m, n]` row-major.
-pub fn gemv(x: &[bf16], w: &[bf16], m: usize, k: usize) -> Vec<f64> {
-    if k == 0 {
-        return Vec::new();
-    }
-    let n = w.len() / k;
-    let mut y = vec![0f64; m * n];
-    for (mi, xr) in x.chunks_exact(k).take(m).enumerate() {
-        for (ni, wr) in w.chunks_exact(k).enumerate() {
-            y[mi * n + ni] = xr
-                .iter()
-                .zip(wr)
-                .map(|(a, b)| a.to_f64() * b.to_f64())
-                .sum();
-        }
-    }
-    y
 }
