@@ -87,19 +87,7 @@ impl Lookups {
 
     /// Looks every row of every layer up once, so that the row cache holds the table.
     fn fill(&self, rows: u64) {
-        let batch = 4096;
-        let mut w = vec![0u8; batch * DIM];
-        let mut s = vec![0u8; batch * DIM / 32];
-        for t in &self.tables {
-            for first in (0..rows).step_by(batch) {
-                let ids: Vec<i64> = (first..(first + batch as u64).min(rows))
-                    .map(|i| i as i64)
-                    .collect();
-                let n = ids.len();
-                t.lookup(&ids, &mut w[..n * DIM], &mut s[..n * DIM / 32])
-                    .expect("fill the row cache");
-            }
-        }
+        common::fill_row_cache(&self.tables, rows, DIM);
     }
 }
 

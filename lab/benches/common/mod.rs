@@ -75,3 +75,25 @@ impl BenchStore {
         BenchStore { store, what, evict }
     }
 }
+
+/// Looks every row `0..rows` of each of `tables` (rows of `dim` bytes) up once, so that the row
+/// cache holds the whole table.
+pub fn fill_row_cache(
+    tables: &[Arc<dyn fetchahead_lab::forward::LayerTable>],
+    rows: u64,
+    dim: usize,
+) {
+    let batch = 4096;
+    let mut w = vec![0u8; batch * dim];
+    let mut s = vec![0u8; batch * dim / 32];
+    for t in tables {
+        for first in (0..rows).step_by(batch) {
+            let ids: Vec<i64> = (first..(first + batch as u64).min(rows))
+                .map(|i| i as i64)
+                .collect();
+            let n = ids.len();
+            t.lookup(&ids, &mut w[..n * dim], &mut s[..n * dim / 32])
+                .expect("fill the row cache");
+        }
+    }
+}
