@@ -104,7 +104,6 @@ pub(crate) fn embed_ptx(module: Module, root: &Path) {
     }
     table.push_str("];\n");
     fs::write(out_dir.join("ptx.rs"), table).unwrap();
-    println!("cargo:rustc-env=FETCHAHEAD_BUILT_ARCHS={}", archs.join(","));
 }
 
 /// `FETCHAHEAD_GIT_COMMIT` for the crate: the checkout's commit, or "unknown" outside a git

@@ -5,8 +5,12 @@
 use crate::l2_plan::PLAN_ENV_SETTINGS;
 use crate::store::ENV_SETTINGS;
 
-/// The variables outside the settings tables that fetchahead, its tests, benches and build read.
-const OTHER_ENV: [&str; 8] = [
+/// The variables outside the settings tables that fetchahead, its tests, benches and build read
+/// (`FETCHAHEAD_GIT_COMMIT` is the build's, which cargo also sets for `cargo run` and `cargo
+/// test`; `FETCHAHEAD_COMMIT` names the commit in `benches/triton/peers.py`'s report).
+const OTHER_ENV: [&str; 10] = [
+    "FETCHAHEAD_GIT_COMMIT",
+    "FETCHAHEAD_COMMIT",
     crate::logging::LOG_ENV,
     crate::timeline::TIMELINE_ENV,
     crate::kernels::ptx::PTX_ARCH_ENV,
