@@ -15,7 +15,7 @@ use crate::l2_plan::pace::HostPace;
 use crate::l2_plan::partitions::Partitions;
 use crate::l2_plan::planner::{
     CollectiveKind, Counters, ForwardSummary, Learned, PlanConfig, Planner, Replay, Signature,
-    auto_variant, no_forward,
+    Span, auto_variant, no_forward,
 };
 use crate::l2_plan::segments::{SEGMENT_ALIGN, SegmentTable};
 use crate::l2_plan::window_fit::WindowFit;
@@ -291,8 +291,115 @@ impl L2Plan {
         else {
             return Ok(());
         };
-        // The window's leading contiguous run (a tensor's pieces): what an access-policy
-        // window, one address range, can cover.
+        let Some(table) = self.tables.get(&signature).cloned() else {
+            return Ok(());
+        };
+        match self.config.replay {
+            Replay::Auto | Replay::Prefetch { .. } => {
+                self.fork_prefetch(signature, k, span, &table)
+            }
+            Replay::AccessPolicy if !captured => self.set_policy_window(signature, k),
+            Replay::AccessPolicy => Ok(()),
+        }
+    }
+
+    /// Forks window `k`'s prefetch (`span` of `table`) onto the side stream, cut to the
+    /// window's learned cap and timed while the fit still measures it; launched now or at the
+    /// first `consume` ([`PlanConfig::launch`]).
+    fn fork_prefetch(
+        &mut self,
+        signature: Signature,
+        k: usize,
+        span: Span,
+        table: &SegmentTable,
+    ) -> Result<()> {
+        let captured = self.captured;
+        let window = self
+            .planner
+            .plan(signature)
+            .map_or(&[][..], |w| w.window(k));
+        let Some(first) = window.first() else {
+            return Ok(());
+        };
+        let n = match self.window_cap(signature, k) {
+            Some(cap) => WindowFit::prefix_within(window.iter().map(|s| s.bytes), cap),
+            None => span.len,
+        };
+        let issued = window[..n].iter().map(|s| s.bytes).sum();
+        let floor = first.bytes;
+        let variant = match self.config.replay {
+            Replay::Prefetch { variant } => variant,
+            _ => auto_variant(issued, self.kernels.gpu().l2_bytes),
+        };
+        let (blocks, threads) = l2_prefetch::launch_shape(
+            variant,
+            n as u32,
+            self.kernels.gpu().multiprocessors,
+            self.config.max_blocks,
+            self.config.threads,
+        );
+        let (partitions, claims) = match variant.variant().method {
+            l2_prefetch::Method::Loads => table.partitioned(),
+            _ => (0, 0),
+        };
+        let measure = (!captured && self.config.fit && self.fit.wants_measure(signature, k))
+            .then_some(Measure {
+                signature,
+                k,
+                issued,
+                floor,
+            });
+        if measure.is_some() {
+            self.start_timing(k)?;
+        }
+        let params = PrefetchParams {
+            segments: table.address_of(span.start),
+            n: n as u64,
+            chunk: self.config.chunk,
+            _pad: 0,
+            partitions,
+            claims,
+            timeline: fetchahead_gpu::params::TimelineParams::OFF,
+        };
+        self.fork.record(&self.main).call("cuEventRecord")?;
+        self.side.wait(&self.fork).call("cuStreamWaitEvent")?;
+        self.deferred = Some(Deferred {
+            variant,
+            params,
+            blocks,
+            threads,
+            issued,
+            measure,
+        });
+        if self.config.launch.before_collective(captured) {
+            self.launch_deferred()?;
+        }
+        Ok(())
+    }
+
+    /// Records window `k`'s start on the main stream, making its timing events on first use.
+    fn start_timing(&mut self, k: usize) -> Result<()> {
+        let ctx = self.main.context();
+        while self.timing.len() <= k {
+            let event = || {
+                ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .call("cuEventCreate")
+            };
+            self.timing.push(WindowTiming {
+                start: event()?,
+                end: event()?,
+                prefetch_end: event()?,
+            });
+        }
+        self.timing[k]
+            .start
+            .record(&self.main)
+            .call("cuEventRecord")
+    }
+
+    /// [`Replay::AccessPolicy`], eagerly: the main stream's access-policy window over window
+    /// `k`'s leading contiguous run (a tensor's pieces), what one address range can cover.
+    fn set_policy_window(&mut self, signature: Signature, k: usize) -> Result<()> {
         let lead = self.planner.plan(signature).and_then(|w| {
             let window = w.window(k);
             let first = window.first()?;
@@ -305,98 +412,11 @@ impl L2Plan {
                 bytes,
             })
         });
-        let (Some(lead), Some(table)) = (lead, self.tables.get(&signature)) else {
-            return Ok(());
-        };
-        match self.config.replay {
-            Replay::Auto | Replay::Prefetch { .. } => {
-                let window = self
-                    .planner
-                    .plan(signature)
-                    .map_or(&[][..], |w| w.window(k));
-                let Some(first) = window.first() else {
-                    return Ok(());
-                };
-                let n = match self.window_cap(signature, k) {
-                    Some(cap) => WindowFit::prefix_within(window.iter().map(|s| s.bytes), cap),
-                    None => span.len,
-                };
-                let issued = window[..n].iter().map(|s| s.bytes).sum();
-                let variant = match self.config.replay {
-                    Replay::Prefetch { variant } => variant,
-                    _ => auto_variant(issued, self.kernels.gpu().l2_bytes),
-                };
-                let (blocks, threads) = l2_prefetch::launch_shape(
-                    variant,
-                    n as u32,
-                    self.kernels.gpu().multiprocessors,
-                    self.config.max_blocks,
-                    self.config.threads,
-                );
-                let (partitions, claims) = match variant.variant().method {
-                    l2_prefetch::Method::Loads => table.partitioned(),
-                    _ => (0, 0),
-                };
-                let measure =
-                    (!captured && self.config.fit && self.fit.wants_measure(signature, k))
-                        .then_some(Measure {
-                            signature,
-                            k,
-                            issued,
-                            floor: first.bytes,
-                        });
-                if measure.is_some() {
-                    let ctx = self.main.context();
-                    while self.timing.len() <= k {
-                        let event = || {
-                            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                                .call("cuEventCreate")
-                        };
-                        self.timing.push(WindowTiming {
-                            start: event()?,
-                            end: event()?,
-                            prefetch_end: event()?,
-                        });
-                    }
-                    self.timing[k]
-                        .start
-                        .record(&self.main)
-                        .call("cuEventRecord")?;
-                }
-                let params = PrefetchParams {
-                    segments: table.address_of(span.start),
-                    n: n as u64,
-                    chunk: self.config.chunk,
-                    _pad: 0,
-                    partitions,
-                    claims,
-                    timeline: fetchahead_gpu::params::TimelineParams::OFF,
-                };
-                self.fork.record(&self.main).call("cuEventRecord")?;
-                self.side.wait(&self.fork).call("cuStreamWaitEvent")?;
-                self.deferred = Some(Deferred {
-                    variant,
-                    params,
-                    blocks,
-                    threads,
-                    issued,
-                    measure,
-                });
-                if self.config.launch.before_collective(captured) {
-                    self.launch_deferred()?;
-                }
-            }
-            Replay::AccessPolicy => {
-                if captured {
-                    return Ok(());
-                }
-                if let Some(persisting) = &self.persisting {
-                    let window = persisting.window(lead.address, lead.bytes);
-                    persisting.set_stream_window(&self.main, Some(window))?;
-                    self.policy_window_set = true;
-                    self.planner.count_prefetch(window.bytes);
-                }
-            }
+        if let (Some(lead), Some(persisting)) = (lead, &self.persisting) {
+            let window = persisting.window(lead.address, lead.bytes);
+            persisting.set_stream_window(&self.main, Some(window))?;
+            self.policy_window_set = true;
+            self.planner.count_prefetch(window.bytes);
         }
         Ok(())
     }
