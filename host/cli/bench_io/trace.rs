@@ -15,7 +15,7 @@ use fetchahead::store::make::{TableSpec, WriteOptions, write_table_with};
 use fetchahead::store::measure::percentiles_us;
 use fetchahead::store::policies::Policy;
 use fetchahead::store::trace::{
-    StepBatch, batch_ids, known_future, read_ids, read_prompts, read_steps, step_batches,
+    Step, StepBatch, batch_ids, known_future, read_ids, read_prompts, read_steps, step_batches,
 };
 use fetchahead::store::{
     ReadPath, RowStore, StoreOptions, cache_bytes_for, cache_rows, replay_row_cache,
@@ -218,12 +218,71 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
         ));
     }
     let from = batches.len() / 2;
-    let future = match (&args.docs, steps.as_deref()) {
+    let future = future_chunks(args, &ids, steps.as_deref(), &cut)?;
+    let distinct = ids.iter().copied().collect::<HashSet<i64>>().len() as u64;
+    let max_id = ids.iter().copied().max().unwrap_or(0) as u64;
+    say(format!(
+        "trace {}: {} ids, {} distinct rows, {} steps ({} prefill), counted from step {from}",
+        trace_file.display(),
+        ids.len(),
+        distinct,
+        batches.len(),
+        cut.iter().filter(|b| b.prefill).count(),
+    ));
+    let (store_path, table_rows) = trace_store(args, max_id, &say)?;
+    let replay = Replayed {
+        args,
+        cut: &cut,
+        batches: &batches,
+        from,
+        future: future.as_deref(),
+        store_path,
+        by_count: counts_by_row(&batches[from..]),
+    };
+    let rows_json = budgets(distinct, table_rows, &args.trace_budgets)
+        .into_iter()
+        .map(|b| replay.budget(&b, &say))
+        .collect::<fetchahead::Result<Vec<Value>>>()?;
+    let load = load_average();
+    say(format!(
+        "load average {}",
+        load.map_or("unknown".into(), |l| format!("{l:.2}"))
+    ));
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "trace": trace_file.display().to_string(),
+                "steps_file": args.steps.as_ref().map(|p| p.display().to_string()),
+                "ids": ids.len(),
+                "distinct_rows": distinct,
+                "table_rows": table_rows,
+                "steps": batches.len(),
+                "counted_from": from,
+                "load_average": load,
+                "budgets": rows_json,
+            })
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A step's known future chunks: `(steps ahead, their ids)`.
+type FutureOf<'a> = Vec<(u32, &'a [i64])>;
+
+/// With --docs and --steps: each step's known future chunks.
+fn future_chunks<'a>(
+    args: &BenchIoArgs,
+    ids: &'a [i64],
+    steps: Option<&[Step]>,
+    cut: &[StepBatch],
+) -> fetchahead::Result<Option<Vec<FutureOf<'a>>>> {
+    Ok(match (&args.docs, steps) {
         (Some(docs), Some(steps)) => {
             let prompts = read_prompts(docs)?;
             let f = known_future(
                 steps,
-                &cut,
+                cut,
                 &prompts,
                 args.ids_per_token,
                 args.lookahead_steps,
@@ -240,21 +299,20 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
             Some(f)
         }
         _ => None,
-    };
-    let distinct = ids.iter().copied().collect::<HashSet<i64>>().len() as u64;
-    let max_id = ids.iter().copied().max().unwrap_or(0) as u64;
-    say(format!(
-        "trace {}: {} ids, {} distinct rows, {} steps ({} prefill), counted from step {from}",
-        trace_file.display(),
-        ids.len(),
-        distinct,
-        batches.len(),
-        cut.iter().filter(|b| b.prefill).count(),
-    ));
-    let (store_path, table_rows) = if args.replay_only {
+    })
+}
+
+/// The store the trace is replayed against (written once where DIR holds none) and its rows;
+/// with --replay-only none, and the trace's R.
+fn trace_store(
+    args: &BenchIoArgs,
+    max_id: u64,
+    say: &impl Fn(String),
+) -> fetchahead::Result<(Option<ReadPath>, u64)> {
+    Ok(if args.replay_only {
         (None, args.trace_rows)
     } else {
-        table(args, max_id, &say)?;
+        table(args, max_id, say)?;
         let probe = RowStore::open(&args.dir, StoreOptions::default())?;
         let range = probe.row_range();
         if max_id >= range.end {
@@ -274,33 +332,68 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
             ReadPath::Auto
         };
         (Some(path), range.end - range.start)
-    };
-    let dim = args.trace_dim;
-    // The top-k bound: the counted half's own k most asked rows pinned from the start (with
-    // perfect knowledge of popularity and none of order: what independent draws allow).
+    })
+}
+
+/// How often each row is asked in `batches`, most asked first.
+fn counts_by_row(batches: &[Vec<i64>]) -> Vec<u64> {
     let mut counts: std::collections::HashMap<i64, u64> = std::collections::HashMap::new();
-    for id in batches[from..].iter().flatten() {
+    for id in batches.iter().flatten() {
         *counts.entry(*id).or_insert(0) += 1;
     }
     let mut by_count: Vec<u64> = counts.into_values().collect();
     by_count.sort_unstable_by(|a, b| b.cmp(a));
-    let counted_requests: u64 = by_count.iter().sum();
-    let top_k =
-        |k: usize| by_count.iter().take(k).sum::<u64>() as f64 / counted_requests.max(1) as f64;
-    let mut rows_json = Vec::new();
-    for b in budgets(distinct, table_rows, &args.trace_budgets) {
+    by_count
+}
+
+/// A trace cut into steps, replayed budget by budget.
+struct Replayed<'a> {
+    args: &'a BenchIoArgs,
+    cut: &'a [StepBatch],
+    batches: &'a [Vec<i64>],
+    /// The first counted step (the steps before warm the caches).
+    from: usize,
+    future: Option<&'a [FutureOf<'a>]>,
+    store_path: Option<ReadPath>,
+    /// The counted steps' row counts, most asked first (the top-k bound).
+    by_count: Vec<u64>,
+}
+
+impl Replayed<'_> {
+    /// The share of the counted requests that the `k` most asked rows take: the counted
+    /// half's own k most asked rows pinned from the start (with perfect knowledge of
+    /// popularity and none of order: what independent draws allow).
+    fn top_k(&self, k: usize) -> f64 {
+        let requests: u64 = self.by_count.iter().sum();
+        self.by_count.iter().take(k).sum::<u64>() as f64 / requests.max(1) as f64
+    }
+
+    /// Budget `b`: Belady, the top-k bound, the shipped policy and its peers replayed, the
+    /// store measured and the look-ahead at the goal's budgets; printed, and returned as JSON.
+    fn budget(&self, b: &Budget, say: &impl Fn(String)) -> fetchahead::Result<Value> {
+        let Replayed {
+            args,
+            cut,
+            batches,
+            from,
+            future,
+            store_path,
+            ..
+        } = *self;
+        let dim = args.trace_dim;
+        let top_k = |k: usize| self.top_k(k);
         let cache_bytes = cache_bytes_for(b.rows, dim);
         let capacity = cache_rows(cache_bytes, dim);
-        let opt = belady(&batches, capacity, from);
-        let shipped = replay_row_cache(cache_bytes, dim, &batches, from);
+        let opt = belady(batches, capacity, from);
+        let shipped = replay_row_cache(cache_bytes, dim, batches, from);
         let peers: Vec<(Policy, HitCount)> = Policy::ALL
             .iter()
-            .map(|&p| (p, p.replay(&batches, capacity, from)))
+            .map(|&p| (p, p.replay(batches, capacity, from)))
             .collect();
         let best = peers.iter().map(|(_, h)| h.rate()).fold(0.0f64, f64::max);
         let x = |r: f64| r / opt.rate().max(1e-12);
         let measured = match (store_path, b.goal) {
-            (Some(path), true) => Some(measure(args, cache_bytes, path, &cut, &batches, from)?),
+            (Some(path), true) => Some(measure(args, cache_bytes, path, cut, batches, from)?),
             _ => None,
         };
         say(format!(
@@ -336,9 +429,9 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
         let lookahead = match (&future, b.goal) {
             (Some(f), true) => {
                 let (without, read_without) =
-                    replay_row_cache_lookahead(cache_bytes, dim, &batches, from, None);
+                    replay_row_cache_lookahead(cache_bytes, dim, batches, from, None);
                 let (with, read_with) =
-                    replay_row_cache_lookahead(cache_bytes, dim, &batches, from, Some(f));
+                    replay_row_cache_lookahead(cache_bytes, dim, batches, from, Some(f));
                 say(format!(
                     "    look-ahead ({} steps): hit rate {:.3} = {:.3} x Belady, {:.0} rows read a step; without {:.3} = {:.3} x, {:.0} rows read a step",
                     args.lookahead_steps,
@@ -363,7 +456,7 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
         for (p, h) in &peers {
             policies.insert(p.name().into(), json!(h.rate()));
         }
-        rows_json.push(json!({
+        Ok(json!({
             "budget": b.name,
             "goal_budget": b.goal,
             "cache_rows": capacity,
@@ -384,28 +477,6 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
                 "decode": {"steps": m.decode_steps, "p50_us": m.decode_us.0, "p99_us": m.decode_us.1},
                 "prefill": {"steps": m.prefill_steps, "p50_us": m.prefill_us.0, "p99_us": m.prefill_us.1},
             })),
-        }));
+        }))
     }
-    let load = load_average();
-    say(format!(
-        "load average {}",
-        load.map_or("unknown".into(), |l| format!("{l:.2}"))
-    ));
-    if args.json {
-        println!(
-            "{}",
-            json!({
-                "trace": trace_file.display().to_string(),
-                "steps_file": args.steps.as_ref().map(|p| p.display().to_string()),
-                "ids": ids.len(),
-                "distinct_rows": distinct,
-                "table_rows": table_rows,
-                "steps": batches.len(),
-                "counted_from": from,
-                "load_average": load,
-                "budgets": rows_json,
-            })
-        );
-    }
-    Ok(ExitCode::SUCCESS)
 }
