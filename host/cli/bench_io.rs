@@ -223,7 +223,6 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
     } else {
         None
     };
-    let range = store.row_range();
     // The prefill batch's ids, outputs and cache are sized by the argument: check it first.
     let row_bytes = (store.dim() + store.dim() / 32 + 64) as u64;
     fetchahead::memory::check_fits(
@@ -231,7 +230,6 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
         "the prefill batch's ids, outputs and row cache",
     )?;
     let sizes = [72, 4096, args.prefill_rows];
-    let iters = |k: usize| args.iters.get(k).copied().unwrap_or(1).max(1);
     let mut rows = Vec::new();
     for path in ReadPath::ALL {
         if !args.paths.is_empty() && !args.paths.contains(&path) {
@@ -244,36 +242,14 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
             );
             continue;
         }
-        let warm_source = match path {
-            ReadPath::Uring | ReadPath::Preadv if direct => "disk",
-            _ => "page-cache",
+        let bench = Bench {
+            args,
+            store: &store,
+            layer,
+            sizes: &sizes,
+            baseline_iops: baseline.map(|b| b.iops),
         };
-        for (k, &batch) in sizes.iter().enumerate() {
-            let batches: Vec<Vec<i64>> = (0..iters(k))
-                .map(|i| {
-                    unique_rows(
-                        range.clone(),
-                        batch,
-                        args.seed ^ ((k as u64) << 32) ^ i as u64 ^ 0x5eed,
-                    )
-                })
-                .collect();
-            // A table smaller than the batch gives every row once.
-            let batch = batches.first().map_or(0, Vec::len);
-            for cold in [true, false] {
-                if !cold {
-                    // Each cold batch evicted the one before it: read them all once, untimed.
-                    time_lookups(&store, path, layer, &batches, false)?;
-                }
-                let before = store.stats().reads;
-                let times = time_lookups(&store, path, layer, &batches, cold)?;
-                let reads = store.stats().reads - before;
-                let source = if cold { "disk" } else { warm_source };
-                let row = summarize(path.name(), batch, cold, source, &times, reads);
-                say(line(&row, baseline.map(|b| b.iops)));
-                rows.push(row);
-            }
-        }
+        rows.extend(bench.path_rows(path, direct, &say)?);
     }
     // The DRAM row cache: batches read once, then served from the cache.
     let cache_bytes = (args.prefill_rows.max(4096) as u64) * (store.dim() as u64 + 64) * 2;
@@ -284,17 +260,14 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
             ..options
         },
     )?;
-    for (k, &batch) in sizes.iter().enumerate() {
-        let ids = unique_rows(range.clone(), batch, args.seed ^ 0xcace ^ k as u64);
-        let batch = ids.len();
-        let n = if k == 0 { 1000 } else { iters(k).max(5) };
-        let batches = vec![ids; n];
-        time_lookups(&cached, ReadPath::Auto, layer, &batches[..1], false)?;
-        let times = time_lookups(&cached, ReadPath::Auto, layer, &batches, false)?;
-        let row = summarize("auto", batch, false, "cache", &times, 0);
-        say(line(&row, baseline.map(|b| b.iops)));
-        rows.push(row);
-    }
+    let bench = Bench {
+        args,
+        store: &cached,
+        layer,
+        sizes: &sizes,
+        baseline_iops: baseline.map(|b| b.iops),
+    };
+    rows.extend(bench.cache_rows(&say)?);
     let stats = cached.stats();
     say(format!(
         "row cache: {} hits, {} misses",
@@ -321,6 +294,82 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
         println!("{out}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One store's timed lookups at the bench's batch sizes.
+struct Bench<'a> {
+    args: &'a BenchIoArgs,
+    store: &'a RowStore,
+    layer: u32,
+    sizes: &'a [usize],
+    baseline_iops: Option<f64>,
+}
+
+impl Bench<'_> {
+    fn iters(&self, k: usize) -> usize {
+        self.args.iters.get(k).copied().unwrap_or(1).max(1)
+    }
+
+    /// Read path `path` at each size, cold (every batch's rows new) and warm (read once before).
+    fn path_rows(
+        &self,
+        path: ReadPath,
+        direct: bool,
+        say: &impl Fn(String),
+    ) -> fetchahead::Result<Vec<Row>> {
+        let (args, store, layer) = (self.args, self.store, self.layer);
+        let range = store.row_range();
+        let warm_source = match path {
+            ReadPath::Uring | ReadPath::Preadv if direct => "disk",
+            _ => "page-cache",
+        };
+        let mut rows = Vec::new();
+        for (k, &batch) in self.sizes.iter().enumerate() {
+            let batches: Vec<Vec<i64>> = (0..self.iters(k))
+                .map(|i| {
+                    unique_rows(
+                        range.clone(),
+                        batch,
+                        args.seed ^ ((k as u64) << 32) ^ i as u64 ^ 0x5eed,
+                    )
+                })
+                .collect();
+            // A table smaller than the batch gives every row once.
+            let batch = batches.first().map_or(0, Vec::len);
+            for cold in [true, false] {
+                if !cold {
+                    // Each cold batch evicted the one before it: read them all once, untimed.
+                    time_lookups(store, path, layer, &batches, false)?;
+                }
+                let before = store.stats().reads;
+                let times = time_lookups(store, path, layer, &batches, cold)?;
+                let reads = store.stats().reads - before;
+                let source = if cold { "disk" } else { warm_source };
+                let row = summarize(path.name(), batch, cold, source, &times, reads);
+                say(line(&row, self.baseline_iops));
+                rows.push(row);
+            }
+        }
+        Ok(rows)
+    }
+
+    /// The DRAM row cache at each size: a batch read once, then served from the cache.
+    fn cache_rows(&self, say: &impl Fn(String)) -> fetchahead::Result<Vec<Row>> {
+        let range = self.store.row_range();
+        let mut rows = Vec::new();
+        for (k, &batch) in self.sizes.iter().enumerate() {
+            let ids = unique_rows(range.clone(), batch, self.args.seed ^ 0xcace ^ k as u64);
+            let batch = ids.len();
+            let n = if k == 0 { 1000 } else { self.iters(k).max(5) };
+            let batches = vec![ids; n];
+            time_lookups(self.store, ReadPath::Auto, self.layer, &batches[..1], false)?;
+            let times = time_lookups(self.store, ReadPath::Auto, self.layer, &batches, false)?;
+            let row = summarize("auto", batch, false, "cache", &times, 0);
+            say(line(&row, self.baseline_iops));
+            rows.push(row);
+        }
+        Ok(rows)
+    }
 }
 
 fn line(r: &Row, baseline_iops: Option<f64>) -> String {
