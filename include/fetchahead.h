@@ -320,7 +320,7 @@ static_assert(sizeof(fetchahead_prefetcher_config) == 40, "fetchahead_prefetcher
 static_assert(sizeof(fetchahead_counters) == 56, "fetchahead_counters layout");
 static_assert(sizeof(fetchahead_lookup_error) == 24 + FETCHAHEAD_MESSAGE_BYTES, "fetchahead_lookup_error layout");
 static_assert(sizeof(fetchahead_l2_forward_summary) == 32, "fetchahead_l2_forward_summary layout");
-static_assert(sizeof(fetchahead_l2_counters) == 48, "fetchahead_l2_counters layout");
+static_assert(sizeof(fetchahead_l2_counters) == 56, "fetchahead_l2_counters layout");
 }
 #else
 _Static_assert(sizeof(fetchahead_work) == 48, "fetchahead_work layout");
@@ -328,7 +328,7 @@ _Static_assert(sizeof(fetchahead_prefetcher_config) == 40, "fetchahead_prefetche
 _Static_assert(sizeof(fetchahead_counters) == 56, "fetchahead_counters layout");
 _Static_assert(sizeof(fetchahead_lookup_error) == 24 + FETCHAHEAD_MESSAGE_BYTES, "fetchahead_lookup_error layout");
 _Static_assert(sizeof(fetchahead_l2_forward_summary) == 32, "fetchahead_l2_forward_summary layout");
-_Static_assert(sizeof(fetchahead_l2_counters) == 48, "fetchahead_l2_counters layout");
+_Static_assert(sizeof(fetchahead_l2_counters) == 56, "fetchahead_l2_counters layout");
 #endif
 
 #endif /* FETCHAHEAD_H */
