@@ -96,64 +96,24 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
                 .map(|b| block_sharing(b, span.offset, span.row_bytes, block))
                 .sum::<f64>()
                 / (count - from) as f64;
+            let case = ZipfCase {
+                args,
+                base: &base,
+                path,
+                layer,
+                dim,
+                s,
+                stride,
+                kind,
+                n,
+                count,
+                population,
+                range: &range,
+                trace: &trace,
+                sharing,
+            };
             for &pct in &args.budgets {
-                let want = (population as f64 * pct / 100.0).round() as u64;
-                let cache_bytes = cache_bytes_for(want.max(1), dim);
-                let capacity = cache_rows(cache_bytes, dim);
-                let opt = belady(&trace, capacity, from);
-                let replayed = replay_row_cache(cache_bytes, dim, &trace, from);
-                let long = long_replay(args, kind, s, stride, n, cache_bytes, dim, &range)?;
-                let measured = measure_trace(args, &base, cache_bytes, path, layer, &trace, from)?;
-                let advised = measure_advised(args, &base, cache_bytes, path, layer, &trace, from)?;
-                let rate = |h: HitCount| h.rate();
-                say(format!(
-                    "zipf {s} {kind:<7} budget {pct:>4}% ({capacity} rows): hit rate {:.3} = {:.3} x Belady {:.3} (replayed policy {:.3}); with advise {:.3}; {:.0} rows/s, {:.0} IOPS, p50 {:.0} us, p99 {:.0} us, {:.0} B/row read, rows sharing a block {:.2}%",
-                    measured.0.rate(),
-                    measured.0.rate() / opt.rate().max(1e-12),
-                    opt.rate(),
-                    replayed.rate(),
-                    advised.rate(),
-                    measured.1["rows_per_s"].as_f64().unwrap_or(0.0),
-                    measured.1["iops"].as_f64().unwrap_or(0.0),
-                    measured.1["p50_us"].as_f64().unwrap_or(0.0),
-                    measured.1["p99_us"].as_f64().unwrap_or(0.0),
-                    measured.1["bytes_per_row_read"].as_f64().unwrap_or(0.0),
-                    100.0 * sharing,
-                ));
-                if let Some(l) = &long {
-                    say(format!(
-                        "    policy alone on {} batches after {} uncounted references: {:.3} = {:.3} x Belady {:.3}, {:.3} x the law's top-k mass {:.3}; the hottest rows pinned (knows the law): {:.3} = {:.3} x",
-                        l.batches,
-                        l.warm_up,
-                        l.policy.rate(),
-                        l.policy.rate() / l.belady.rate().max(1e-12),
-                        l.belady.rate(),
-                        l.policy.rate() / l.law_top_k.max(1e-12),
-                        l.law_top_k,
-                        l.static_head.rate(),
-                        l.static_head.rate() / l.belady.rate().max(1e-12),
-                    ));
-                }
-                zipf_rows.push(json!({
-                    "s": s, "kind": kind, "batch": n, "batches_counted": count - from,
-                    "budget_pct": pct, "cache_rows": capacity, "population": population,
-                    "hit_rate": rate(measured.0), "belady_hit_rate": rate(opt),
-                    "vs_belady": rate(measured.0) / rate(opt).max(1e-12),
-                    "replayed_hit_rate": rate(replayed),
-                    "advise_hit_rate": rate(advised),
-                    "long_replay": long.as_ref().map(|l| json!({
-                        "batches": l.batches, "hit_rate": l.policy.rate(),
-                        "belady_hit_rate": l.belady.rate(),
-                        "vs_belady": l.policy.rate() / l.belady.rate().max(1e-12),
-                        "warm_up_references": l.warm_up,
-                        "law_top_k_mass": l.law_top_k,
-                        "vs_law_top_k": l.policy.rate() / l.law_top_k.max(1e-12),
-                        "static_head_hit_rate": l.static_head.rate(),
-                        "static_head_vs_belady": l.static_head.rate() / l.belady.rate().max(1e-12),
-                    })),
-                    "block_sharing": sharing,
-                    "timing": measured.1,
-                }));
+                zipf_rows.push(case.budget(pct, &say)?);
             }
         }
     }
@@ -187,6 +147,110 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
         println!("{out}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One Zipf law's batches of one kind, measured budget by budget.
+struct ZipfCase<'a> {
+    args: &'a BenchIoArgs,
+    base: &'a StoreOptions,
+    path: ReadPath,
+    layer: u32,
+    dim: usize,
+    /// The law's exponent.
+    s: f64,
+    stride: u64,
+    kind: &'static str,
+    /// Rows a batch.
+    n: usize,
+    /// Batches, the first half warm-up.
+    count: usize,
+    population: u64,
+    range: &'a std::ops::Range<u64>,
+    trace: &'a [Vec<i64>],
+    /// The counted batches' mean share of rows sharing a read block.
+    sharing: f64,
+}
+
+impl ZipfCase<'_> {
+    /// The store's hit rate (plain and with `advise`) and timing at a budget of `pct`% of the
+    /// law's population, beside Belady, the policy replayed alone and a longer replay; printed,
+    /// and returned as JSON.
+    fn budget(&self, pct: f64, say: &impl Fn(String)) -> fetchahead::Result<Value> {
+        let ZipfCase {
+            args,
+            base,
+            path,
+            layer,
+            dim,
+            s,
+            stride,
+            kind,
+            n,
+            count,
+            population,
+            range,
+            trace,
+            sharing,
+        } = *self;
+        let from = count / 2;
+        let want = (population as f64 * pct / 100.0).round() as u64;
+        let cache_bytes = cache_bytes_for(want.max(1), dim);
+        let capacity = cache_rows(cache_bytes, dim);
+        let opt = belady(trace, capacity, from);
+        let replayed = replay_row_cache(cache_bytes, dim, trace, from);
+        let long = long_replay(args, kind, s, stride, n, cache_bytes, dim, range)?;
+        let measured = measure_trace(args, base, cache_bytes, path, layer, trace, from)?;
+        let advised = measure_advised(args, base, cache_bytes, path, layer, trace, from)?;
+        let rate = |h: HitCount| h.rate();
+        say(format!(
+            "zipf {s} {kind:<7} budget {pct:>4}% ({capacity} rows): hit rate {:.3} = {:.3} x Belady {:.3} (replayed policy {:.3}); with advise {:.3}; {:.0} rows/s, {:.0} IOPS, p50 {:.0} us, p99 {:.0} us, {:.0} B/row read, rows sharing a block {:.2}%",
+            measured.0.rate(),
+            measured.0.rate() / opt.rate().max(1e-12),
+            opt.rate(),
+            replayed.rate(),
+            advised.rate(),
+            measured.1["rows_per_s"].as_f64().unwrap_or(0.0),
+            measured.1["iops"].as_f64().unwrap_or(0.0),
+            measured.1["p50_us"].as_f64().unwrap_or(0.0),
+            measured.1["p99_us"].as_f64().unwrap_or(0.0),
+            measured.1["bytes_per_row_read"].as_f64().unwrap_or(0.0),
+            100.0 * sharing,
+        ));
+        if let Some(l) = &long {
+            say(format!(
+                "    policy alone on {} batches after {} uncounted references: {:.3} = {:.3} x Belady {:.3}, {:.3} x the law's top-k mass {:.3}; the hottest rows pinned (knows the law): {:.3} = {:.3} x",
+                l.batches,
+                l.warm_up,
+                l.policy.rate(),
+                l.policy.rate() / l.belady.rate().max(1e-12),
+                l.belady.rate(),
+                l.policy.rate() / l.law_top_k.max(1e-12),
+                l.law_top_k,
+                l.static_head.rate(),
+                l.static_head.rate() / l.belady.rate().max(1e-12),
+            ));
+        }
+        Ok(json!({
+            "s": s, "kind": kind, "batch": n, "batches_counted": count - from,
+            "budget_pct": pct, "cache_rows": capacity, "population": population,
+            "hit_rate": rate(measured.0), "belady_hit_rate": rate(opt),
+            "vs_belady": rate(measured.0) / rate(opt).max(1e-12),
+            "replayed_hit_rate": rate(replayed),
+            "advise_hit_rate": rate(advised),
+            "long_replay": long.as_ref().map(|l| json!({
+                "batches": l.batches, "hit_rate": l.policy.rate(),
+                "belady_hit_rate": l.belady.rate(),
+                "vs_belady": l.policy.rate() / l.belady.rate().max(1e-12),
+                "warm_up_references": l.warm_up,
+                "law_top_k_mass": l.law_top_k,
+                "vs_law_top_k": l.policy.rate() / l.law_top_k.max(1e-12),
+                "static_head_hit_rate": l.static_head.rate(),
+                "static_head_vs_belady": l.static_head.rate() / l.belady.rate().max(1e-12),
+            })),
+            "block_sharing": sharing,
+            "timing": measured.1,
+        }))
+    }
 }
 
 /// The cache's policy and Belady on a longer trace of the same law (no reads): hit rates once
