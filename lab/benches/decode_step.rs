@@ -31,7 +31,6 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::prefetch::prefetcher::Join;
-use fetchahead::store::make::{TableSpec, write_table};
 use fetchahead::store::{LayerRows, RowStore};
 use fetchahead::timeline::DEFAULT_CAPACITY;
 use fetchahead_lab::LabKernels;
@@ -44,7 +43,7 @@ use fetchahead_lab::forward::LayerTable;
 use fetchahead_lab::trace::{TRACED, trace_decode_step};
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
-use common::{BenchStore, knob, table_dir};
+use common::{BenchStore, knob, write_bench_table};
 
 const DIM: usize = 256;
 const VOCAB: u32 = 128 * 1024;
@@ -219,22 +218,7 @@ fn decode_step(c: &mut Criterion) {
         DECODE_LEAD_IN_US / 1000
     );
 
-    let tmp = table_dir();
-    let spec = TableSpec {
-        rows,
-        layers: shape.engram_layers.clone(),
-        dim: DIM,
-        shards: 1,
-        seed: 1,
-    };
-    let t = Instant::now();
-    write_table(tmp.path(), &spec, |_| {}).expect("write the bench table");
-    println!(
-        "table: {} ({:.0} MiB, written in {:.1} s)",
-        tmp.path().display(),
-        spec.data_bytes() as f64 / (1u64 << 20) as f64,
-        t.elapsed().as_secs_f64()
-    );
+    let (tmp, spec) = write_bench_table(rows, shape.engram_layers.clone(), DIM);
     let cold = Lookups::open("cold", tmp.path(), &spec.layers, 0);
     let warm = Lookups::open(
         "warm",

@@ -49,7 +49,6 @@ use fetchahead::kernels::gpu::Gpu;
 use fetchahead::prefetch::lookup::MemoryRows;
 use fetchahead::prefetch::prefetcher::{Completion, Join, Prefetcher, PrefetcherConfig};
 use fetchahead::row_lookup::RowLookup;
-use fetchahead::store::make::{TableSpec, write_table};
 use fetchahead::store::{LayerRows, RowStore, Stats};
 use fetchahead_lab::LabKernels;
 use fetchahead_lab::forward::{
@@ -57,7 +56,7 @@ use fetchahead_lab::forward::{
 };
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
-use common::{BenchStore, knob, table_dir};
+use common::{BenchStore, knob, write_bench_table};
 
 const DIM: usize = 256;
 const LAYERS: [u32; 2] = [1, 14];
@@ -497,22 +496,7 @@ fn prefetcher(c: &mut Criterion) {
     let rows_per_lookup = tokens * heads;
     let chain = chain_overhead(&gpu, &kernels, rows_per_lookup);
 
-    let tmp = table_dir();
-    let spec = TableSpec {
-        rows,
-        layers: LAYERS.to_vec(),
-        dim: DIM,
-        shards: 1,
-        seed: 1,
-    };
-    let t = Instant::now();
-    write_table(tmp.path(), &spec, |_| {}).expect("write the bench table");
-    println!(
-        "table: {} ({:.0} MiB, written in {:.1} s)",
-        tmp.path().display(),
-        spec.data_bytes() as f64 / (1u64 << 20) as f64,
-        t.elapsed().as_secs_f64()
-    );
+    let (tmp, spec) = write_bench_table(rows, LAYERS.to_vec(), DIM);
     let cold = Lookups::open("cold", tmp.path(), 0);
     let warm = Lookups::open("warm", tmp.path(), 2 * spec.data_bytes() + (64 << 20));
     warm.fill(rows);

@@ -1,6 +1,6 @@
 //! Helpers the benches share (each bench includes this folder with `mod common;`): the
-//! environment knobs, the folder a bench writes its table to, and the row store a bench reads
-//! that table through.
+//! environment knobs, the table a bench writes and the folder it goes to, and the row store a
+//! bench reads that table through.
 #![allow(dead_code)]
 use std::path::Path;
 use std::sync::Arc;
@@ -23,6 +23,33 @@ pub fn table_dir() -> tempfile::TempDir {
         None => tempfile::tempdir(),
     }
     .expect("temp dir for the bench table")
+}
+
+/// Writes a one-shard table of `rows` rows of `dim` bytes for `layers` into a fresh
+/// [`table_dir`], saying where and how long it took.
+pub fn write_bench_table(
+    rows: u64,
+    layers: Vec<u32>,
+    dim: usize,
+) -> (tempfile::TempDir, fetchahead::store::make::TableSpec) {
+    use fetchahead::store::make::{TableSpec, write_table};
+    let tmp = table_dir();
+    let spec = TableSpec {
+        rows,
+        layers,
+        dim,
+        shards: 1,
+        seed: 1,
+    };
+    let t = std::time::Instant::now();
+    write_table(tmp.path(), &spec, |_| {}).expect("write the bench table");
+    println!(
+        "table: {} ({:.0} MiB, written in {:.1} s)",
+        tmp.path().display(),
+        spec.data_bytes() as f64 / (1u64 << 20) as f64,
+        t.elapsed().as_secs_f64()
+    );
+    (tmp, spec)
 }
 
 /// A bench's row store over its table, and how it reads.
