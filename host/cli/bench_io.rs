@@ -230,6 +230,13 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
         "the prefill batch's ids, outputs and row cache",
     )?;
     let sizes = [72, 4096, args.prefill_rows];
+    let bench = Bench {
+        args,
+        store: &store,
+        layer,
+        sizes: &sizes,
+        baseline_iops: baseline.map(|b| b.iops),
+    };
     let mut rows = Vec::new();
     for path in ReadPath::ALL {
         if !args.paths.is_empty() && !args.paths.contains(&path) {
@@ -242,13 +249,6 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
             );
             continue;
         }
-        let bench = Bench {
-            args,
-            store: &store,
-            layer,
-            sizes: &sizes,
-            baseline_iops: baseline.map(|b| b.iops),
-        };
         rows.extend(bench.path_rows(path, direct, &say)?);
     }
     // The DRAM row cache: batches read once, then served from the cache.
@@ -261,11 +261,8 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
         },
     )?;
     let bench = Bench {
-        args,
         store: &cached,
-        layer,
-        sizes: &sizes,
-        baseline_iops: baseline.map(|b| b.iops),
+        ..bench
     };
     rows.extend(bench.cache_rows(&say)?);
     let stats = cached.stats();
