@@ -296,7 +296,7 @@ impl L2Plan {
         };
         match self.config.replay {
             Replay::Auto | Replay::Prefetch { .. } => {
-                self.fork_prefetch(signature, k, span, &table)
+                self.fork_prefetch(signature, k, span, &table, measuring)
             }
             Replay::AccessPolicy if !captured => self.set_policy_window(signature, k),
             Replay::AccessPolicy => Ok(()),
@@ -304,14 +304,15 @@ impl L2Plan {
     }
 
     /// Forks window `k`'s prefetch (`span` of `table`) onto the side stream, cut to the
-    /// window's learned cap and timed while the fit still measures it; launched now or at the
-    /// first `consume` ([`PlanConfig::launch`]).
+    /// window's learned cap and timed while the fit is still `measuring` it (eager forwards
+    /// only); launched now or at the first `consume` ([`PlanConfig::launch`]).
     fn fork_prefetch(
         &mut self,
         signature: Signature,
         k: usize,
         span: Span,
         table: &SegmentTable,
+        measuring: bool,
     ) -> Result<()> {
         let captured = self.captured;
         let window = self
@@ -342,13 +343,12 @@ impl L2Plan {
             l2_prefetch::Method::Loads => table.partitioned(),
             _ => (0, 0),
         };
-        let measure = (!captured && self.config.fit && self.fit.wants_measure(signature, k))
-            .then_some(Measure {
-                signature,
-                k,
-                issued,
-                floor,
-            });
+        let measure = (!captured && measuring).then_some(Measure {
+            signature,
+            k,
+            issued,
+            floor,
+        });
         if measure.is_some() {
             self.start_timing(k)?;
         }

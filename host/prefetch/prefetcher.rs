@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, sys};
+use fetchahead_gpu::defaults::BySize;
 use fetchahead_gpu::dequant::DequantVariant;
 use fetchahead_gpu::params::{CheckCounter, CheckParams};
 
@@ -240,8 +241,8 @@ struct Pending {
 pub struct Prefetcher {
     kernels: Arc<Kernels>,
     config: PrefetcherConfig,
-    /// `config.variant`: `None` picks the arch's default by each gather's rows.
-    variant: Option<DequantVariant>,
+    /// The arch's default by call size, for a `config.variant` of `None` (resolved once).
+    defaults: BySize<DequantVariant>,
     dim: usize,
     side: Arc<CudaStream>,
     fork: CudaEvent,
@@ -316,8 +317,8 @@ impl Prefetcher {
     ) -> Result<Prefetcher> {
         let dim = store.dim();
         let layout = StagingLayout::new(config.capacity, dim)?;
-        let variant = config.variant;
-        if let (Join::Tags, Some(named)) = (config.join, variant) {
+        let defaults = kernels.defaults().dequant;
+        if let (Join::Tags, Some(named)) = (config.join, config.variant) {
             log::warn!(
                 "fetchahead: gather + dequant variant {} serves only this prefetcher's \
                  synchronous gathers (check mode, the fallback, gather_dequant_sync): under \
@@ -366,7 +367,7 @@ impl Prefetcher {
             join: ctx.new_event(None).call("cuEventCreate")?,
             kernels,
             config,
-            variant,
+            defaults,
             dim,
             side,
             flag,
@@ -401,8 +402,9 @@ impl Prefetcher {
     /// The variant a gather of `rows` rows runs: the configured one, or the arch's default for
     /// that size.
     fn variant_for(&self, rows: usize) -> DequantVariant {
-        self.variant
-            .unwrap_or_else(|| self.kernels.defaults().dequant.for_rows(rows as u64))
+        self.config
+            .variant
+            .unwrap_or_else(|| self.defaults.for_rows(rows as u64))
     }
 
     /// The side stream the prefetches run on.
@@ -414,9 +416,9 @@ impl Prefetcher {
     /// capturing a graph that prefetches; an eager prefetch warms on first use by itself.
     pub fn warm(&mut self) -> Result<()> {
         // Every variant a gather may pick: the named one, or each of the default's sizes.
-        let variants: Vec<DequantVariant> = match self.variant {
+        let variants: Vec<DequantVariant> = match self.config.variant {
             Some(v) => vec![v],
-            None => self.kernels.defaults().dequant.variants().collect(),
+            None => self.defaults.variants().collect(),
         };
         let (kernels, side) = (&*self.kernels, &*self.side);
         self.ahead.staging.warm(kernels, &variants, side)?;
