@@ -1328,22 +1328,89 @@ impl Inner {
         plan.clear();
         let resident = self.scales.get(li).and_then(Option::as_ref);
         if let Some(scales) = resident {
-            for (pos, &id) in ids.iter().enumerate() {
-                // The ids of a batch are scattered over the owned rows' scales (48 MB for 6M
-                // rows): ask for the row a few ids ahead, so that the misses overlap.
-                if let Some(&ahead) = ids.get(pos + SCALES_AHEAD) {
-                    let at = (ahead as u64).wrapping_sub(self.rows.start) as usize * sdim;
-                    prefetch::for_read(scales.as_ptr().wrapping_add(at), sdim);
-                }
-                let at = (id as u64 - self.rows.start) as usize * sdim;
-                if let (Some(dst), Some(src)) = (
-                    scales_out.get_mut(pos * sdim..(pos + 1) * sdim),
-                    scales.get(at..at + sdim),
-                ) {
-                    dst.copy_from_slice(src);
-                }
+            self.copy_resident_scales(scales, ids, scales_out);
+        }
+        self.serve_cached(caller, li, ids, plan, weights_out, scales_out);
+        if plan.order.is_empty() {
+            return Ok(());
+        }
+        plan.group();
+        plan.add_extents(Kind::Weight, &layer.weight, self.block);
+        if resident.is_none() {
+            plan.add_extents(Kind::Scale, &layer.scale, self.block);
+        }
+        let row_bytes = dim + sdim;
+        let fill = &mut scratch.fill;
+        if self.cache.is_some() {
+            fill.resize(plan.uniques.len() * row_bytes, 0);
+        }
+        let out = OutRows::new(
+            weights_out,
+            scales_out,
+            self.cache.is_some().then_some((&mut fill[..], dim)),
+        );
+        let failures = &mut scratch.failures;
+        failures.clear();
+        self.read_misses(path, layer, plan, &out, &mut scratch.slot, failures)?;
+        self.count_reads(plan);
+        if let Some(error) = self.row_read_error(layer, plan, failures) {
+            return Err(error);
+        }
+        // After the reads, at most one fstat per shard the batch read (two shards at most) and
+        // per millisecond: a shard rewritten before or while they ran fails the lookup, before
+        // any row reaches the cache.
+        self.check_unchanged(layer.weight.file)?;
+        if resident.is_none() && layer.scale.file != layer.weight.file {
+            self.check_unchanged(layer.scale.file)?;
+        }
+        if let Some(byte) = self.fault().and_then(FaultState::scribble) {
+            weights_out.fill(byte);
+            scales_out.fill(byte);
+        }
+        if let Some(cache) = &self.cache {
+            self.fill_cache(cache, li, plan, fill, resident);
+        }
+        if caller == Caller::Advise {
+            // Counted once the rows are in the cache.
+            self.counters
+                .advised
+                .fetch_add(plan.uniques.len() as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Copies the resident scales of `ids` (owned rows, checked) to `scales_out`, in order.
+    fn copy_resident_scales(&self, scales: &[u8], ids: &[i64], scales_out: &mut [u8]) {
+        let sdim = self.layout.dim / MX_BLOCK;
+        for (pos, &id) in ids.iter().enumerate() {
+            // The ids of a batch are scattered over the owned rows' scales (48 MB for 6M
+            // rows): ask for the row a few ids ahead, so that the misses overlap.
+            if let Some(&ahead) = ids.get(pos + SCALES_AHEAD) {
+                let at = (ahead as u64).wrapping_sub(self.rows.start) as usize * sdim;
+                prefetch::for_read(scales.as_ptr().wrapping_add(at), sdim);
+            }
+            let at = (id as u64 - self.rows.start) as usize * sdim;
+            if let (Some(dst), Some(src)) = (
+                scales_out.get_mut(pos * sdim..(pos + 1) * sdim),
+                scales.get(at..at + sdim),
+            ) {
+                dst.copy_from_slice(src);
             }
         }
+    }
+
+    /// Copies the rows of `ids` the DRAM cache holds to their outputs and puts the others in
+    /// `plan.order`; a user's lookup counts as the cache's asks, hits and misses.
+    fn serve_cached(
+        &self,
+        caller: Caller,
+        li: usize,
+        ids: &[i64],
+        plan: &mut Plan,
+        weights_out: &mut [u8],
+        scales_out: &mut [u8],
+    ) {
+        let (dim, sdim) = (self.layout.dim, self.layout.dim / MX_BLOCK);
         let mut hits = 0u64;
         let record = caller == Caller::User;
         for (pos, &id) in ids.iter().enumerate() {
@@ -1371,35 +1438,29 @@ impl Inner {
             c.misses
                 .fetch_add(plan.order.len() as u64, Ordering::Relaxed);
         }
-        if plan.order.is_empty() {
-            return Ok(());
-        }
-        plan.group();
-        plan.add_extents(Kind::Weight, &layer.weight, self.block);
-        if resident.is_none() {
-            plan.add_extents(Kind::Scale, &layer.scale, self.block);
-        }
-        let row_bytes = dim + sdim;
-        let fill = &mut scratch.fill;
-        if self.cache.is_some() {
-            fill.resize(plan.uniques.len() * row_bytes, 0);
-        }
-        let out = OutRows::new(
-            weights_out,
-            scales_out,
-            self.cache.is_some().then_some((&mut fill[..], dim)),
-        );
-        let failures = &mut scratch.failures;
-        failures.clear();
+    }
+
+    /// Reads `plan`'s extents through `path` into `out` (`slot`: the buffered path's read
+    /// buffer, made on first use). Extents that fail land in `failures`; Err only when the path
+    /// itself fails (a ring as a whole, a thread pool that cannot start).
+    fn read_misses(
+        &self,
+        path: ReadPath,
+        layer: &layout::LayerLayout,
+        plan: &Plan,
+        out: &OutRows,
+        slot: &mut Option<AlignedBuf>,
+        failures: &mut Vec<Failure>,
+    ) -> Result<()> {
         match path {
             ReadPath::Uring if self.rings_for(plan.extents.len()) > 1 => {
                 let rings = self.rings_for(plan.extents.len());
-                self.read_rings(layer, plan, &out, failures, rings)?;
+                self.read_rings(layer, plan, out, failures, rings)?;
             }
             ReadPath::Uring => {
                 let mut reader = self.take_ring()?;
                 let all = 0..plan.extents.len();
-                if let Err(e) = reader.read(self, layer, plan, all, &out, failures) {
+                if let Err(e) = reader.read(self, layer, plan, all, out, failures) {
                     // The ring failed as a whole: never reuse it (its queues may hold stale
                     // entries); the next lookup on this thread sets up a fresh one.
                     return Err(Error::io(
@@ -1410,80 +1471,88 @@ impl Inner {
                 }
                 self.give_ring(reader);
             }
-            ReadPath::Preadv => {
-                preadv::read_pooled(self, self.pool()?, layer, plan, &out, failures)
-            }
-            ReadPath::Mmap => mmap::read_mapped(self, layer, plan, &out, failures),
+            ReadPath::Preadv => preadv::read_pooled(self, self.pool()?, layer, plan, out, failures),
+            ReadPath::Mmap => mmap::read_mapped(self, layer, plan, out, failures),
             ReadPath::Buffered | ReadPath::Auto => {
-                let slot = scratch
-                    .slot
-                    .get_or_insert_with(|| AlignedBuf::new(MAX_EXTENT as usize));
-                preadv::read_buffered(self, layer, plan, &out, slot, failures)
+                let slot = slot.get_or_insert_with(|| AlignedBuf::new(MAX_EXTENT as usize));
+                preadv::read_buffered(self, layer, plan, out, slot, failures)
             }
         }
+        Ok(())
+    }
+
+    /// Counts a batch's reads: the extents issued, the bytes they asked for and the distinct
+    /// rows they delivered.
+    fn count_reads(&self, plan: &Plan) {
+        let c = &self.counters;
         c.reads
             .fetch_add(plan.extents.len() as u64, Ordering::Relaxed);
         let bytes: u64 = plan.extents.iter().map(|e| u64::from(e.len)).sum();
         c.bytes.fetch_add(bytes, Ordering::Relaxed);
         c.rows_read
             .fetch_add(plan.uniques.len() as u64, Ordering::Relaxed);
-        let rows = (!failures.is_empty())
-            .then(|| plan.rows_of(failures.iter().map(|f| f.extent as usize)));
-        if let (Some(first), Some(rows)) = (failures.first_mut(), rows) {
-            let ext = plan.extents.get(first.extent as usize).copied();
-            let mut source = std::mem::replace(&mut first.error, io::Error::other(""));
-            if source.kind() == io::ErrorKind::UnexpectedEof
-                && let Some(e) = ext
-            {
-                // Say where the file ends now, not where the read stopped.
-                let now = match self.current_len(e.file as usize) {
-                    Ok(len) => format!("the file is {len} bytes now"),
-                    Err(err) => format!("its length is unknown ({err})"),
-                };
-                source = io::Error::new(io::ErrorKind::UnexpectedEof, format!("{source}; {now}"));
-            }
-            return Err(Error::RowRead {
-                layer: layer.layer,
-                rows: RowIds(rows),
-                file: ext.map_or_else(PathBuf::new, |e| {
-                    self.layout.path(e.file as usize).to_path_buf()
-                }),
-                offset: ext.map_or(0, |e| e.offset),
-                source,
-            });
+    }
+
+    /// The error of a batch some of whose reads failed (`None` when none did): every row the
+    /// failed reads held, and the first failure's file, offset and cause (taken out of it).
+    fn row_read_error(
+        &self,
+        layer: &layout::LayerLayout,
+        plan: &Plan,
+        failures: &mut [Failure],
+    ) -> Option<Error> {
+        if failures.is_empty() {
+            return None;
         }
-        // After the reads, at most one fstat per shard the batch read (two shards at most) and
-        // per millisecond: a shard rewritten before or while they ran fails the lookup, before
-        // any row reaches the cache.
-        self.check_unchanged(layer.weight.file)?;
-        if resident.is_none() && layer.scale.file != layer.weight.file {
-            self.check_unchanged(layer.scale.file)?;
+        let rows = plan.rows_of(failures.iter().map(|f| f.extent as usize));
+        let first = failures.first_mut()?;
+        let ext = plan.extents.get(first.extent as usize).copied();
+        let mut source = std::mem::replace(&mut first.error, io::Error::other(""));
+        if source.kind() == io::ErrorKind::UnexpectedEof
+            && let Some(e) = ext
+        {
+            // Say where the file ends now, not where the read stopped.
+            let now = match self.current_len(e.file as usize) {
+                Ok(len) => format!("the file is {len} bytes now"),
+                Err(err) => format!("its length is unknown ({err})"),
+            };
+            source = io::Error::new(io::ErrorKind::UnexpectedEof, format!("{source}; {now}"));
         }
-        if let Some(byte) = self.fault().and_then(FaultState::scribble) {
-            weights_out.fill(byte);
-            scales_out.fill(byte);
+        Some(Error::RowRead {
+            layer: layer.layer,
+            rows: RowIds(rows),
+            file: ext.map_or_else(PathBuf::new, |e| {
+                self.layout.path(e.file as usize).to_path_buf()
+            }),
+            offset: ext.map_or(0, |e| e.offset),
+            source,
+        })
+    }
+
+    /// Hands the row cache the rows a batch read, from the store's own copies only (`fill`, the
+    /// rows as read, and the resident scales): never read `weights_out` or `scales_out` back.
+    fn fill_cache(
+        &self,
+        cache: &RowCache,
+        li: usize,
+        plan: &Plan,
+        fill: &[u8],
+        resident: Option<&Vec<u8>>,
+    ) {
+        let (dim, sdim) = (self.layout.dim, self.layout.dim / MX_BLOCK);
+        let row_bytes = dim + sdim;
+        for (u, unique) in plan.uniques.iter().enumerate() {
+            let Some(row) = fill.get(u * row_bytes..(u + 1) * row_bytes) else {
+                continue;
+            };
+            let (w, read_scales) = row.split_at(dim);
+            let at = (unique.row - self.rows.start) as usize * sdim;
+            let s = match resident {
+                Some(scales) => scales.get(at..at + sdim).unwrap_or(read_scales),
+                None => read_scales,
+            };
+            cache.insert(li, unique.row, w, s);
         }
-        // From the store's own copies only: never read `weights_out` or `scales_out` back.
-        if let Some(cache) = &self.cache {
-            for (u, unique) in plan.uniques.iter().enumerate() {
-                let Some(row) = fill.get(u * row_bytes..(u + 1) * row_bytes) else {
-                    continue;
-                };
-                let (w, read_scales) = row.split_at(dim);
-                let at = (unique.row - self.rows.start) as usize * sdim;
-                let s = match resident {
-                    Some(scales) => scales.get(at..at + sdim).unwrap_or(read_scales),
-                    None => read_scales,
-                };
-                cache.insert(li, unique.row, w, s);
-            }
-        }
-        if caller == Caller::Advise {
-            // Counted once the rows are in the cache.
-            c.advised
-                .fetch_add(plan.uniques.len() as u64, Ordering::Relaxed);
-        }
-        Ok(())
     }
 }
 
