@@ -444,6 +444,82 @@ struct ShardIo {
     changed: std::sync::atomic::AtomicBool,
 }
 
+impl ShardIo {
+    /// Opens shard `p` buffered and mapped, and with O_DIRECT unless `direct_off` says why not
+    /// (set here when the shard refuses it); O_NOATIME likewise, through `noatime_off`.
+    fn open(
+        p: &Path,
+        direct_off: &mut Option<String>,
+        noatime_off: &mut Option<String>,
+    ) -> Result<ShardIo> {
+        let buffered = file::open_noatime(|f| file::open_regular(p, f), noatime_off)?;
+        // SAFETY: the mapping is read-only and only the mmap path reads it, which runs only
+        // when asked for by name (never under Auto); its length check before each batch
+        // narrows, but cannot close, the window in which a shrinking file raises SIGBUS.
+        let map = unsafe { Mmap::map(&buffered) }.map_err(|e| Error::io(p, "mmap", e))?;
+        map.advise(Advice::Random)
+            .map_err(|e| Error::io(p, "madvise(MADV_RANDOM)", e))?;
+        let direct = if direct_off.is_some() {
+            None
+        } else {
+            match file::open_noatime(|f| open_direct(p, f), noatime_off) {
+                Ok(f) => Some(f),
+                Err(why) => {
+                    *direct_off = Some(why);
+                    None
+                }
+            }
+        };
+        let opened = ShardStamp::of(&buffered).map_err(|e| Error::io(p, "fstat", e))?;
+        Ok(ShardIo {
+            buffered,
+            direct,
+            map,
+            opened,
+            checked_at: AtomicU64::new(0),
+            changed: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+}
+
+/// A table's shards, open for every read path, and why O_DIRECT and O_NOATIME are off, when
+/// they are.
+struct OpenedShards {
+    shards: Vec<ShardIo>,
+    direct_off: Option<String>,
+    noatime_off: Option<String>,
+}
+
+impl OpenedShards {
+    /// Opens every shard of `layout`; O_DIRECT for all of them or none (`direct_io` false, or
+    /// one shard refusing it, turns it off for every shard).
+    fn open(layout: &TableLayout, direct_io: bool) -> Result<OpenedShards> {
+        let mut shards = Vec::with_capacity(layout.files.len());
+        let mut direct_off = (!direct_io).then(|| "turned off by the caller".to_string());
+        let mut noatime_off = None;
+        for shard in &layout.files {
+            shards.push(ShardIo::open(
+                &shard.path,
+                &mut direct_off,
+                &mut noatime_off,
+            )?);
+        }
+        if direct_off.is_some() {
+            for s in &mut shards {
+                s.direct = None;
+            }
+        }
+        if let Some(why) = &noatime_off {
+            note_noatime_off(&shards, why);
+        }
+        Ok(OpenedShards {
+            shards,
+            direct_off,
+            noatime_off,
+        })
+    }
+}
+
 /// What a shard looked like: its size and modification time (seconds, nanoseconds).
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct ShardStamp {
@@ -537,74 +613,13 @@ impl RowStore {
         let path =
             &std::path::absolute(path).map_err(|e| Error::io(path, "resolve the path", e))?;
         let layout = TableLayout::open(path)?;
-        let total = layout.rows();
-        let end = match options.num_rows {
-            Some(n) if n > 0 => options.row_start.checked_add(n),
-            _ => Some(total),
-        };
-        let rows = match end {
-            Some(end) if options.row_start <= end && end <= total => options.row_start..end,
-            _ => {
-                return Err(Error::invalid(
-                    "row range",
-                    format!(
-                        "rows {}..{} of a table with {total} rows",
-                        options.row_start,
-                        end.map_or("overflow".to_string(), |e| e.to_string())
-                    ),
-                ));
-            }
-        };
-        let mut shards = Vec::with_capacity(layout.files.len());
-        let mut direct_off = (!options.direct_io).then(|| "turned off by the caller".to_string());
-        let mut noatime_off = None;
-        for shard in &layout.files {
-            let p = &shard.path;
-            let buffered = file::open_noatime(|f| file::open_regular(p, f), &mut noatime_off)?;
-            // SAFETY: the mapping is read-only and only the mmap path reads it, which runs only
-            // when asked for by name (never under Auto); its length check before each batch
-            // narrows, but cannot close, the window in which a shrinking file raises SIGBUS.
-            let map = unsafe { Mmap::map(&buffered) }.map_err(|e| Error::io(p, "mmap", e))?;
-            map.advise(Advice::Random)
-                .map_err(|e| Error::io(p, "madvise(MADV_RANDOM)", e))?;
-            let direct = match direct_off {
-                Some(_) => None,
-                None => match file::open_noatime(|f| open_direct(p, f), &mut noatime_off) {
-                    Ok(f) => Some(f),
-                    Err(why) => {
-                        direct_off = Some(why);
-                        None
-                    }
-                },
-            };
-            let opened = ShardStamp::of(&buffered).map_err(|e| Error::io(p, "fstat", e))?;
-            shards.push(ShardIo {
-                buffered,
-                direct,
-                map,
-                opened,
-                checked_at: AtomicU64::new(0),
-                changed: std::sync::atomic::AtomicBool::new(false),
-            });
-        }
-        if direct_off.is_some() {
-            for s in &mut shards {
-                s.direct = None;
-            }
-        }
-        if let Some(why) = &noatime_off {
-            note_noatime_off(&shards, why);
-        }
-        let (mut block, mut block_why) = (dio::MIN_BLOCK, None);
-        for (i, s) in shards.iter().enumerate() {
-            if let Some(d) = &s.direct {
-                let (b, why) = dio::read_block(dio::dio_offset_align(d));
-                block = block.max(b);
-                if let Some(why) = why {
-                    block_why.get_or_insert(format!("{}: {why}", layout.path(i).display()));
-                }
-            }
-        }
+        let rows = owned_rows(&options, layout.rows())?;
+        let OpenedShards {
+            shards,
+            direct_off,
+            noatime_off,
+        } = OpenedShards::open(&layout, options.direct_io)?;
+        let (block, block_why) = read_block_of(&layout, &shards);
         if options.read_path == ReadPath::Mmap {
             log::warn!(
                 "fetchahead: the mmap read path was asked for: a shard truncated while lookups \
@@ -614,43 +629,9 @@ impl RowStore {
         let uring_off = io_uring::IoUring::new(4)
             .err()
             .map(|e| format!("io_uring_setup: {e}"));
-        let sdim = layout.dim / MX_BLOCK;
-        let mut scales = Vec::with_capacity(layout.layers.len());
-        for l in &layout.layers {
-            if !options.resident_scales {
-                scales.push(None);
-                continue;
-            }
-            // The header's row count was checked against the file's length, but a sparse file
-            // can claim any length: check the size against memory before allocating.
-            let want =
-                crate::memory::product(rows.end - rows.start, sdim as u64, "resident scales")?;
-            let mut bytes = crate::memory::zeroed(
-                want,
-                &format!(
-                    "the resident scales of layer {} ({})",
-                    l.layer, l.scale.name
-                ),
-            )?;
-            let file = &shards[l.scale.file].buffered;
-            file.read_exact_at(&mut bytes, l.scale.row_offset(rows.start))
-                .map_err(|e| Error::io(layout.path(l.scale.file), "read scales", e))?;
-            scales.push(Some(bytes));
-        }
+        let scales = resident_scales(&layout, &shards, &rows, options.resident_scales)?;
         let tuning = Tuning::load(&tune::tune_file(path))?.unwrap_or_default();
-        if options.cache_bytes > 0 {
-            // The cache sizes its index from the budget up front: a budget past the memory there
-            // is would fail that allocation (an abort), not just never fill.
-            crate::memory::check_fits(options.cache_bytes, "the DRAM row cache's budget")?;
-        }
-        let cache = (options.cache_bytes > 0).then(|| {
-            RowCache::new(
-                options.cache_bytes,
-                layout.dim + sdim,
-                layout.layers.len(),
-                options.lookahead,
-            )
-        });
+        let cache = row_cache(&options, &layout)?;
         let inner = Arc::new(Inner {
             layer_ids: layout.layers.iter().map(|l| l.layer).collect(),
             layout,
@@ -1004,6 +985,91 @@ pub fn cache_rows(cache_bytes: u64, dim: usize) -> usize {
 /// The budget a row cache needs to hold `rows` rows of `dim` weights.
 pub fn cache_bytes_for(rows: u64, dim: usize) -> u64 {
     cache::bytes_for_rows(rows as usize, dim + dim / MX_BLOCK, false)
+}
+
+/// The rows `options` gives this rank of a table of `total` rows.
+fn owned_rows(options: &StoreOptions, total: u64) -> Result<Range<u64>> {
+    let end = match options.num_rows {
+        Some(n) if n > 0 => options.row_start.checked_add(n),
+        _ => Some(total),
+    };
+    match end {
+        Some(end) if options.row_start <= end && end <= total => Ok(options.row_start..end),
+        _ => Err(Error::invalid(
+            "row range",
+            format!(
+                "rows {}..{} of a table with {total} rows",
+                options.row_start,
+                end.map_or("overflow".to_string(), |e| e.to_string())
+            ),
+        )),
+    }
+}
+
+/// The block reads are aligned to: the largest O_DIRECT alignment of the shards (at least
+/// [`dio::MIN_BLOCK`]), and why it is a page rather than what a file allows, when statx could
+/// not say.
+fn read_block_of(layout: &TableLayout, shards: &[ShardIo]) -> (u64, Option<String>) {
+    let (mut block, mut block_why) = (dio::MIN_BLOCK, None);
+    for (i, s) in shards.iter().enumerate() {
+        if let Some(d) = &s.direct {
+            let (b, why) = dio::read_block(dio::dio_offset_align(d));
+            block = block.max(b);
+            if let Some(why) = why {
+                block_why.get_or_insert(format!("{}: {why}", layout.path(i).display()));
+            }
+        }
+    }
+    (block, block_why)
+}
+
+/// Each layer's scales of `rows`, read into DRAM when `resident` (else `None` per layer).
+fn resident_scales(
+    layout: &TableLayout,
+    shards: &[ShardIo],
+    rows: &Range<u64>,
+    resident: bool,
+) -> Result<Vec<Option<Vec<u8>>>> {
+    let sdim = layout.dim / MX_BLOCK;
+    let mut scales = Vec::with_capacity(layout.layers.len());
+    for l in &layout.layers {
+        if !resident {
+            scales.push(None);
+            continue;
+        }
+        // The header's row count was checked against the file's length, but a sparse file
+        // can claim any length: check the size against memory before allocating.
+        let want = crate::memory::product(rows.end - rows.start, sdim as u64, "resident scales")?;
+        let mut bytes = crate::memory::zeroed(
+            want,
+            &format!(
+                "the resident scales of layer {} ({})",
+                l.layer, l.scale.name
+            ),
+        )?;
+        let file = &shards[l.scale.file].buffered;
+        file.read_exact_at(&mut bytes, l.scale.row_offset(rows.start))
+            .map_err(|e| Error::io(layout.path(l.scale.file), "read scales", e))?;
+        scales.push(Some(bytes));
+    }
+    Ok(scales)
+}
+
+/// The DRAM row cache `options` asks for (none for a budget of 0).
+fn row_cache(options: &StoreOptions, layout: &TableLayout) -> Result<Option<RowCache>> {
+    if options.cache_bytes > 0 {
+        // The cache sizes its index from the budget up front: a budget past the memory there
+        // is would fail that allocation (an abort), not just never fill.
+        crate::memory::check_fits(options.cache_bytes, "the DRAM row cache's budget")?;
+    }
+    Ok((options.cache_bytes > 0).then(|| {
+        RowCache::new(
+            options.cache_bytes,
+            layout.dim + layout.dim / MX_BLOCK,
+            layout.layers.len(),
+            options.lookahead,
+        )
+    }))
 }
 
 /// Says once per process that the shards are open without O_NOATIME, and only when that is a
