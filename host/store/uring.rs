@@ -364,6 +364,14 @@ impl UringReader {
     }
 }
 
+/// Where one pump is: the next extent of its range to submit, the range's end, and the reads in
+/// flight.
+struct Progress {
+    next: usize,
+    end: usize,
+    in_flight: u32,
+}
+
 impl Slots {
     /// Submits `range`'s extents and reaps their completions until none is in flight.
     fn pump(
@@ -378,124 +386,163 @@ impl Slots {
         self.free.clear();
         self.free.extend((0..self.depth).rev());
         self.again.clear();
-        let (mut next, n) = (range.start, range.end);
-        let mut in_flight = 0u32;
-        let plan = b.plan;
+        let mut at = Progress {
+            next: range.start,
+            end: range.end,
+            in_flight: 0,
+        };
         loop {
-            // Fill the submission queue: retries first, then new extents.
-            sq.sync();
-            loop {
-                let slot = if let Some(slot) = self.again.pop() {
-                    slot
-                } else if next < n {
-                    let Some(slot) = self.free.pop() else { break };
-                    self.slots[slot as usize] = Slot {
-                        extent: next as u32,
-                        done: 0,
-                        attempts: 0,
-                    };
-                    next += 1;
-                    slot
-                } else {
-                    break;
-                };
-                let s = self.slots[slot as usize];
-                let ext = &plan.extents[s.extent as usize];
-                // SAFETY: slot * MAX_EXTENT + done + (len - done) <= depth * MAX_EXTENT,
-                // the buffer's length; the slot is not the target of any other read in flight.
-                let dst = unsafe {
-                    b.base
-                        .add(slot as usize * MAX_EXTENT as usize + s.done as usize)
-                };
-                let entry = entry(
-                    b.features,
-                    b.inner,
-                    ext.file,
-                    dst,
-                    ext.len - s.done,
-                    ext.offset + u64::from(s.done),
-                )
-                .user_data(u64::from(slot));
-                // SAFETY: the buffer outlives the read: the reader owns it and `read` returns
-                // only after every submitted read has completed (or leaks it, see RingError).
-                if unsafe { sq.push(&entry) }.is_err() {
-                    self.again.push(slot);
-                    break;
-                }
-                in_flight += 1;
-            }
-            sq.sync();
-            if in_flight == 0 {
+            self.submit(sq, b, &mut at);
+            if at.in_flight == 0 {
                 return Ok(());
             }
-            // Wake once per batch of completions, not per read: for all of them when every read
-            // of the lookup is in flight, else for a quarter of the ring to refill it.
-            let want = if next >= n && self.again.is_empty() {
-                in_flight
-            } else {
-                (in_flight / 4).max(1)
-            };
-            match submitter.submit_and_wait(want as usize) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
-                // Reads the kernel already took may still be writing into the slots: wait them
-                // out (or leak the slots if the ring is unusable) before giving up.
-                Err(error) => {
-                    let unusable = !drain(submitter, cq, in_flight);
-                    return Err(RingError { error, unusable });
-                }
-            }
+            self.wait(submitter, cq, &at)?;
             cq.sync();
             // Two passes: the verdicts first, with the output lines of every landed read
             // prefetched, then the copies, whose scattered stores then overlap their misses
             // instead of waiting for them one after another.
-            self.landed.clear();
-            for cqe in &mut *cq {
-                in_flight -= 1;
-                let slot = cqe.user_data() as u32;
-                let s = &mut self.slots[slot as usize];
-                let ext: &Extent = &plan.extents[s.extent as usize];
-                let mut res = i64::from(cqe.result());
-                if let Some(fault) = b.inner.fault() {
-                    res = fault.apply(|row| plan.covers(ext, row), res);
-                }
-                let direct = || b.inner.read_fd(ext.file as usize).1;
-                match step(ext, direct, s.done, res, &mut s.attempts) {
-                    Step::Done => {
-                        plan.prefetch_outputs(b.layer, ext, b.out);
-                        self.landed.push(slot);
-                    }
-                    Step::Again { done } => {
-                        s.done = done;
-                        self.again.push(slot);
-                    }
-                    Step::Failed(error) => {
-                        failures.push(Failure {
-                            extent: s.extent,
-                            error,
-                        });
-                        self.free.push(slot);
-                    }
-                }
-            }
-            for &slot in &self.landed {
-                let extent = self.slots[slot as usize].extent;
-                let ext = &plan.extents[extent as usize];
-                // SAFETY: the read into this slot has completed and no other read targets it
-                // until it is freed below; the range lies inside the buffer (see the push).
-                let data = unsafe {
-                    std::slice::from_raw_parts(
-                        b.base.add(slot as usize * MAX_EXTENT as usize),
-                        ext.len as usize,
-                    )
-                };
-                if !plan.deliver(b.layer, ext, data, b.out) {
-                    failures.push(Failure::internal(extent));
-                }
-                self.free.push(slot);
-            }
+            self.reap(cq, b, &mut at, failures);
+            self.deliver_landed(b, failures);
             cq.sync();
+        }
+    }
+
+    /// Fills the submission queue: retries first, then new extents, until the queue, the free
+    /// slots or the extents run out.
+    fn submit(&mut self, sq: &mut SubmissionQueue<'_>, b: &Batch<'_>, at: &mut Progress) {
+        let plan = b.plan;
+        sq.sync();
+        loop {
+            let slot = if let Some(slot) = self.again.pop() {
+                slot
+            } else if at.next < at.end {
+                let Some(slot) = self.free.pop() else { break };
+                self.slots[slot as usize] = Slot {
+                    extent: at.next as u32,
+                    done: 0,
+                    attempts: 0,
+                };
+                at.next += 1;
+                slot
+            } else {
+                break;
+            };
+            let s = self.slots[slot as usize];
+            let ext = &plan.extents[s.extent as usize];
+            // SAFETY: slot * MAX_EXTENT + done + (len - done) <= depth * MAX_EXTENT,
+            // the buffer's length; the slot is not the target of any other read in flight.
+            let dst = unsafe {
+                b.base
+                    .add(slot as usize * MAX_EXTENT as usize + s.done as usize)
+            };
+            let entry = entry(
+                b.features,
+                b.inner,
+                ext.file,
+                dst,
+                ext.len - s.done,
+                ext.offset + u64::from(s.done),
+            )
+            .user_data(u64::from(slot));
+            // SAFETY: the buffer outlives the read: the reader owns it and `read` returns
+            // only after every submitted read has completed (or leaks it, see RingError).
+            if unsafe { sq.push(&entry) }.is_err() {
+                self.again.push(slot);
+                break;
+            }
+            at.in_flight += 1;
+        }
+        sq.sync();
+    }
+
+    /// Submits what is queued and waits for a batch of completions. A fatal error first waits
+    /// out the reads the kernel already took (they may still be writing into the slots).
+    fn wait(
+        &self,
+        submitter: &Submitter<'_>,
+        cq: &mut CompletionQueue<'_>,
+        at: &Progress,
+    ) -> Result<(), RingError> {
+        // Wake once per batch of completions, not per read: for all of them when every read
+        // of the lookup is in flight, else for a quarter of the ring to refill it.
+        let want = if at.next >= at.end && self.again.is_empty() {
+            at.in_flight
+        } else {
+            (at.in_flight / 4).max(1)
+        };
+        match submitter.submit_and_wait(want as usize) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(()),
+            // Reads the kernel already took may still be writing into the slots: wait them
+            // out (or leak the slots if the ring is unusable) before giving up.
+            Err(error) => {
+                let unusable = !drain(submitter, cq, at.in_flight);
+                Err(RingError { error, unusable })
+            }
+        }
+    }
+
+    /// The verdict on each completion: a whole read lands (its output lines prefetched, its
+    /// copy left to [`deliver_landed`](Self::deliver_landed)), a short or interrupted one goes
+    /// again, and a failed one lands in `failures` and frees its slot.
+    fn reap(
+        &mut self,
+        cq: &mut CompletionQueue<'_>,
+        b: &Batch<'_>,
+        at: &mut Progress,
+        failures: &mut Vec<Failure>,
+    ) {
+        let plan = b.plan;
+        self.landed.clear();
+        for cqe in &mut *cq {
+            at.in_flight -= 1;
+            let slot = cqe.user_data() as u32;
+            let s = &mut self.slots[slot as usize];
+            let ext: &Extent = &plan.extents[s.extent as usize];
+            let mut res = i64::from(cqe.result());
+            if let Some(fault) = b.inner.fault() {
+                res = fault.apply(|row| plan.covers(ext, row), res);
+            }
+            let direct = || b.inner.read_fd(ext.file as usize).1;
+            match step(ext, direct, s.done, res, &mut s.attempts) {
+                Step::Done => {
+                    plan.prefetch_outputs(b.layer, ext, b.out);
+                    self.landed.push(slot);
+                }
+                Step::Again { done } => {
+                    s.done = done;
+                    self.again.push(slot);
+                }
+                Step::Failed(error) => {
+                    failures.push(Failure {
+                        extent: s.extent,
+                        error,
+                    });
+                    self.free.push(slot);
+                }
+            }
+        }
+    }
+
+    /// Copies the rows of every landed read to their outputs and frees its slot.
+    fn deliver_landed(&mut self, b: &Batch<'_>, failures: &mut Vec<Failure>) {
+        let plan = b.plan;
+        for &slot in &self.landed {
+            let extent = self.slots[slot as usize].extent;
+            let ext = &plan.extents[extent as usize];
+            // SAFETY: the read into this slot has completed and no other read targets it
+            // until it is freed below; the range lies inside the buffer (see `submit`).
+            let data = unsafe {
+                std::slice::from_raw_parts(
+                    b.base.add(slot as usize * MAX_EXTENT as usize),
+                    ext.len as usize,
+                )
+            };
+            if !plan.deliver(b.layer, ext, data, b.out) {
+                failures.push(Failure::internal(extent));
+            }
+            self.free.push(slot);
         }
     }
 }
