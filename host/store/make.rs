@@ -1194,7 +1194,24 @@ impl WritePlan<'_> {
             .iter()
             .filter(|w| !self.new_names.contains(&w.name))
             .collect();
-        // With --force, what the new table replaces that is not the old table's: said first.
+        self.say_replaced(&owned, manifest_ours, &stale);
+        let (temps, records) = self.write_temps(step)?;
+        let (writing, done) = self.write_manifests(&owned, &records)?;
+        writing.commit()?;
+        sync_dir(dir);
+        step(WriteStep::Committed(format!("{MANIFEST} (writing)")));
+        self.remove_stale(&stale, step)?;
+        let files = self.commit_temps(temps, step)?;
+        done.commit()?;
+        sync_dir(dir);
+        step(WriteStep::Committed(format!("{MANIFEST} (complete)")));
+        Ok(files)
+    }
+
+    /// Says what the write replaces that fetchahead did not write (with --force: a warning
+    /// each, first), and the old table's files it will remove.
+    fn say_replaced(&self, owned: &[WrittenFile], manifest_ours: bool, stale: &[&WrittenFile]) {
+        let dir = self.dir;
         for name in self.new_names.iter().chain([&MANIFEST.to_string()]) {
             let present = std::fs::symlink_metadata(dir.join(name)).is_ok();
             let proven =
@@ -1207,7 +1224,7 @@ impl WritePlan<'_> {
                 );
             }
         }
-        for w in &stale {
+        for w in stale {
             log::info!(
                 "{}: removing {} ({} bytes) of the old table",
                 dir.display(),
@@ -1215,38 +1232,24 @@ impl WritePlan<'_> {
                 w.size
             );
         }
+    }
+
+    /// Writes the new files (the shards, then the index) under temporary names, synced, with
+    /// what the manifest records of each; `step` hears the table's data bytes written so far.
+    fn write_temps(
+        &self,
+        step: &mut impl FnMut(WriteStep),
+    ) -> Result<(Vec<TempFile>, Vec<WrittenFile>)> {
+        let dir = self.dir;
         let tensors = self.spec.tensors();
         let mut written = 0u64;
         let mut chunk = crate::memory::zeroed(CHUNK as u64, "a write buffer")?;
         let mut temps = Vec::with_capacity(self.shards.len() + 1);
         let mut records = Vec::with_capacity(self.shards.len() + 1);
         for shard in self.shards {
-            let mut temp = TempFile::create(&dir.join(&shard.name))?;
-            let target = temp.target().to_path_buf();
-            let io = |e| Error::io(&target, "write", e);
-            let mut w = BufWriter::with_capacity(CHUNK, temp.file());
-            let prefix = (shard.header.len() as u64).to_le_bytes();
-            w.write_all(&prefix).map_err(io)?;
-            w.write_all(&shard.header).map_err(io)?;
-            for &t in &shard.tensors {
-                let (_, dtype, shape) = &tensors[t];
-                let mut left = shape[0] * shape[1] * dtype.bitsize() / 8;
-                let mut c = 0u64;
-                while left > 0 {
-                    let n = left.min(CHUNK);
-                    fill_chunk(self.spec, t, *dtype, c, &mut chunk[..n]);
-                    w.write_all(&chunk[..n]).map_err(io)?;
-                    left -= n;
-                    c += 1;
-                    written += n as u64;
-                    step(WriteStep::Data(written));
-                }
-            }
-            w.flush().map_err(io)?;
-            drop(w);
-            let mut head = prefix.to_vec();
-            head.extend_from_slice(&shard.header);
-            records.push(record_temp(&mut temp, &shard.name, &head)?);
+            let (temp, record) =
+                self.write_shard(shard, &tensors, &mut chunk, &mut written, step)?;
+            records.push(record);
             temps.push(temp);
         }
         if let Some(text) = self.index {
@@ -1258,10 +1261,60 @@ impl WritePlan<'_> {
             records.push(record_temp(&mut temp, INDEX_FILE, text.as_bytes())?);
             temps.push(temp);
         }
+        Ok((temps, records))
+    }
+
+    /// Writes `shard` (its header's length, its header, its tensors' bytes, chunk by chunk
+    /// through `chunk`) to a temporary file, synced; `written` counts the table's data bytes.
+    fn write_shard(
+        &self,
+        shard: &ShardPlan,
+        tensors: &[(String, Dtype, [usize; 2])],
+        chunk: &mut [u8],
+        written: &mut u64,
+        step: &mut impl FnMut(WriteStep),
+    ) -> Result<(TempFile, WrittenFile)> {
+        let mut temp = TempFile::create(&self.dir.join(&shard.name))?;
+        let target = temp.target().to_path_buf();
+        let io = |e| Error::io(&target, "write", e);
+        let mut w = BufWriter::with_capacity(CHUNK, temp.file());
+        let prefix = (shard.header.len() as u64).to_le_bytes();
+        w.write_all(&prefix).map_err(io)?;
+        w.write_all(&shard.header).map_err(io)?;
+        for &t in &shard.tensors {
+            let (_, dtype, shape) = &tensors[t];
+            let mut left = shape[0] * shape[1] * dtype.bitsize() / 8;
+            let mut c = 0u64;
+            while left > 0 {
+                let n = left.min(CHUNK);
+                fill_chunk(self.spec, t, *dtype, c, &mut chunk[..n]);
+                w.write_all(&chunk[..n]).map_err(io)?;
+                left -= n;
+                c += 1;
+                *written += n as u64;
+                step(WriteStep::Data(*written));
+            }
+        }
+        w.flush().map_err(io)?;
+        drop(w);
+        let mut head = prefix.to_vec();
+        head.extend_from_slice(&shard.header);
+        let record = record_temp(&mut temp, &shard.name, &head)?;
+        Ok((temp, record))
+    }
+
+    /// The manifest's two states under temporary names: `writing`, which records old and new
+    /// files alike, and `complete`, the new ones (`records`) alone.
+    fn write_manifests(
+        &self,
+        owned: &[WrittenFile],
+        records: &[WrittenFile],
+    ) -> Result<(TempFile, TempFile)> {
+        let dir = self.dir;
         let writer = &self.options.writer;
         // While the files change, the manifest records old and new alike, so that a writer
         // killed here leaves a table that readers refuse and the next writer proves its own.
-        let mut both = records.clone();
+        let mut both = records.to_vec();
         both.extend(owned.iter().cloned());
         let mut writing = TempFile::create(&dir.join(MANIFEST))?;
         write_manifest(
@@ -1271,12 +1324,16 @@ impl WritePlan<'_> {
         let mut done = TempFile::create(&dir.join(MANIFEST))?;
         write_manifest(
             &mut done,
-            &manifest_json(writer, true, self.spec, self.new_names, &records),
+            &manifest_json(writer, true, self.spec, self.new_names, records),
         )?;
-        writing.commit()?;
-        sync_dir(dir);
-        step(WriteStep::Committed(format!("{MANIFEST} (writing)")));
-        for w in stale {
+        Ok((writing, done))
+    }
+
+    /// Removes the old table's files the new one lacks, each proven unchanged again first (one
+    /// that changed is left, with a warning); only table files and an older demo's seed marker.
+    fn remove_stale(&self, stale: &[&WrittenFile], step: &mut impl FnMut(WriteStep)) -> Result<()> {
+        let dir = self.dir;
+        for &w in stale {
             // Only table files (and an older demo's seed marker) are ever removed.
             if !is_table_name(&w.name) && w.name != LEGACY_DEMO_SEED {
                 continue;
@@ -1300,19 +1357,25 @@ impl WritePlan<'_> {
             sync_dir(dir);
             step(WriteStep::Committed(w.name.clone()));
         }
+        Ok(())
+    }
+
+    /// Renames each new file into place, durably, in order; their paths.
+    fn commit_temps(
+        &self,
+        temps: Vec<TempFile>,
+        step: &mut impl FnMut(WriteStep),
+    ) -> Result<Vec<PathBuf>> {
         let mut files = Vec::with_capacity(temps.len());
         for temp in temps {
             let path = temp.commit()?;
-            sync_dir(dir);
+            sync_dir(self.dir);
             step(WriteStep::Committed(
                 path.file_name()
                     .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
             ));
             files.push(path);
         }
-        done.commit()?;
-        sync_dir(dir);
-        step(WriteStep::Committed(format!("{MANIFEST} (complete)")));
         Ok(files)
     }
 }
