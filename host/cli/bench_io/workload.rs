@@ -422,18 +422,86 @@ fn cold_vs_fio(
     direct: bool,
     say: &dyn Fn(String),
 ) -> fetchahead::Result<Vec<Value>> {
-    let mut out = Vec::new();
+    let cold = ColdReads {
+        args,
+        base,
+        path,
+        layer,
+        file,
+        span,
+        block,
+        stride,
+        direct,
+        say,
+    };
     // (reads in flight per ring, rings): one ring at QD64 and at the store's depth, and the
     // store's depth split over two rings on two threads.
     let half = (args.uring_depth / 2).max(1);
-    for (ring_depth, rings) in [(64u32, 1usize), (args.uring_depth, 1), (half, 2)] {
+    [(64u32, 1usize), (args.uring_depth, 1), (half, 2)]
+        .into_iter()
+        .map(|(ring_depth, rings)| cold.at_depth(ring_depth, rings))
+        .collect()
+}
+
+/// The cold comparison's table and settings, the same at every depth.
+struct ColdReads<'a> {
+    args: &'a BenchIoArgs,
+    base: &'a StoreOptions,
+    path: ReadPath,
+    layer: u32,
+    file: &'a std::path::Path,
+    span: &'a fetchahead::store::layout::TensorSpan,
+    block: u64,
+    stride: u64,
+    direct: bool,
+    say: &'a dyn Fn(String),
+}
+
+/// One depth of the cold comparison: its store, batches and outputs, and its rounds so far.
+struct ColdDepth {
+    store: RowStore,
+    /// Rows a batch.
+    n: usize,
+    /// Reads in flight over all the rings.
+    depth: u32,
+    rings: usize,
+    /// Whether the page cache is evicted before each batch (without O_DIRECT).
+    evict: bool,
+    /// The warm-up batch, then two batches a round.
+    batches: Vec<Vec<i64>>,
+    weights_out: Vec<u8>,
+    scales_out: Vec<u8>,
+    rounds: Vec<Value>,
+    times: Vec<Duration>,
+    /// Reads, bytes and rows read over the rounds.
+    stats: Stats,
+    cpu: f64,
+    /// Why fio cannot run, once it could not: the later rounds skip it too.
+    fio_skip: Option<String>,
+}
+
+impl ColdReads<'_> {
+    /// Store and fio in turns, `--cold-rounds` times, at `ring_depth` reads in flight on each
+    /// of `rings` rings: the rounds and their medians.
+    fn at_depth(&self, ring_depth: u32, rings: usize) -> fetchahead::Result<Value> {
+        let mut d = self.open_depth(ring_depth, rings)?;
+        for r in 0..self.args.cold_rounds.max(1) {
+            self.round(&mut d, r)?;
+        }
+        Ok(d.summary())
+    }
+
+    /// A fresh store at the depth, its batches (the first looked up once, uncounted) and its
+    /// outputs.
+    fn open_depth(&self, ring_depth: u32, rings: usize) -> fetchahead::Result<ColdDepth> {
+        let args = self.args;
         let depth = ring_depth * rings as u32;
         let store = RowStore::open(
             &args.dir,
             StoreOptions {
                 uring_depth: ring_depth,
                 uring_rings: rings,
-                ..base.clone()
+                ..self.base.clone()
             },
         )?;
         let n = args.zipf_prefill_rows;
@@ -445,97 +513,132 @@ fn cold_vs_fio(
                 sparse_unique(
                     &store,
                     n,
-                    stride,
+                    self.stride,
                     args.seed ^ 0xc01d ^ (i << 8) ^ depth as u64,
                 )
             })
             .collect();
         // O_DIRECT reads bypass the page cache: evicting it before each batch would only add
         // its cost to the CPU counted per read. Without O_DIRECT the batches are evicted.
-        let evict = !direct;
-        time_lookups(&store, path, layer, &batches[..1], evict)?;
-        let mut rounds = Vec::new();
-        let (mut all_times, mut all_stats, mut all_cpu) = (Vec::new(), Stats::default(), 0.0);
-        let mut fio_skip = None;
+        let evict = !self.direct;
+        time_lookups(&store, self.path, self.layer, &batches[..1], evict)?;
         // Outputs allocated and touched once, as a prefetcher's staging is: their first-touch
         // page faults are not the store's cost per read.
         let dim = store.dim();
-        let (mut w, mut s) = (vec![1u8; n * dim], vec![1u8; n * dim / 32]);
-        for r in 0..rounds_n {
-            let (before, cpu0) = (store.stats(), cpu_seconds());
-            let mut times = Vec::with_capacity(2);
-            for ids in &batches[1 + 2 * r..3 + 2 * r] {
-                if evict {
-                    store.evict_page_cache()?;
-                }
-                let t = Instant::now();
-                store.lookup_with(path, layer, ids, &mut w, &mut s)?;
-                times.push(t.elapsed());
+        let (weights_out, scales_out) = (vec![1u8; n * dim], vec![1u8; n * dim / 32]);
+        Ok(ColdDepth {
+            store,
+            n,
+            depth,
+            rings,
+            evict,
+            batches,
+            weights_out,
+            scales_out,
+            rounds: Vec::new(),
+            times: Vec::new(),
+            stats: Stats::default(),
+            cpu: 0.0,
+            fio_skip: None,
+        })
+    }
+
+    /// Round `r`: the store's two cold batches, then fio at the same depth; printed, and kept.
+    fn round(&self, d: &mut ColdDepth, r: usize) -> fetchahead::Result<()> {
+        let (before, cpu0) = (d.store.stats(), cpu_seconds());
+        let mut times = Vec::with_capacity(2);
+        for ids in &d.batches[1 + 2 * r..3 + 2 * r] {
+            if d.evict {
+                d.store.evict_page_cache()?;
             }
-            let cpu = cpu_seconds() - cpu0;
-            let d = store.stats() - before;
-            let t = timing(&times, n * times.len(), &d, cpu);
-            all_times.extend_from_slice(&times);
-            all_cpu += cpu;
-            all_stats.reads += d.reads;
-            all_stats.bytes += d.bytes;
-            all_stats.rows_read += d.rows_read;
-            let fio: Result<FioReads, String> = match (&fio_skip, direct) {
-                (Some(why), _) => Err(String::clone(why)),
-                (None, false) => Err("no O_DIRECT here".into()),
-                (None, true) => fio_random_reads(
-                    file,
-                    span.offset..span.offset + span.len(),
-                    block,
-                    depth,
-                    args.fio_seconds,
-                ),
-            };
-            let rows_per_s = t["rows_per_s"].as_f64().unwrap_or(0.0);
-            let cpu_per_read = t["cpu_us_per_read"].as_f64().unwrap_or(0.0);
-            match &fio {
-                Ok(f) => say(format!(
-                    "cold {n} rows at QD{depth} ({rings} ring(s)), round {r}: {rows_per_s:.0} rows/s = {:.2} x fio's {:.0} IOPS ({block} B randread); CPU {cpu_per_read:.2} us/read vs fio {:.2} us/read ({:.2} x)",
-                    rows_per_s / f.iops,
-                    f.iops,
-                    f.cpu_us_per_read,
-                    cpu_per_read / f.cpu_us_per_read.max(1e-12),
-                )),
-                Err(why) => {
-                    say(format!(
-                        "cold {n} rows at QD{depth} ({rings} ring(s)), round {r}: {rows_per_s:.0} rows/s, CPU {cpu_per_read:.2} us/read; SKIP fio peer: {why}"
-                    ));
-                    fio_skip = Some(why.clone());
-                }
-            }
-            rounds.push(json!({
-                "timing": t,
-                "fio": match &fio {
-                    Ok(f) => json!({"command": f.command, "reads": f.reads, "iops": f.iops,
-                        "cpu_us_per_read": f.cpu_us_per_read, "p50_us": f.p50_us, "p99_us": f.p99_us,
-                        "rows_per_s_vs_fio": rows_per_s / f.iops,
-                        "cpu_vs_fio": cpu_per_read / f.cpu_us_per_read.max(1e-12)}),
-                    Err(why) => json!({"skipped": why}),
-                },
-            }));
+            let t = Instant::now();
+            d.store.lookup_with(
+                self.path,
+                self.layer,
+                ids,
+                &mut d.weights_out,
+                &mut d.scales_out,
+            )?;
+            times.push(t.elapsed());
         }
+        let cpu = cpu_seconds() - cpu0;
+        let stats = d.store.stats() - before;
+        let t = timing(&times, d.n * times.len(), &stats, cpu);
+        d.times.extend_from_slice(&times);
+        d.cpu += cpu;
+        d.stats.reads += stats.reads;
+        d.stats.bytes += stats.bytes;
+        d.stats.rows_read += stats.rows_read;
+        let fio = self.fio_peer(d);
+        let rows_per_s = t["rows_per_s"].as_f64().unwrap_or(0.0);
+        let cpu_per_read = t["cpu_us_per_read"].as_f64().unwrap_or(0.0);
+        let (n, depth, rings, block) = (d.n, d.depth, d.rings, self.block);
+        match &fio {
+            Ok(f) => (self.say)(format!(
+                "cold {n} rows at QD{depth} ({rings} ring(s)), round {r}: {rows_per_s:.0} rows/s = {:.2} x fio's {:.0} IOPS ({block} B randread); CPU {cpu_per_read:.2} us/read vs fio {:.2} us/read ({:.2} x)",
+                rows_per_s / f.iops,
+                f.iops,
+                f.cpu_us_per_read,
+                cpu_per_read / f.cpu_us_per_read.max(1e-12),
+            )),
+            Err(why) => {
+                (self.say)(format!(
+                    "cold {n} rows at QD{depth} ({rings} ring(s)), round {r}: {rows_per_s:.0} rows/s, CPU {cpu_per_read:.2} us/read; SKIP fio peer: {why}"
+                ));
+                d.fio_skip = Some(why.clone());
+            }
+        }
+        d.rounds.push(json!({
+            "timing": t,
+            "fio": match &fio {
+                Ok(f) => json!({"command": f.command, "reads": f.reads, "iops": f.iops,
+                    "cpu_us_per_read": f.cpu_us_per_read, "p50_us": f.p50_us, "p99_us": f.p99_us,
+                    "rows_per_s_vs_fio": rows_per_s / f.iops,
+                    "cpu_vs_fio": cpu_per_read / f.cpu_us_per_read.max(1e-12)}),
+                Err(why) => json!({"skipped": why}),
+            },
+        }));
+        Ok(())
+    }
+
+    /// fio's random reads of the same tensor at `d`'s depth, or why they cannot run.
+    fn fio_peer(&self, d: &ColdDepth) -> Result<FioReads, String> {
+        match (&d.fio_skip, self.direct) {
+            (Some(why), _) => Err(String::clone(why)),
+            (None, false) => Err("no O_DIRECT here".into()),
+            (None, true) => fio_random_reads(
+                self.file,
+                self.span.offset..self.span.offset + self.span.len(),
+                self.block,
+                d.depth,
+                self.args.fio_seconds,
+            ),
+        }
+    }
+}
+
+impl ColdDepth {
+    /// The depth's timing over every round, the medians of the rounds' ratios to fio, and the
+    /// rounds.
+    fn summary(&self) -> Value {
         let median = |key: &str| {
-            let mut v: Vec<f64> = rounds
+            let mut v: Vec<f64> = self
+                .rounds
                 .iter()
                 .filter_map(|r| r["fio"][key].as_f64())
                 .collect();
             v.sort_by(f64::total_cmp);
             v.get(v.len() / 2).copied()
         };
-        out.push(json!({
-            "batch": n, "depth": depth, "rings": rings,
-            "timing": timing(&all_times, n * all_times.len(), &all_stats, all_cpu),
+        let n = self.n;
+        json!({
+            "batch": n, "depth": self.depth, "rings": self.rings,
+            "timing": timing(&self.times, n * self.times.len(), &self.stats, self.cpu),
             "median_rows_per_s_vs_fio": median("rows_per_s_vs_fio"),
             "median_cpu_vs_fio": median("cpu_vs_fio"),
-            "rounds": rounds,
-        }));
+            "rounds": self.rounds,
+        })
     }
-    Ok(out)
 }
 
 /// Two layers' cold lookups at once, with an advise of the next batch running beside them,
