@@ -6,9 +6,46 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyModule};
 
-/// The exception class name for `e`, and its attributes.
+/// The exception class name for `e`, and its attributes: the variants by family, each family's
+/// attributes set by its own function (this match is the exhaustive list).
 fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'py, PyDict>)> {
     let a = PyDict::new(py);
+    match e {
+        Error::Cuda { .. }
+        | Error::NoDevice(_)
+        | Error::NoPtxForDevice { .. }
+        | Error::UnknownArch { .. }
+        | Error::KernelNeedsArch { .. } => device_attrs(&a, e)?,
+        Error::IdsOutOfRange { .. }
+        | Error::RowOutOfRange { .. }
+        | Error::RowsOutOfRange { .. }
+        | Error::InjectedFault { .. }
+        | Error::LookupPanicked(_)
+        | Error::RowRead { .. }
+        | Error::NoSuchLayer { .. }
+        | Error::ReadPathUnavailable { .. } => row_attrs(&a, e)?,
+        Error::StagingFull { .. }
+        | Error::NotWarmed { .. }
+        | Error::PrefetchOrder(_)
+        | Error::Invalid { .. }
+        | Error::OutOfMemory { .. } => usage_attrs(&a, e)?,
+        Error::Io { .. }
+        | Error::TableHeader { .. }
+        | Error::TableIndex { .. }
+        | Error::ShardChanged { .. }
+        | Error::MissingTensor { .. }
+        | Error::BadTensor { .. }
+        | Error::TruncatedShard { .. }
+        | Error::NotRegularFile { .. }
+        | Error::NoSpace { .. }
+        | Error::WouldOverwrite { .. }
+        | Error::LayerRowsDiffer { .. } => file_attrs(&a, e)?,
+    }
+    Ok((class_of(e.kind()), a))
+}
+
+/// The attributes of the device's errors: CUDA calls, no device, no PTX for it.
+fn device_attrs(a: &Bound<'_, PyDict>, e: &Error) -> PyResult<()> {
     match e {
         Error::Cuda { call, source } => {
             a.set_item("call", *call)?;
@@ -41,6 +78,16 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("arch", format!("sm_{needs}"))?;
             a.set_item("built", *loaded)?;
         }
+        // The other families' variants: `classify` sends them to their own functions.
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The attributes of the errors of ids and rows: out of range, failed lookups and reads, a
+/// layer or read path that is not there.
+fn row_attrs(a: &Bound<'_, PyDict>, e: &Error) -> PyResult<()> {
+    match e {
         Error::IdsOutOfRange {
             count,
             n,
@@ -90,6 +137,24 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("file", file.display().to_string())?;
             a.set_item("offset", *offset)?;
         }
+        Error::NoSuchLayer { layer, have } => {
+            a.set_item("layer", *layer)?;
+            a.set_item("layers", have.clone())?;
+        }
+        Error::ReadPathUnavailable { path, why } => {
+            a.set_item("path", *path)?;
+            a.set_item("why", why)?;
+        }
+        // The other families' variants: `classify` sends them to their own functions.
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The attributes of the errors of a call's use: a bad argument, staging too small, the
+/// prefetcher used before it was warmed or out of order, more memory than there is.
+fn usage_attrs(a: &Bound<'_, PyDict>, e: &Error) -> PyResult<()> {
+    match e {
         Error::StagingFull { count, capacity } => {
             a.set_item("count", *count)?;
             a.set_item("capacity", *capacity)?;
@@ -104,6 +169,25 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("argument", *what)?;
             a.set_item("why", why)?;
         }
+        Error::OutOfMemory {
+            what,
+            bytes,
+            available,
+        } => {
+            a.set_item("what", what)?;
+            a.set_item("bytes", *bytes)?;
+            a.set_item("available", *available)?;
+        }
+        // The other families' variants: `classify` sends them to their own functions.
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The attributes of the errors of files and tables: a failed file operation, a bad or
+/// changed table, no room, a file not ours to overwrite.
+fn file_attrs(a: &Bound<'_, PyDict>, e: &Error) -> PyResult<()> {
+    match e {
         Error::Io { file, op, source } => {
             a.set_item("file", file.display().to_string())?;
             a.set_item("op", *op)?;
@@ -131,27 +215,10 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
             a.set_item("file_bytes", *len)?;
             a.set_item("tensor_end", *end)?;
         }
-        Error::NoSuchLayer { layer, have } => {
-            a.set_item("layer", *layer)?;
-            a.set_item("layers", have.clone())?;
-        }
-        Error::ReadPathUnavailable { path, why } => {
-            a.set_item("path", *path)?;
-            a.set_item("why", why)?;
-        }
         Error::NotRegularFile { file, kind } => {
             a.set_item("file", file.display().to_string())?;
             a.set_item("op", "open")?;
             a.set_item("kind", *kind)?;
-        }
-        Error::OutOfMemory {
-            what,
-            bytes,
-            available,
-        } => {
-            a.set_item("what", what)?;
-            a.set_item("bytes", *bytes)?;
-            a.set_item("available", *available)?;
         }
         Error::NoSpace {
             dir,
@@ -169,8 +236,10 @@ fn classify<'py>(py: Python<'py>, e: &Error) -> PyResult<(&'static str, Bound<'p
         Error::LayerRowsDiffer { rows } => {
             a.set_item("layer_rows", rows.clone())?;
         }
+        // The other families' variants: `classify` sends them to their own functions.
+        _ => {}
     }
-    Ok((class_of(e.kind()), a))
+    Ok(())
 }
 
 /// The class of `fetchahead.errors` that Python raises for errors of `kind` (C's status code is
