@@ -32,6 +32,70 @@ impl GemvLaunch {
     }
 }
 
+/// What one GEMV writes, zeroed on the device, and the shape they are sized for: the split-K
+/// partials (one element unless a [`Reduce::Global`] launch splits K), one arrival counter per 16
+/// weight rows for the split-K epilogue, and `y`. [`Gemv`] and the decode step's readers build
+/// their params here alike.
+pub(crate) struct GemvOutputs {
+    pub partial: CudaSlice<f32>,
+    pub counters: CudaSlice<u32>,
+    pub y: CudaSlice<f32>,
+    m: u32,
+    n: u32,
+    splits: u32,
+}
+
+impl GemvOutputs {
+    /// Allocates on `stream` the outputs of an `m x n` GEMV whose variant reduces by `reduce`,
+    /// K split `splits` ways.
+    pub(crate) fn alloc(
+        stream: &Arc<CudaStream>,
+        reduce: Reduce,
+        m: u32,
+        n: u32,
+        splits: u32,
+    ) -> Result<GemvOutputs> {
+        let (mu, nu) = (m as usize, n as usize);
+        let partial_len = if reduce == Reduce::Global && splits > 1 {
+            splits as usize * mu * nu
+        } else {
+            1
+        };
+        let partial = stream.alloc_zeros::<f32>(partial_len).call("cuMemAlloc")?;
+        let counters = stream
+            .alloc_zeros::<u32>((nu / 16).max(1))
+            .call("cuMemAlloc")?;
+        let y = stream
+            .alloc_zeros::<f32>((mu * nu).max(1))
+            .call("cuMemAlloc")?;
+        Ok(GemvOutputs {
+            partial,
+            counters,
+            y,
+            m,
+            n,
+            splits,
+        })
+    }
+
+    /// The params of the GEMV of `m x k` activations at `x` and `n x k` weights at `w` (device
+    /// addresses) into these outputs, not recorded on the timeline.
+    pub(crate) fn params(&self, stream: &CudaStream, x: u64, w: u64, k: u32) -> GemvParams {
+        GemvParams {
+            x,
+            w,
+            partial: self.partial.device_ptr(stream).0,
+            y: self.y.device_ptr(stream).0,
+            counters: self.counters.device_ptr(stream).0,
+            m: self.m,
+            n: self.n,
+            k,
+            splits: self.splits,
+            timeline: fetchahead_gpu::params::TimelineParams::OFF,
+        }
+    }
+}
+
 /// `y[m, n] = sum_k x[m, k] * w[n, k]`: bf16 `x` and `w`, f32 `y`, in device memory.
 #[derive(Debug)]
 pub struct Gemv {
@@ -92,30 +156,14 @@ impl Gemv {
         let bits = |v: &[bf16]| v.iter().map(|b| b.to_bits()).collect::<Vec<u16>>();
         let x = stream.clone_htod(&bits(x)).call("cuMemcpyHtoD")?;
         let w = stream.clone_htod(&bits(w)).call("cuMemcpyHtoD")?;
-        let partial_len = if reduce == Reduce::Global && splits > 1 {
-            splits as usize * mu * n as usize
-        } else {
-            1
-        };
-        let partial = stream.alloc_zeros::<f32>(partial_len).call("cuMemAlloc")?;
-        let counters = stream
-            .alloc_zeros::<u32>((n as usize / 16).max(1))
-            .call("cuMemAlloc")?;
-        let y = stream
-            .alloc_zeros::<f32>((mu * n as usize).max(1))
-            .call("cuMemAlloc")?;
-        let params = GemvParams {
-            x: x.device_ptr(stream).0,
-            w: w.device_ptr(stream).0,
-            partial: partial.device_ptr(stream).0,
-            y: y.device_ptr(stream).0,
-            counters: counters.device_ptr(stream).0,
-            m,
-            n,
-            k,
-            splits,
-            timeline: fetchahead_gpu::params::TimelineParams::OFF,
-        };
+        let outputs = GemvOutputs::alloc(stream, reduce, m, n, splits)?;
+        let params = outputs.params(stream, x.device_ptr(stream).0, w.device_ptr(stream).0, k);
+        let GemvOutputs {
+            partial,
+            counters,
+            y,
+            ..
+        } = outputs;
         Ok(Gemv {
             x,
             w,

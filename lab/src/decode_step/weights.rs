@@ -2,13 +2,12 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use fetchahead_gpu::gemv::Reduce;
 use fetchahead_gpu::params::GemvParams;
 use half::bf16;
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
 use crate::LabKernels;
-use crate::gemv::GemvLaunch;
+use crate::gemv::{GemvLaunch, GemvOutputs};
 use fetchahead::error::CudaCall;
 use fetchahead::{Error, Result};
 
@@ -45,30 +44,14 @@ impl Reader {
         let reduce = LabKernels::gemv_variant_at(variant)?.reduce;
         let bits: Vec<u16> = w.iter().map(|b| b.to_bits()).collect();
         let w = stream.clone_htod(&bits).call("cuMemcpyHtoD")?;
-        let partial_len = if reduce == Reduce::Global && splits > 1 {
-            splits as usize * m as usize * n as usize
-        } else {
-            1
-        };
-        let partial = stream.alloc_zeros::<f32>(partial_len).call("cuMemAlloc")?;
-        let counters = stream
-            .alloc_zeros::<u32>((n as usize / 16).max(1))
-            .call("cuMemAlloc")?;
-        let y = stream
-            .alloc_zeros::<f32>((m as usize * n as usize).max(1))
-            .call("cuMemAlloc")?;
-        let params = GemvParams {
-            x,
-            w: w.device_ptr(stream).0,
-            partial: partial.device_ptr(stream).0,
-            y: y.device_ptr(stream).0,
-            counters: counters.device_ptr(stream).0,
-            m,
-            n,
-            k,
-            splits,
-            timeline: fetchahead_gpu::params::TimelineParams::OFF,
-        };
+        let outputs = GemvOutputs::alloc(stream, reduce, m, n, splits)?;
+        let params = outputs.params(stream, x, w.device_ptr(stream).0, k);
+        let GemvOutputs {
+            partial,
+            counters,
+            y,
+            ..
+        } = outputs;
         Ok(Reader {
             _w: w,
             _partial: partial,
