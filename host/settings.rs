@@ -141,6 +141,11 @@ pub fn in_effect(l2_bytes: Option<u64>) -> Vec<InEffect> {
             PLAN_ENV_SETTINGS[6].1,
         ),
         (
+            PLAN_ENV_SETTINGS[7].0,
+            plan.free_sms.to_string(),
+            PLAN_ENV_SETTINGS[7].1,
+        ),
+        (
             crate::kernels::ptx::PTX_ARCH_ENV,
             "the device's own choice".to_string(),
             "the embedded PTX to load by arch name (sm_80, sm_90, ...)",

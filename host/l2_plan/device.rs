@@ -332,10 +332,11 @@ impl L2Plan {
             Replay::Prefetch { variant } => variant,
             _ => auto_variant(issued, self.kernels.gpu().l2_bytes),
         };
+        let sms = self.kernels.gpu().multiprocessors;
         let (blocks, threads) = l2_prefetch::launch_shape(
             variant,
             n as u32,
-            self.kernels.gpu().multiprocessors,
+            sms.saturating_sub(self.config.free_sms).max(1),
             self.config.max_blocks,
             self.config.threads,
         );

@@ -133,6 +133,12 @@ pub struct PlanConfig {
     /// (`l2_plan::pace`): the prefetch then could not shorten the forward and its driver calls
     /// would lengthen it.
     pub host_pace: bool,
+    /// Multiprocessors the loads prefetch (`l2_prefetch_loads`, one block of
+    /// `l2_prefetch::LOADS_THREADS` filling an SM) leaves free, so that the collective beside it
+    /// and the kernels after it find SMs to start on. A captured graph launches the prefetch's
+    /// node before the collective's: with a block on every SM, the H200's replayed collective
+    /// waited 10-11 us for the first of them to end.
+    pub free_sms: u32,
 }
 
 /// What kind of collective a window runs, as the caller announces it
@@ -174,8 +180,11 @@ impl CollectiveKind {
     }
 }
 
+/// [`PlanConfig::free_sms`] by default.
+pub const DEFAULT_FREE_SMS: u32 = 16;
+
 /// The `FETCHAHEAD_L2_*` settings [`PlanConfig::from_env`] reads, each with what it takes.
-pub const PLAN_ENV_SETTINGS: [(&str, &str); 7] = [
+pub const PLAN_ENV_SETTINGS: [(&str, &str); 8] = [
     (
         "FETCHAHEAD_L2_BUDGET_MB",
         "budget_per_window: MiB a window may warm at most (a decimal number, > 0)",
@@ -200,6 +209,10 @@ pub const PLAN_ENV_SETTINGS: [(&str, &str); 7] = [
     (
         "FETCHAHEAD_L2_HOST_PACE",
         "host_pace: 1 (the default: eager windows left cold while the GPU keeps up with the host) or 0",
+    ),
+    (
+        "FETCHAHEAD_L2_FREE_SMS",
+        "free_sms: multiprocessors the loads prefetch leaves free for the collective (a whole number)",
     ),
 ];
 
@@ -252,6 +265,7 @@ impl PlanConfig {
             all_gather: true,
             partitions: true,
             host_pace: true,
+            free_sms: DEFAULT_FREE_SMS,
         }
     }
 
@@ -276,6 +290,7 @@ impl PlanConfig {
             all_gather,
             partitions,
             host_pace,
+            free_sms,
         ] = PLAN_ENV_SETTINGS.map(|(name, _)| name);
         if let Some(v) = var(budget) {
             let mib: f64 = v
@@ -314,6 +329,12 @@ impl PlanConfig {
         }
         if let Some(v) = var(host_pace) {
             config.host_pace = switch(host_pace, &v)?;
+        }
+        if let Some(v) = var(free_sms) {
+            config.free_sms = v
+                .trim()
+                .parse()
+                .map_err(|_| bad(free_sms, &v, "a whole number of SMs, e.g. 8"))?;
         }
         Ok(config)
     }

@@ -48,7 +48,7 @@ use common::{BenchStore, knob, write_bench_table};
 const DIM: usize = 256;
 const VOCAB: u32 = 128 * 1024;
 /// Cold and warm runs of each reader matrix for the projection.
-const READER_REPS: usize = 15;
+const READER_REPS: usize = 41;
 
 /// One way of reading the table.
 struct Lookups {

@@ -940,11 +940,14 @@ fn reads_its_settings_from_the_environment() {
             ("FETCHAHEAD_L2_LAUNCH", "before"),
             ("FETCHAHEAD_L2_FIT", "0"),
             ("FETCHAHEAD_L2_HOST_PACE", "0"),
+            ("FETCHAHEAD_L2_FREE_SMS", " 24 "),
         ]),
     )
     .unwrap();
     assert!(none.host_pace);
     assert!(!set.host_pace);
+    assert_eq!(none.free_sms, fetchahead::l2_plan::DEFAULT_FREE_SMS);
+    assert_eq!(set.free_sms, 24);
     assert_eq!(set.budget_per_window, 5 * MIB / 2);
     assert_eq!(
         set.replay,
@@ -962,6 +965,8 @@ fn reads_its_settings_from_the_environment() {
         ("FETCHAHEAD_L2_LAUNCH", "sometimes"),
         ("FETCHAHEAD_L2_FIT", "yes"),
         ("FETCHAHEAD_L2_HOST_PACE", "2"),
+        ("FETCHAHEAD_L2_FREE_SMS", "-1"),
+        ("FETCHAHEAD_L2_FREE_SMS", "a few"),
     ] {
         let pairs: &'static [(&'static str, &'static str)] =
             Box::leak(vec![(name, value)].into_boxed_slice());

@@ -80,10 +80,80 @@ def graph_replay_us(fn, current: list, calls_in_graph: int = 100, replays: int =
     return start.elapsed_time(end) * 1e3 / (replays * calls_in_graph)
 
 
+# What the dispatcher alone costs, measured beside the cases: the same schema as
+# `gather_dequant_out_unchecked` registered with a Python kernel that does nothing, called
+# through `torch.ops` (the floor of any op whose kernel is Python), and a plain Python function
+# of the same arguments (the floor of any Python entry point).
+_FLOOR_LIB = None
+
+
+def dispatch_floors(weights, scales, ids, out, calls: int, native_floor: bool) -> dict:
+    global _FLOOR_LIB
+    if _FLOOR_LIB is None:
+        _FLOOR_LIB = torch.library.Library("fetchahead_floor", "DEF")
+        _FLOOR_LIB.define(
+            "noop_out(Tensor weights, Tensor scales, Tensor ids, Tensor(a!) out, str? variant) -> ()"
+        )
+        _FLOOR_LIB.impl("noop_out", lambda w, s, i, o, v: None, "CUDA")
+    op = torch.ops.fetchahead_floor.noop_out.default
+
+    def plain(w, s, i, o, v):
+        return None
+
+    found = {}
+    if native_floor:
+        found.update(native_dispatch_floor(weights, scales, ids, out, calls))
+    kernel = importlib.import_module("fetchahead._torch")._gather_dequant_out_unchecked
+    return found | {
+        "the gather_dequant_out op's Python kernel called directly (its checks + the launch)": per_call_us(
+            lambda: kernel(weights, scales, ids, out, None), calls
+        ),
+        "a Python function of the same arguments": per_call_us(
+            lambda: plain(weights, scales, ids, out, None), calls
+        ),
+        "torch.ops of a Library op whose Python kernel does nothing (CUDA key)": per_call_us(
+            lambda: op(weights, scales, ids, out, None), calls
+        ),
+    }
+
+
+_NATIVE_FLOOR = r"""
+#include <torch/library.h>
+void noop_out(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              std::optional<c10::string_view>) {}
+TORCH_LIBRARY(fetchahead_native_floor, m) {
+  m.def("noop_out(Tensor weights, Tensor scales, Tensor ids, Tensor(a!) out, str? variant) -> ()");
+}
+TORCH_LIBRARY_IMPL(fetchahead_native_floor, CUDA, m) { m.impl("noop_out", &noop_out); }
+"""
+
+
+def native_dispatch_floor(weights, scales, ids, out, calls: int) -> dict:
+    """The same no-op op with a C++ kernel (`TORCH_LIBRARY`, built here with the installed
+    torch's headers): what dispatch costs when the kernel is native. Needs a C++ compiler."""
+    what = "torch.ops of the same op with a C++ kernel that does nothing (CUDA key)"
+    try:
+        from torch.utils import cpp_extension
+
+        cpp_extension.load_inline(
+            "fetchahead_native_floor", _NATIVE_FLOOR, functions=None, is_python_module=False
+        )
+    except Exception as e:  # no compiler or headers: say so rather than fail the bench
+        print(f"floor not measured: {what}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        return {}
+    op = torch.ops.fetchahead_native_floor.noop_out.default
+    return {what: per_call_us(lambda: op(weights, scales, ids, out, None), calls)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200, help="calls per timed loop")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--native-floor",
+        action="store_true",
+        help="also build a no-op C++ op with torch's headers (a minute) and time its dispatch",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device", file=sys.stderr)
@@ -156,12 +226,17 @@ def main() -> int:
         print(f"{name:<28} {op_us:8.2f} {ops_us:13.2f} {rust_us:8.2f} {op_us - rust_us:10.2f} {graph_delta:21.3f}")
     alloc_us = per_call_us(lambda: torch.empty((N, DIM), dtype=torch.bfloat16, device=dev), args.calls)
     print(f"(torch.empty of the output alone: {alloc_us:.2f} us a call, inside the allocating form's op - rust)")
+    floors = dispatch_floors(weights, scales, ids, out, args.calls, args.native_floor)
+    for what, us in floors.items():
+        print(f"floor: {what}: {us:.2f} us a call")
+    results["floors_us"] = floors
     goals = [("public function", "op_minus_rust_us", 5.0), ("torch.ops.fetchahead.X", "ops_minus_rust_us", 8.0)]
-    for r in results.values():
+    cases_only = {name: r for name, r in results.items() if name != "floors_us"}
+    for r in cases_only.values():
         r["ops_minus_rust_us"] = r["torch_ops_us"] - r["rust_us"]
     failed = 0
     for what, key, limit in goals:
-        for name, r in results.items():
+        for name, r in cases_only.items():
             delta = r[key]
             if delta != delta:  # NaN: no direct op for this entry point
                 continue

@@ -75,6 +75,18 @@ def test_out_forms_write_the_callers_tensor(torch, cuda, mx):
     assert torch.equal(rows, table[ids % 40])
 
 
+def test_no_ids_give_an_empty_output_in_every_form(torch, cuda, mx):
+    weights, scales = mx
+    none = torch.empty(0, dtype=torch.int64, device=cuda)
+    assert fetchahead.gather_dequant(weights, scales, none).shape == (0, DIM)
+    assert fetchahead.gather(weights, none).shape == (0, DIM)
+    out = torch.empty((0, DIM), dtype=torch.bfloat16, device=cuda)
+    assert fetchahead.gather_dequant_out(weights, scales, none, out) is out
+    status = fetchahead.IdStatus()
+    assert fetchahead.gather_dequant(weights, scales, none, status=status).shape == (0, DIM)
+    torch.cuda.synchronize()
+
+
 def test_bad_ids_write_zero_rows_and_are_counted_in_the_status(torch, cuda, mx):
     weights, scales = mx
     status = fetchahead.IdStatus(cuda)
@@ -107,6 +119,12 @@ def test_bad_input_is_a_value_error_naming_the_argument(torch, cuda, mx):
         ("table", lambda: fetchahead.gather(weights.view(-1)[1:].view(-1)[: 63 * 256].view(63, 256), ids)),
         ("out", lambda: fetchahead.gather_dequant_out(weights, scales, ids, torch.empty(8, DIM, device=cuda))),
         ("out", lambda: fetchahead.gather_dequant_out(weights, scales, ids, torch.empty(9, DIM, dtype=torch.bfloat16, device=cuda))),
+        # What the hot path (`_dequant_fast`, `_gather_fast`) hands to the full checks.
+        ("out", lambda: fetchahead.gather_dequant_out(weights, scales, ids, torch.empty(8 * DIM + 1, dtype=torch.bfloat16, device=cuda)[1:].view(8, DIM))),
+        ("out", lambda: fetchahead.gather_dequant_out(weights, scales, ids, torch.empty(DIM, 8, dtype=torch.bfloat16, device=cuda).t())),
+        ("out", lambda: fetchahead.gather_out(weights, ids, torch.empty(8, DIM, dtype=torch.int8, device=cuda))),
+        ("out", lambda: fetchahead.gather_out(weights, ids, torch.empty(8, DIM + 16, dtype=torch.uint8, device=cuda))),
+        ("table", lambda: fetchahead.gather(weights.t(), ids)),
         ("status", lambda: fetchahead.gather(weights, ids, status=torch.zeros(3, dtype=torch.int64, device=cuda))),
         ("variant", lambda: fetchahead.gather(weights, ids, variant="gather_nope")),
     ]

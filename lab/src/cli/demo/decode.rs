@@ -20,7 +20,7 @@ use rand::rngs::SmallRng;
 use super::{DemoArgs, token_stream};
 
 /// Cold and warm runs of each reader matrix for the projection.
-const READER_REPS: usize = 9;
+const READER_REPS: usize = 25;
 
 /// The decode step the demo runs: DeepSeek-V3's, with the demo's hash. The demo table's Engram
 /// layers sit at the step's Engram layers (2 and 15) when there are as many; otherwise at the
