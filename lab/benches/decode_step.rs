@@ -149,12 +149,15 @@ fn summary(
     println!(
         "\nreaders on this device (median of {READER_REPS}, event-timed behind a 20 us idle \
          collective): cold with L2 full of other, clean lines / warm right after the same \
-         launch; eager, and replayed from a graph"
+         launch; eager, and replayed from a graph, also after the plan's prefetch kernel read \
+         its weights in (the share: of cold - warm, what that prefetch gives it)"
     );
     for t in times {
+        let share = (t.replay_cold_us - t.replay_prefetched_us)
+            / (t.replay_cold_us - t.replay_warm_us).max(1e-9);
         println!(
             "  {:<20} [{} x {}] {:>6.1} MiB: eager cold {:.2} us, warm {:.2} us; replayed cold \
-             {:.2} us, warm {:.2} us",
+             {:.2} us, warm {:.2} us, prefetched {:.2} us (share {share:.2})",
             t.matrix.name,
             t.matrix.rows,
             t.matrix.k,
@@ -163,6 +166,7 @@ fn summary(
             t.warm_us,
             t.replay_cold_us,
             t.replay_warm_us,
+            t.replay_prefetched_us,
         );
     }
     println!();

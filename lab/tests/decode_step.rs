@@ -112,6 +112,7 @@ fn the_spark_projection_follows_its_model() {
         warm_us: 6.0,
         replay_cold_us: 8.0,
         replay_warm_us: 6.0,
+        replay_prefetched_us: 6.5,
     }];
     // Two 30 us windows; 4 MiB of each warmed here.
     let windows: Vec<ModelWindow> = (0..2)
@@ -326,6 +327,7 @@ fn the_report_reads_every_configuration() {
         warm_us: 6.0,
         replay_cold_us: 8.0,
         replay_warm_us: 6.0,
+        replay_prefetched_us: 6.5,
     }];
     let windows = [ModelWindow {
         ns: 30_000,

@@ -47,6 +47,10 @@ pub struct ReaderTime {
     /// Replayed from a graph: the graph's time less the same graph without the reader.
     pub replay_cold_us: f64,
     pub replay_warm_us: f64,
+    /// Replayed as for `replay_cold_us`, its weights read into L2 after the flush by the plan's
+    /// own prefetch (`l2_prefetch_loads`, from both L2 partitions where the device has two, on
+    /// the SMs the plan uses): what the plan can give this reader at best.
+    pub replay_prefetched_us: f64,
 }
 
 impl ReaderTime {
@@ -272,6 +276,7 @@ pub fn reader_times(
     reps: usize,
 ) -> Result<Vec<ReaderTime>> {
     let flush = CleanFlush::new(kernels, stream)?;
+    let prefetch = PlanPrefetch::new(kernels, stream)?;
     let clock = StepClock::new(stream)?;
     let s = stream.cu_stream();
     let collective = || -> Result<()> {
@@ -328,36 +333,133 @@ pub fn reader_times(
                 Ok(clock.finish(stream, started)?.gpu_ms * 1e3)
             };
             let graph = capture(Some(gemv))?;
-            let replayed = |cold: bool| -> Result<f64> {
+            let weights_table = prefetch.table_of(gemv.weights())?;
+            let replayed = |l2: L2Before| -> Result<f64> {
                 let before = || -> Result<()> {
-                    if cold {
-                        flush.run(activations)
-                    } else {
+                    match l2 {
+                        L2Before::Cold => flush.run(activations),
                         // The graph's own launch warms its reader.
-                        graph.launch().call("cuGraphLaunch")
+                        L2Before::Warm => graph.launch().call("cuGraphLaunch"),
+                        L2Before::Prefetched => {
+                            flush.run(activations)?;
+                            prefetch.run(&weights_table)
+                        }
                     }
                 };
                 Ok(replay_us(&graph, &before)? - idle_us)
             };
-            let mut t = [(); 4].map(|_| Vec::new());
+            let mut t = [(); 5].map(|_| Vec::new());
             for _ in 0..reps.max(1) {
                 t[0].push(eager(true)?);
                 t[1].push(eager(false)?);
-                t[2].push(replayed(true)?);
-                t[3].push(replayed(false)?);
+                t[2].push(replayed(L2Before::Cold)?);
+                t[3].push(replayed(L2Before::Warm)?);
+                t[4].push(replayed(L2Before::Prefetched)?);
             }
-            let [cold_us, warm_us, replay_cold_us, replay_warm_us] =
-                t.map(|mut v| percentile(&mut v, 0.5));
+            let [
+                cold_us,
+                warm_us,
+                replay_cold_us,
+                replay_warm_us,
+                replay_prefetched_us,
+            ] = t.map(|mut v| percentile(&mut v, 0.5));
             times.push(ReaderTime {
                 matrix: *matrix,
                 cold_us,
                 warm_us,
                 replay_cold_us,
                 replay_warm_us,
+                replay_prefetched_us,
             });
         }
     }
     Ok(times)
+}
+
+/// What a timed replay of [`reader_times`] finds in L2.
+#[derive(Clone, Copy)]
+enum L2Before {
+    /// Clean lines of the flush buffer.
+    Cold,
+    /// The reader's own lines, from the same graph's launch just before.
+    Warm,
+    /// The reader's weights, read in after the flush by the plan's prefetch kernel.
+    Prefetched,
+}
+
+/// The plan's prefetch as a window launches it (`l2_prefetch_loads`, each byte from both L2
+/// partitions when the device has two, on the SMs `PlanConfig::for_l2` leaves it), over one
+/// reader's weights.
+struct PlanPrefetch<'a> {
+    kernels: &'a LabKernels,
+    stream: &'a Arc<CudaStream>,
+    partitions: Option<fetchahead::l2_plan::partitions::Partitions>,
+    blocks_sms: u32,
+}
+
+impl<'a> PlanPrefetch<'a> {
+    fn new(kernels: &'a LabKernels, stream: &'a Arc<CudaStream>) -> Result<Self> {
+        let map = fetchahead::l2_plan::partitions::Partitions::measure(kernels.product(), stream)?;
+        let config = fetchahead::l2_plan::PlanConfig::for_l2(kernels.gpu().l2_bytes);
+        Ok(PlanPrefetch {
+            kernels,
+            stream,
+            partitions: map.two.then_some(map),
+            blocks_sms: kernels
+                .gpu()
+                .multiprocessors
+                .saturating_sub(config.free_sms)
+                .max(1),
+        })
+    }
+
+    /// The `(address, bytes)` weights cut into the plan's pieces, uploaded with the map.
+    fn table_of(&self, (address, bytes): (u64, u64)) -> Result<SegmentTable> {
+        let segments: Vec<Segment> = (0..bytes)
+            .step_by(SEGMENT_PIECE as usize)
+            .map(|at| Segment {
+                address: address + at,
+                bytes: SEGMENT_PIECE.min(bytes - at),
+            })
+            .collect();
+        SegmentTable::upload_with(
+            self.stream,
+            &segments,
+            self.partitions.as_ref().map(|p| &p.of_sm),
+        )
+    }
+
+    fn run(&self, table: &SegmentTable) -> Result<()> {
+        let n = table.len() as u32;
+        let (blocks, threads) = l2_prefetch::launch_shape(
+            l2_prefetch::LOADS_VARIANT,
+            n,
+            self.blocks_sms,
+            l2_prefetch::DEFAULT_MAX_BLOCKS,
+            l2_prefetch::DEFAULT_THREADS,
+        );
+        let (partitions, claims) = table.partitioned();
+        let params = PrefetchParams {
+            segments: table.address_of(0),
+            n: n as u64,
+            chunk: l2_prefetch::DEFAULT_CHUNK,
+            _pad: 0,
+            partitions,
+            claims,
+            timeline: fetchahead_gpu::params::TimelineParams::OFF,
+        };
+        // SAFETY: the table holds live weights of a reader of this step (and, when
+        // partitioned, the map and the claims the kernel counts its jobs in).
+        unsafe {
+            self.kernels.launch_l2_prefetch(
+                self.stream.cu_stream(),
+                l2_prefetch::LOADS_VARIANT,
+                params,
+                blocks,
+                threads,
+            )
+        }
+    }
 }
 
 /// Leaves L2 full of clean lines of a buffer of its own (twice the L2 size, 64-512 MiB): a write
