@@ -415,50 +415,69 @@ impl<'a> PlanPrefetch<'a> {
 
     /// The `(address, bytes)` weights cut into the plan's pieces, uploaded with the map.
     fn table_of(&self, (address, bytes): (u64, u64)) -> Result<SegmentTable> {
-        let segments: Vec<Segment> = (0..bytes)
-            .step_by(SEGMENT_PIECE as usize)
-            .map(|at| Segment {
-                address: address + at,
-                bytes: SEGMENT_PIECE.min(bytes - at),
-            })
-            .collect();
         SegmentTable::upload_with(
             self.stream,
-            &segments,
+            &pieces(address, bytes),
             self.partitions.as_ref().map(|p| &p.of_sm),
         )
     }
 
     fn run(&self, table: &SegmentTable) -> Result<()> {
-        let n = table.len() as u32;
-        let (blocks, threads) = l2_prefetch::launch_shape(
+        // SAFETY: the tables of `table_of` hold live weights of a reader of this step (and,
+        // when partitioned, the map and the claims the kernel counts its jobs in).
+        unsafe { read_in(self.kernels, self.stream, table, self.blocks_sms) }
+    }
+}
+
+/// `(address, bytes)` as the plan's pieces of at most [`SEGMENT_PIECE`] bytes.
+fn pieces(address: u64, bytes: u64) -> Vec<Segment> {
+    (0..bytes)
+        .step_by(SEGMENT_PIECE as usize)
+        .map(|at| Segment {
+            address: address + at,
+            bytes: SEGMENT_PIECE.min(bytes - at),
+        })
+        .collect()
+}
+
+/// `l2_prefetch_loads` over `table` on at most `sms` SMs' worth of blocks.
+///
+/// # Safety
+/// `table`'s segments must be live device memory for the launch (and its partition map and
+/// claims, when it has them, as `SegmentTable::upload_with` made them).
+unsafe fn read_in(
+    kernels: &LabKernels,
+    stream: &Arc<CudaStream>,
+    table: &SegmentTable,
+    sms: u32,
+) -> Result<()> {
+    let n = table.len() as u32;
+    let (blocks, threads) = l2_prefetch::launch_shape(
+        l2_prefetch::LOADS_VARIANT,
+        n,
+        sms,
+        l2_prefetch::DEFAULT_MAX_BLOCKS,
+        l2_prefetch::DEFAULT_THREADS,
+    );
+    let (partitions, claims) = table.partitioned();
+    let params = PrefetchParams {
+        segments: table.address_of(0),
+        n: n as u64,
+        chunk: l2_prefetch::DEFAULT_CHUNK,
+        _pad: 0,
+        partitions,
+        claims,
+        timeline: fetchahead_gpu::params::TimelineParams::OFF,
+    };
+    // SAFETY: the caller's table, as this function requires.
+    unsafe {
+        kernels.launch_l2_prefetch(
+            stream.cu_stream(),
             l2_prefetch::LOADS_VARIANT,
-            n,
-            self.blocks_sms,
-            l2_prefetch::DEFAULT_MAX_BLOCKS,
-            l2_prefetch::DEFAULT_THREADS,
-        );
-        let (partitions, claims) = table.partitioned();
-        let params = PrefetchParams {
-            segments: table.address_of(0),
-            n: n as u64,
-            chunk: l2_prefetch::DEFAULT_CHUNK,
-            _pad: 0,
-            partitions,
-            claims,
-            timeline: fetchahead_gpu::params::TimelineParams::OFF,
-        };
-        // SAFETY: the table holds live weights of a reader of this step (and, when
-        // partitioned, the map and the claims the kernel counts its jobs in).
-        unsafe {
-            self.kernels.launch_l2_prefetch(
-                self.stream.cu_stream(),
-                l2_prefetch::LOADS_VARIANT,
-                params,
-                blocks,
-                threads,
-            )
-        }
+            params,
+            blocks,
+            threads,
+        )
     }
 }
 
@@ -478,14 +497,7 @@ impl<'a> CleanFlush<'a> {
             .alloc_zeros::<u8>(bytes as usize)
             .call("cuMemAlloc")?;
         let base = buffer.device_ptr(stream).0;
-        let segments: Vec<Segment> = (0..bytes)
-            .step_by(SEGMENT_PIECE as usize)
-            .map(|at| Segment {
-                address: base + at,
-                bytes: SEGMENT_PIECE.min(bytes - at),
-            })
-            .collect();
-        let table = SegmentTable::upload(stream, &segments)?;
+        let table = SegmentTable::upload(stream, &pieces(base, bytes))?;
         Ok(CleanFlush {
             kernels,
             stream,
@@ -501,29 +513,9 @@ impl<'a> CleanFlush<'a> {
         let bytes = self.buffer.len();
         // SAFETY: the flush buffer is this flush's own allocation of `bytes` bytes.
         unsafe { fetchahead::driver::memory::memset_d8_async(base, 0x5A, bytes, s) }?;
-        let n = self.table.len() as u32;
-        let gpu = self.kernels.gpu();
-        let (blocks, threads) = l2_prefetch::launch_shape(
-            l2_prefetch::LOADS_VARIANT,
-            n,
-            gpu.multiprocessors,
-            l2_prefetch::DEFAULT_MAX_BLOCKS,
-            l2_prefetch::DEFAULT_THREADS,
-        );
-        let params = PrefetchParams {
-            segments: self.table.address_of(0),
-            n: n as u64,
-            chunk: l2_prefetch::DEFAULT_CHUNK,
-            _pad: 0,
-            partitions: 0,
-            claims: 0,
-            timeline: fetchahead_gpu::params::TimelineParams::OFF,
-        };
+        let sms = self.kernels.gpu().multiprocessors;
         // SAFETY: the table holds the flush buffer's pieces, live while this flush lives.
-        unsafe {
-            self.kernels
-                .launch_l2_prefetch(s, l2_prefetch::LOADS_VARIANT, params, blocks, threads)
-        }?;
+        unsafe { read_in(self.kernels, self.stream, &self.table, sms) }?;
         // SAFETY: x is a reader's live activations of `x_bytes`; the flush buffer, at least
         // 64 MiB, holds them and does not overlap them. The copy's writes are the activations'
         // bytes again, as a collective's output would leave them in L2.
