@@ -22,7 +22,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use fetchahead_gpu::Module;
+use fetchahead_gpu::{Module, parse_arch};
 
 const DEFAULT_ARCHS: &str = "sm_121a,sm_90,sm_80";
 const TARGET: &str = "nvptx64-nvidia-cuda";
@@ -128,16 +128,6 @@ fn git_commit() {
         println!("cargo:rerun-if-changed={p}");
     }
     println!("cargo:rustc-env=FETCHAHEAD_GIT_COMMIT={commit}");
-}
-
-/// `sm_121a` -> (121, true). Kept in step with `host/kernels/ptx.rs`.
-fn parse_arch(arch: &str) -> Option<(u32, bool)> {
-    let digits = arch.strip_prefix("sm_")?;
-    let (digits, specific) = match digits.strip_suffix('a') {
-        Some(d) => (d, true),
-        None => (digits, false),
-    };
-    Some((digits.parse().ok()?, specific))
 }
 
 fn fail(message: &str) -> ! {

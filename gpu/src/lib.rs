@@ -340,11 +340,16 @@ pub struct Entry {
     pub twin_of: Option<&'static str>,
 }
 
-/// The SM number of an arch as build.rs names it: `sm_121a` -> 121.
+/// An arch as build.rs and the host name it, split: `sm_121a` -> (121, true), `sm_90` ->
+/// (90, false); the flag says arch-specific (`a`) PTX, which loads on exactly that arch.
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn arch_sm(arch: &str) -> Option<u32> {
+pub fn parse_arch(arch: &str) -> Option<(u32, bool)> {
     let digits = arch.strip_prefix("sm_")?;
-    digits.strip_suffix('a').unwrap_or(digits).parse().ok()
+    let (digits, specific) = match digits.strip_suffix('a') {
+        Some(d) => (d, true),
+        None => (digits, false),
+    };
+    Some((digits.parse().ok()?, specific))
 }
 
 /// A family's entries as the list holds them: its declared kernels and their `_timed` twins

@@ -7,6 +7,8 @@
 //! baseline on a newer chip, as the tests do).
 use std::fmt;
 
+use fetchahead_gpu::parse_arch;
+
 use crate::{Error, Result};
 
 /// One arch's PTX, embedded at build time.
@@ -21,16 +23,6 @@ include!(concat!(env!("OUT_DIR"), "/ptx.rs"));
 
 /// Names the embedded PTX to load (`sm_80`, `sm_90`, ...) instead of the device's own choice.
 pub const PTX_ARCH_ENV: &str = "FETCHAHEAD_PTX_ARCH";
-
-/// `sm_121a` -> (121, true). Kept in step with `build.rs`.
-fn parse_arch(arch: &str) -> Option<(u32, bool)> {
-    let digits = arch.strip_prefix("sm_")?;
-    let (digits, specific) = match digits.strip_suffix('a') {
-        Some(d) => (d, true),
-        None => (digits, false),
-    };
-    Some((digits.parse().ok()?, specific))
-}
 
 impl BuiltPtx {
     /// Its SM number: `sm_121a` -> 121.
