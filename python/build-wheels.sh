@@ -48,7 +48,7 @@ maturin sdist -m python/Cargo.toml -o "$work/wheels"
 
 echo "== tags"
 "$python" - "$work/wheels" "$version" "$manylinux" <<'EOF'
-import pathlib, sys, zipfile
+import pathlib, re, subprocess, sys, tempfile, zipfile
 
 wheels, version, manylinux = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 found = sorted(wheels.glob("*.whl"))
@@ -61,11 +61,23 @@ for whl in found:
     with zipfile.ZipFile(whl) as z:
         meta = z.read(f"fetchahead-{version}.dist-info/WHEEL").decode()
         entry = z.read(f"fetchahead-{version}.dist-info/entry_points.txt").decode()
-    tags = [l.split(":", 1)[1].strip() for l in meta.splitlines() if l.startswith("Tag:")]
-    assert tags == [f"cp310-abi3-{plat}"], (whl.name, tags)
-    assert "fetchahead=fetchahead.__main__:main" in entry.replace(" ", ""), entry
+        tags = [l.split(":", 1)[1].strip() for l in meta.splitlines() if l.startswith("Tag:")]
+        assert tags == [f"cp310-abi3-{plat}"], (whl.name, tags)
+        assert "fetchahead=fetchahead.__main__:main" in entry.replace(" ", ""), entry
+        command = z.getinfo("fetchahead/_bin/fetchahead")
+        assert command.external_attr >> 16 & 0o111, "fetchahead/_bin/fetchahead is not executable"
+        # The command is its own binary: the extension links no CLI crate.
+        native = z.read("fetchahead/_native.abi3.so")
+        assert b"clap" not in native and b"indicatif" not in native, "the extension links the CLI"
+        # auditwheel reads the extension; the command's glibc needs are checked here, for both.
+        with tempfile.TemporaryDirectory() as d:
+            needs = subprocess.run(["readelf", "-V", "--wide", z.extract(command, d)],
+                                   capture_output=True, text=True, check=True).stdout
+    glibc = max(tuple(map(int, v.split("."))) for v in re.findall(r"GLIBC_(\d+(?:\.\d+)+)", needs))
+    assert glibc <= tuple(map(int, manylinux.split("_")[1:3])), (whl.name, "command needs glibc", glibc)
     arches.add(arch)
-    print(f"{whl.name}: WHEEL tag {tags[0]}, console script fetchahead")
+    print(f"{whl.name}: WHEEL tag {tags[0]}, console script fetchahead (its own binary, "
+          f"{command.file_size >> 20} MiB, glibc {'.'.join(map(str, glibc))}), no CLI crate in the extension")
 assert arches == {"x86_64", "aarch64"}, arches
 sdists = list(wheels.glob(f"fetchahead-{version}.tar.gz"))
 assert len(sdists) == 1, list(wheels.iterdir())
@@ -74,7 +86,8 @@ import tarfile
 with tarfile.open(sdists[0]) as t:
     names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
 # What a build from the sdist needs: the kernels, build.rs, the host crate, the binding.
-for needed in ("build.rs", "gpu/src/lib.rs", "host/lib.rs", "python/src/lib.rs", "pyproject.toml"):
+for needed in ("build.rs", "gpu/src/lib.rs", "host/lib.rs", "python/src/lib.rs", "python/build.rs",
+               "pyproject.toml"):
     assert any(n == needed or n.endswith("/" + needed) for n in names), (needed, sorted(names)[:20])
 print(f"{sdists[0].name}: the sdist, {len(names)} files")
 EOF

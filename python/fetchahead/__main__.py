@@ -1,23 +1,36 @@
-"""``python -m fetchahead`` and the wheel's ``fetchahead`` command: the Rust CLI itself
-(``fetchahead::cli::main``, the binary's own code), run with this process's arguments."""
+"""``python -m fetchahead`` and the wheel's ``fetchahead`` command: the product's own binary (the
+``fetchahead`` that ``cargo build --features cli`` makes), shipped in the package as
+``fetchahead/_bin/fetchahead`` and run with this process's arguments. The extension module that
+engines import links none of the command line's crates."""
 from __future__ import annotations
 
-import signal
+import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
+
+COMMAND = Path(__file__).resolve().parent / "_bin" / "fetchahead"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Runs ``fetchahead`` with ``argv`` (default: this process's arguments after the program
-    name) and returns its exit status."""
-    from . import _native
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    # The command runs without the GIL: Ctrl-C ends it as it ends the binary.
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-    sys.stdout.flush()
-    return _native.cli_main(["fetchahead", *args])
+    """Runs ``fetchahead`` with ``argv`` and returns its exit status. Without ``argv`` (the console
+    script, ``python -m fetchahead``) this process becomes the command, with its own arguments, so
+    that signals and the exit status are the binary's."""
+    if not COMMAND.is_file():
+        print(
+            f"fetchahead: this install has no command line ({COMMAND} is missing): it was built "
+            "without the `command` feature that the wheel's build turns on. Install a wheel, or "
+            "run `cargo run --release -p fetchahead --features cli --bin fetchahead -- ...` in "
+            "the repository.",
+            file=sys.stderr,
+        )
+        return 2
+    if argv is None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(COMMAND, ["fetchahead", *sys.argv[1:]])
+    return subprocess.run([str(COMMAND), *argv]).returncode
 
 
 if __name__ == "__main__":

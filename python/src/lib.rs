@@ -1114,16 +1114,6 @@ fn default_prefetcher_config(py: Python<'_>) -> PyRes<Bound<'_, PyDict>> {
     Ok(d)
 }
 
-/// Runs the `fetchahead` command line (`argv`, the program name first) as the binary does and
-/// returns its exit status; log records go to stderr while it runs, as the binary's do.
-#[pyfunction]
-fn cli_main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> u8 {
-    logs::set_direct(true);
-    let code = py.detach(|| fetchahead::cli::main(argv));
-    logs::set_direct(false);
-    code
-}
-
 /// `fetchahead info`'s report as JSON: build, device and the PTX it loads, default variants,
 /// read paths, settings in effect; and its text.
 #[pyfunction]
@@ -1174,7 +1164,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyRes<()> {
     m.add_function(wrap_pyfunction!(require_device, m)?)?;
     m.add_function(wrap_pyfunction!(error_kinds, m)?)?;
     m.add_function(wrap_pyfunction!(default_prefetcher_config, m)?)?;
-    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(config_report, m)?)?;
     m.add_function(wrap_pyfunction!(nvtx_state, m)?)?;
     m.add_function(wrap_pyfunction!(logs::_log_example, m)?)?;

@@ -28,23 +28,6 @@ struct Record {
     created: f64,
 }
 
-/// While the `fetchahead` command runs under Python: records go straight to stderr, as the
-/// binary's logger writes them (the command holds no GIL to forward them with).
-static DIRECT: AtomicBool = AtomicBool::new(false);
-static DIRECT_LEVEL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(2);
-
-/// Sends records to stderr at the level `FETCHAHEAD_LOG` names (or `warn`) while `on`.
-pub fn set_direct(on: bool) {
-    if on {
-        let level = std::env::var(fetchahead::logging::LOG_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse::<log::LevelFilter>().ok())
-            .unwrap_or(log::LevelFilter::Warn);
-        DIRECT_LEVEL.store(level as usize, Ordering::Relaxed);
-    }
-    DIRECT.store(on, Ordering::Release);
-}
-
 static RECORDS: Mutex<VecDeque<Record>> = Mutex::new(VecDeque::new());
 static PENDING: AtomicBool = AtomicBool::new(false);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
@@ -58,17 +41,6 @@ impl log::Log for QueueLogger {
 
     fn log(&self, record: &log::Record<'_>) {
         if !self.enabled(record.metadata()) {
-            return;
-        }
-        if DIRECT.load(Ordering::Acquire) {
-            if record.level() as usize <= DIRECT_LEVEL.load(Ordering::Relaxed) {
-                eprintln!(
-                    "[{:<5} {}] {}",
-                    record.level(),
-                    record.target(),
-                    record.args()
-                );
-            }
             return;
         }
         let created = std::time::SystemTime::now()
