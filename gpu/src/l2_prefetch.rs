@@ -291,11 +291,17 @@ mod kernels {
         // SAFETY: the map holds MAX_SMS bytes.
         let part = (unsafe { load_u8(p.partitions + sm) } & 1) as u64;
         let jobs = p.n * 4;
+        // Jobs below `twice` are read by each partition's blocks, the rest by one block only.
+        let twice = jobs - (p.once_jobs as u64).min(jobs);
         let mut fold = [0u32; 4];
         loop {
             if thread_in_block() == 0 {
                 // SAFETY: the claims are writable and 4-byte aligned (the host's).
-                let job = unsafe { atomic_add_u32(p.claims + 4 * part, 1) };
+                let mut job = unsafe { atomic_add_u32(p.claims + 4 * part, 1) };
+                if job as u64 >= twice {
+                    // SAFETY: as above; the fourth word counts the jobs read once.
+                    job = twice as u32 + unsafe { atomic_add_u32(p.claims + 12, 1) };
+                }
                 // SAFETY: the block's slot after the sink.
                 unsafe { store_shared_16(slot, [job, 0, 0, 0]) };
             }
@@ -346,6 +352,7 @@ mod kernels {
                     atomic_exch_u32(p.claims, 0);
                     atomic_exch_u32(p.claims + 4, 0);
                     atomic_exch_u32(p.claims + 8, 0);
+                    atomic_exch_u32(p.claims + 12, 0);
                 }
             }
         }

@@ -119,7 +119,9 @@ pub struct PrefetchParams {
     pub segments: u64,
     pub n: u64,
     pub chunk: u32,
-    pub _pad: u32,
+    /// With `partitions`: the last `once_jobs` jobs (`LOADS_JOB` bytes of a segment each) are
+    /// read by one partition's blocks only, the rest by both's. 0: every byte by both.
+    pub once_jobs: u32,
     /// `l2_prefetch_loads` only: the device address of a [`SmPartitions`] map, one byte per SM
     /// naming its L2 partition (0 or 1); each partition's blocks then read every byte, so that
     /// both partitions hold the lines. 0: no map, each byte read once.
@@ -144,7 +146,8 @@ pub type SmPartitions = [u8; MAX_SMS];
 pub struct PrefetchClaims {
     pub next: [u32; 2],
     pub done: u32,
-    pub _pad: u32,
+    /// The next of the jobs read once (`PrefetchParams::once_jobs`), whichever partition claims it.
+    pub next_once: u32,
 }
 
 /// The L2 partition probe (`l2_partition_probe`): lines `LINE_STRIDE` bytes apart at `lines`,

@@ -357,7 +357,15 @@ impl L2Plan {
             segments: table.address_of(span.start),
             n: n as u64,
             chunk: self.config.chunk,
-            _pad: 0,
+            once_jobs: if partitions != 0 {
+                super::planner::once_jobs(
+                    issued,
+                    self.kernels.gpu().l2_bytes,
+                    self.config.twice_fit,
+                )
+            } else {
+                0
+            },
             partitions,
             claims,
             timeline: fetchahead_gpu::params::TimelineParams::OFF,

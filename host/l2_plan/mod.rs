@@ -40,8 +40,8 @@ pub mod window_fit;
 pub use access_policy::{AccessWindow, PersistingL2};
 pub use device::{ForwardOutcome, L2Plan};
 pub use planner::{
-    CollectiveKind, Counters, DEFAULT_FREE_SMS, ForwardSummary, Learned, PLAN_ENV_SETTINGS,
-    PlanConfig, Planner, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature, Windows, auto_variant,
-    default_budget, read_limit,
+    CollectiveKind, Counters, DEFAULT_FREE_SMS, DEFAULT_TWICE_FIT, ForwardSummary, Learned,
+    PLAN_ENV_SETTINGS, PlanConfig, Planner, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature,
+    Windows, auto_variant, default_budget, once_jobs, read_limit,
 };
 pub use segments::{SEGMENT_ALIGN, SegmentTable, aligned_segment, check_segment};

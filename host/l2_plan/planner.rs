@@ -58,6 +58,21 @@ pub fn auto_variant(bytes: u64, l2_bytes: u64) -> PrefetchVariant {
     }
 }
 
+/// The jobs of a partitioned `l2_prefetch_loads` read of `issued` bytes that one partition's
+/// blocks read alone (`PrefetchParams::once_jobs`, counted from the window's end), so that two
+/// copies of the rest and one of these fit in `twice_fit` x `l2_bytes`. A window that fits twice
+/// is read whole by both partitions (0).
+pub fn once_jobs(issued: u64, l2_bytes: u64, twice_fit: f64) -> u32 {
+    let room = (twice_fit.max(0.0) * l2_bytes as f64) as u64;
+    let twice = room.saturating_sub(issued).min(issued);
+    u32::try_from((issued - twice).div_ceil(l2_prefetch::LOADS_JOB)).unwrap_or(u32::MAX)
+}
+
+/// [`PlanConfig::twice_fit`] by default. On the H200 (2026-12-02, decode-step bench, narrowed
+/// runs) 0.8 lifted q_a + kv_a (28.9 MiB) from 0.84-0.86 of its replayed cold - warm to 0.91 and
+/// the replayed step from 0.71-0.72 of its ideal to 0.74; 0.7 and 0.9 did less.
+pub const DEFAULT_TWICE_FIT: f64 = 0.8;
+
 /// How a learned window is warmed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Replay {
@@ -139,6 +154,11 @@ pub struct PlanConfig {
     /// node before the collective's: with a block on every SM, the H200's replayed collective
     /// waited 10-11 us for the first of them to end.
     pub free_sms: u32,
+    /// With `partitions`: the share of L2 a window's two copies may fill. Each partition's SMs
+    /// read every byte, a copy in each partition; a window too large for two copies (q_a +
+    /// kv_a, 28.9 MiB of the H200's 60 MiB) would evict its own first lines with its last, so
+    /// its tail is read by one partition only ([`once_jobs`]).
+    pub twice_fit: f64,
 }
 
 /// What kind of collective a window runs, as the caller announces it
@@ -266,6 +286,7 @@ impl PlanConfig {
             partitions: true,
             host_pace: true,
             free_sms: DEFAULT_FREE_SMS,
+            twice_fit: DEFAULT_TWICE_FIT,
         }
     }
 

@@ -1053,7 +1053,7 @@ fn whole_table(table: &SegmentTable) -> PrefetchParams {
         segments: table.address(),
         n: table.len() as u64,
         chunk: l2_prefetch::DEFAULT_CHUNK,
-        _pad: 0,
+        once_jobs: 0,
         partitions: 0,
         claims: 0,
         timeline: fetchahead::device_abi::params::TimelineParams::OFF,

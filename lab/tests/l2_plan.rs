@@ -14,8 +14,8 @@ use fetchahead::kernels::gpu::Gpu;
 use fetchahead::l2_plan::pace::PROBE_LAG;
 use fetchahead::l2_plan::segments::{SegmentTable, aligned_segment, check_segment};
 use fetchahead::l2_plan::{
-    L2Plan, Learned, PlanConfig, Planner, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature,
-    auto_variant, default_budget, read_limit,
+    DEFAULT_TWICE_FIT, L2Plan, Learned, PlanConfig, Planner, PrefetchLaunch, Replay, SEGMENT_PIECE,
+    Signature, auto_variant, default_budget, once_jobs, read_limit,
 };
 use fetchahead::{Error, Result};
 use fetchahead_lab::LabKernels;
@@ -278,6 +278,28 @@ fn reads_windows_in_up_to_a_third_of_l2_by_default() {
     assert_eq!(auto_variant(32 * MIB, 60 * MIB), bulk);
     assert_eq!(auto_variant(12 * MIB, 24 * MIB), loads);
     assert_eq!(auto_variant(13 * MIB, 24 * MIB), bulk);
+}
+
+/// A window that two copies fit in L2 is read whole by both partitions; a larger one's tail,
+/// counted from its end, by one partition only, so that both copies of the rest and one of the
+/// tail fill at most `twice_fit` of L2.
+fn reads_the_tail_of_a_window_too_large_for_two_copies_once() {
+    let job = l2_prefetch::LOADS_JOB;
+    assert_eq!(job, 128 << 10);
+    let l2 = 60 * MIB;
+    assert_eq!(PlanConfig::for_l2(l2).twice_fit, DEFAULT_TWICE_FIT);
+    assert_eq!(once_jobs(6 * MIB, l2, 0.8), 0);
+    assert_eq!(once_jobs(24 * MIB, l2, 0.8), 0);
+    // 48 MiB of room: 19 MiB twice, 10 MiB once.
+    assert_eq!(once_jobs(29 * MIB, l2, 0.8), (10 * MIB / job) as u32);
+    assert_eq!(
+        once_jobs(29 * MIB + 1, l2, 0.8),
+        (10 * MIB / job) as u32 + 1
+    );
+    // No room for a second copy of anything: all of it once.
+    assert_eq!(once_jobs(50 * MIB, l2, 0.8), (50 * MIB / job) as u32);
+    assert_eq!(once_jobs(6 * MIB, l2, 0.0), (6 * MIB / job) as u32);
+    assert_eq!(once_jobs(0, l2, 0.8), 0);
 }
 
 fn loads_launch_four_blocks_a_segment_up_to_one_an_sm() {
@@ -900,7 +922,7 @@ fn prefetch_kernel_runs_clean() -> Result<()> {
                 segments: table.address(),
                 n: table.len() as u64,
                 chunk,
-                _pad: 0,
+                once_jobs: 0,
                 partitions: 0,
                 claims: 0,
                 timeline: fetchahead::device_abi::params::TimelineParams::OFF,
@@ -1098,6 +1120,81 @@ fn a_replayed_plan_brings_readers_near_hand_warmed() -> Result<()> {
     Ok(())
 }
 
+/// A partitioned `l2_prefetch_loads` launch with a tail read once, run twice: the launch's last
+/// block leaves all four claim counters zero for the next, the tail's too. Run under
+/// `compute-sanitizer --tool memcheck` as well.
+fn a_partitioned_read_with_a_once_tail_leaves_its_claims_zero() -> Result<()> {
+    let Some((kernels, stream, _lock)) =
+        open("a_partitioned_read_with_a_once_tail_leaves_its_claims_zero")?
+    else {
+        return Ok(());
+    };
+    let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
+    let bytes = 6 * MIB;
+    let buffer = stream
+        .alloc_zeros::<u8>(bytes as usize)
+        .map_err(cuda("cuMemAlloc"))?;
+    let base = {
+        use cudarc::driver::DevicePtr;
+        buffer.device_ptr(&stream).0
+    };
+    // Half the SMs in each partition, whatever the device has.
+    let mut map = [0u8; fetchahead::device_abi::params::MAX_SMS];
+    map.iter_mut()
+        .enumerate()
+        .for_each(|(sm, p)| *p = (sm % 2) as u8);
+    let pieces: Vec<Segment> = (0..bytes / SEGMENT_PIECE)
+        .map(|i| seg(base + i * SEGMENT_PIECE, SEGMENT_PIECE))
+        .collect();
+    let table = SegmentTable::upload_with(&stream, &pieces, Some(&map))?;
+    let (partitions, claims) = table.partitioned();
+    assert!(partitions != 0 && claims != 0);
+    let sms = kernels.gpu().multiprocessors;
+    let (blocks, threads) = l2_prefetch::launch_shape(
+        l2_prefetch::LOADS_VARIANT,
+        table.len() as u32,
+        sms,
+        l2_prefetch::DEFAULT_MAX_BLOCKS,
+        l2_prefetch::DEFAULT_THREADS,
+    );
+    let jobs = table.len() as u32 * 4;
+    for once in [jobs / 2, jobs, 1] {
+        let p = fetchahead::device_abi::params::PrefetchParams {
+            segments: table.address(),
+            n: table.len() as u64,
+            chunk: l2_prefetch::DEFAULT_CHUNK,
+            once_jobs: once,
+            partitions,
+            claims,
+            timeline: fetchahead::device_abi::params::TimelineParams::OFF,
+        };
+        // SAFETY: the table's pieces lie in `buffer`, its map and claims are its own, alive
+        // past the sync; launches on one stream, one at a time.
+        unsafe {
+            kernels.launch_l2_prefetch(
+                stream.cu_stream(),
+                l2_prefetch::LOADS_VARIANT,
+                p,
+                blocks,
+                threads,
+            )
+        }?;
+    }
+    let words = stream.alloc_zeros::<u32>(4).map_err(cuda("cuMemAlloc"))?;
+    let words_at = {
+        use cudarc::driver::DevicePtr;
+        words.device_ptr(&stream).0
+    };
+    // SAFETY: the claims are 16 bytes of the table's allocation; `words` holds 16 bytes.
+    unsafe {
+        fetchahead::driver::memory::memcpy_dtod_async(words_at, claims, 16, stream.cu_stream())
+    }?;
+    let left = stream.clone_dtoh(&words).map_err(cuda("cuMemcpyDtoH"))?;
+    stream.synchronize().map_err(cuda("cuStreamSynchronize"))?;
+    assert_eq!(left, [0, 0, 0, 0], "claims after the launches");
+    Ok(())
+}
+
 /// The plan's L2 partition map (`l2_plan::partitions`): every SM is probed, and a device found
 /// to have two partitions has SMs in both, the far ones clearly slower to hit lines SM 0 read.
 fn measures_the_l2_partitions_of_every_sm() -> Result<()> {
@@ -1145,6 +1242,7 @@ common::harness::tests! {
         default_budget_follows_the_l2_size,
         reads_windows_in_up_to_a_third_of_l2_by_default,
         loads_launch_four_blocks_a_segment_up_to_one_an_sm,
+        reads_the_tail_of_a_window_too_large_for_two_copies_once,
     ],
     gpu: [
         gemv_matches_the_cpu_reference,
@@ -1156,6 +1254,7 @@ common::harness::tests! {
         forward_is_bit_identical_with_prefetch_in_a_graph,
         a_replayed_plan_brings_readers_near_hand_warmed,
         measures_the_l2_partitions_of_every_sm,
+        a_partitioned_read_with_a_once_tail_leaves_its_claims_zero,
         prefetch_kernel_runs_clean,
     ],
 }

@@ -104,7 +104,7 @@ impl Launches {
             segments: self.prefetch.address(),
             n: self.prefetch.len() as u64,
             chunk: l2_prefetch::DEFAULT_CHUNK,
-            _pad: 0,
+            once_jobs: 0,
             partitions: 0,
             claims: 0,
             timeline: TimelineParams::OFF,

@@ -464,7 +464,15 @@ unsafe fn read_in(
         segments: table.address_of(0),
         n: n as u64,
         chunk: l2_prefetch::DEFAULT_CHUNK,
-        _pad: 0,
+        once_jobs: if partitions != 0 {
+            fetchahead::l2_plan::planner::once_jobs(
+                table.bytes(),
+                kernels.gpu().l2_bytes,
+                fetchahead::l2_plan::DEFAULT_TWICE_FIT,
+            )
+        } else {
+            0
+        },
         partitions,
         claims,
         timeline: fetchahead_gpu::params::TimelineParams::OFF,
