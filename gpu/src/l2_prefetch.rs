@@ -226,12 +226,13 @@ mod kernels {
     /// has a slot for each of the 1024 threads a block can have.
     #[inline(always)]
     pub(super) unsafe fn read_segments(p: &PrefetchParams) {
+        // One buffer for both paths, declared once above their branch: a declaration on each
+        // path is two buffers once LLVM does not merge them.
+        let sink = shared_buffer::<{ 1024 * 16 + 16 }>();
         if p.partitions != 0 {
             // SAFETY: the host's map and claims, as `read_by_partition` requires.
-            return unsafe { read_by_partition(p) };
+            return unsafe { read_by_partition(p, sink) };
         }
-        // One buffer for both paths (a shared buffer is one static per size).
-        let sink = shared_buffer::<{ 1024 * 16 + 16 }>();
         let mut fold = [0u32; 4];
         let word = 16u64;
         // With more blocks than segments, `parts` blocks share each segment, interleaved by
@@ -282,10 +283,10 @@ mod kernels {
     ///
     /// # Safety
     /// As `read_segments`; `p.partitions` holds `MAX_SMS` bytes and `p.claims` is a zeroed,
-    /// writable `PrefetchClaims` no other running launch uses; segments are at most 512 KiB.
+    /// writable `PrefetchClaims` no other running launch uses; segments are at most 512 KiB;
+    /// `sink` is the block's shared buffer of `1024 * 16 + 16` bytes.
     #[inline(always)]
-    unsafe fn read_by_partition(p: &PrefetchParams) {
-        let sink = shared_buffer::<{ 1024 * 16 + 16 }>();
+    unsafe fn read_by_partition(p: &PrefetchParams, sink: u32) {
         let slot = sink + 1024 * 16;
         let sm = (sm_id() as usize).min(MAX_SMS - 1) as u64;
         // SAFETY: the map holds MAX_SMS bytes.
