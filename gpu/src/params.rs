@@ -123,8 +123,8 @@ pub struct PrefetchParams {
     /// read by one partition's blocks only, the rest by both's. 0: every byte by both.
     pub once_jobs: u32,
     /// `l2_prefetch_loads` only: the device address of a [`SmPartitions`] map, one byte per SM
-    /// naming its L2 partition (0 or 1); each partition's blocks then read every byte, so that
-    /// both partitions hold the lines. 0: no map, each byte read once.
+    /// naming its L2 partition (0 or 1); each partition's blocks then read every byte but the
+    /// `once_jobs` tail, so that both partitions hold the lines. 0: no map, each byte read once.
     pub partitions: u64,
     /// With `partitions`: the device address of the launch's [`PrefetchClaims`] (zero before
     /// the first launch; the launch's last block zeroes it again).

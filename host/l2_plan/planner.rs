@@ -68,9 +68,10 @@ pub fn once_jobs(issued: u64, l2_bytes: u64, twice_fit: f64) -> u32 {
     u32::try_from((issued - twice).div_ceil(l2_prefetch::LOADS_JOB)).unwrap_or(u32::MAX)
 }
 
-/// [`PlanConfig::twice_fit`] by default. On the H200 (2026-12-02, decode-step bench, narrowed
-/// runs) 0.8 lifted q_a + kv_a (28.9 MiB) from 0.84-0.86 of its replayed cold - warm to 0.91 and
-/// the replayed step from 0.71-0.72 of its ideal to 0.74; 0.7 and 0.9 did less.
+/// [`PlanConfig::twice_fit`] by default. On the H200 (2026-12-02, the decode-step bench's
+/// readers, each prefetched alone) 0.8 lifted q_a + kv_a (28.9 MiB) from 0.84-0.86 of its
+/// replayed cold - warm to 0.91-0.93, where 0.7 cost o_proj and 0.9 did less; the whole step's
+/// saving did not move (0.277 ms replayed, 0.400-0.406 ms eager).
 pub const DEFAULT_TWICE_FIT: f64 = 0.8;
 
 /// How a learned window is warmed.
