@@ -357,15 +357,12 @@ impl L2Plan {
             segments: table.address_of(span.start),
             n: n as u64,
             chunk: self.config.chunk,
-            once_jobs: if partitions != 0 {
-                super::planner::once_jobs(
-                    issued,
-                    self.kernels.gpu().l2_bytes,
-                    self.config.twice_fit,
-                )
-            } else {
-                0
-            },
+            // Read only with a partition map (the loads variant's), ignored otherwise.
+            once_jobs: super::planner::once_jobs(
+                issued,
+                self.kernels.gpu().l2_bytes,
+                self.config.twice_fit,
+            ),
             partitions,
             claims,
             timeline: fetchahead_gpu::params::TimelineParams::OFF,

@@ -61,7 +61,8 @@ pub fn auto_variant(bytes: u64, l2_bytes: u64) -> PrefetchVariant {
 /// The jobs of a partitioned `l2_prefetch_loads` read of `issued` bytes that one partition's
 /// blocks read alone (`PrefetchParams::once_jobs`, counted from the window's end), so that two
 /// copies of the rest and one of these fit in `twice_fit` x `l2_bytes`. A window that fits twice
-/// is read whole by both partitions (0).
+/// is read whole by both partitions (0). Jobs are counted as whole: a window whose pieces are
+/// shorter than `SEGMENT_PIECE` has empty quarters among its jobs, and reads a little less once.
 pub fn once_jobs(issued: u64, l2_bytes: u64, twice_fit: f64) -> u32 {
     let room = (twice_fit.max(0.0) * l2_bytes as f64) as u64;
     let twice = room.saturating_sub(issued).min(issued);

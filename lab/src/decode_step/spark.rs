@@ -464,15 +464,12 @@ unsafe fn read_in(
         segments: table.address_of(0),
         n: n as u64,
         chunk: l2_prefetch::DEFAULT_CHUNK,
-        once_jobs: if partitions != 0 {
-            fetchahead::l2_plan::planner::once_jobs(
-                table.bytes(),
-                kernels.gpu().l2_bytes,
-                fetchahead::l2_plan::DEFAULT_TWICE_FIT,
-            )
-        } else {
-            0
-        },
+        // Read only with the table's partition map (the plan's), ignored for the flush's.
+        once_jobs: fetchahead::l2_plan::once_jobs(
+            table.bytes(),
+            kernels.gpu().l2_bytes,
+            fetchahead::l2_plan::DEFAULT_TWICE_FIT,
+        ),
         partitions,
         claims,
         timeline: fetchahead_gpu::params::TimelineParams::OFF,
