@@ -3,12 +3,16 @@
 //! sketch.
 //!
 //! Policy: W-TinyLFU (Einziger, Friedman and Manes, 2017) with its window sized as ARC sizes its
-//! recency list (Megiddo and Modha, FAST 2003). A count-min sketch counts every id a lookup asks
-//! for (duplicates within a batch too, since the hit rate weights them). A missed row always
+//! recency list (Megiddo and Modha, FAST 2003). A count-min sketch counts the rows each lookup
+//! asks for, a row asked m times in one lookup as 1 + log2(m): the hit rate weights a lookup's
+//! repeats, but they come mostly from one document's own n-grams, so that m overstates how often
+//! later lookups ask for the row. A missed row always
 //! enters the window, a FIFO; the row the window then drops enters the main part only if the
 //! sketch says it is asked for more often than the least frequent of `SAMPLE` main rows drawn at
 //! random, which it replaces. Evicted rows leave a ghost (a fingerprint, by where they left
-//! from); a miss on a window ghost grows the window, one on a main ghost shrinks it. Real
+//! from, and when); a miss on a main ghost shrinks the window, one on a window ghost grows it
+//! if the row left within as many inserts as the main part holds rows (ARC's bound on its
+//! recency ghosts), so that rows a flat law draws again from far off do not grow it. Real
 //! lookups burst (a document repeats its own n-grams), which a pure LFU misses; a scan or a
 //! flat law leaves through the window without flushing the frequent head. `bench-io --trace`
 //! and `lab/examples/cache_policies` measure it beside LRU, ARC, W-TinyLFU and exact LFU.
@@ -58,6 +62,14 @@ fn ghost_buckets(rows: usize) -> usize {
 const MARK_PROBES: usize = 16;
 /// An empty index bucket.
 const EMPTY: u32 = u32::MAX;
+/// A ghost (a u32, 0: a free bucket): whether its row left from the window, when it left (in
+/// the shard's inserts, `STAMP_BITS` bits of them, in units of `Shard::stamp_shift`
+/// inserts), and a fingerprint of its key (never 0).
+const GHOST_WINDOW: u32 = 1 << 31;
+const STAMP_BITS: u32 = 8;
+const PRINT_BITS: u32 = 31 - STAMP_BITS;
+const GHOST_PRINT: u32 = (1 << PRINT_BITS) - 1;
+const STAMP_MASK: u32 = (1 << STAMP_BITS) - 1;
 
 /// splitmix64's finalizer: row ids are dense, their index positions must not be.
 fn mix(mut x: u64) -> u64 {
@@ -172,9 +184,13 @@ struct Shard {
     /// Rows the window aims to hold (ghost hits move it, within `0..=most_window`).
     target: usize,
     most_window: usize,
-    /// Fingerprints of rows evicted lately, by the key's hash, each with where it left from
-    /// (top bit: the window): ARC's ghosts, which move the window's target.
+    /// Rows evicted lately, by the key's hash: ARC's ghosts, which move the window's target.
     ghosts: Box<[u32]>,
+    /// Rows offered so far (the ghosts' clock), and the stamp's unit in them (log2): the stamp
+    /// spans 2^STAMP_BITS units, 8 to 16 x the rows (an older ghost's age wraps, which can
+    /// only count a ghost back from further off as nearer).
+    inserts: u64,
+    stamp_shift: u32,
     /// Live ghosts from the window and from the main part.
     ghosts_window: usize,
     ghosts_main: usize,
@@ -197,27 +213,35 @@ impl Shard {
             target: capacity * WINDOW_START_PERCENT / 100,
             most_window: capacity * WINDOW_MOST_PERCENT / 100,
             ghosts: vec![0u32; ghost_buckets(capacity)].into_boxed_slice(),
+            inserts: 0,
+            stamp_shift: (capacity.max(1).ilog2() + 4).saturating_sub(STAMP_BITS),
             ghosts_window: 0,
             ghosts_main: 0,
         }
     }
 
-    /// The ghost bucket of `key` and its fingerprint (never 0: 0 is a free bucket).
+    /// The ghost bucket of `key` and its fingerprint (never 0).
     fn ghost_of(&self, key: u64) -> (usize, u32) {
         let h = mix(key ^ 0x9e37_79b9_7f4a_7c15);
         let b = h as usize & (self.ghosts.len() - 1);
-        (b, ((h >> 33) as u32 & 0x7fff_ffff).max(1))
+        (b, ((h >> 40) as u32 & GHOST_PRINT).max(1))
     }
 
-    /// Notes that the row in `slot` leaves the cache, from the window or not.
+    /// The clock as a ghost's stamp holds it.
+    fn stamp(&self) -> u32 {
+        (self.inserts >> self.stamp_shift) as u32 & STAMP_MASK
+    }
+
+    /// Notes that the row in `slot` leaves the cache, from the window or the main part.
     fn bury(&mut self, slot: usize, from_window: bool) {
         let (b, f) = self.ghost_of(self.keys[slot]);
         match self.ghosts[b] {
             0 => {}
-            g if g >> 31 == 1 => self.ghosts_window -= 1,
+            g if g & GHOST_WINDOW != 0 => self.ghosts_window -= 1,
             _ => self.ghosts_main -= 1,
         }
-        self.ghosts[b] = f | (u32::from(from_window) << 31);
+        let window = if from_window { GHOST_WINDOW } else { 0 };
+        self.ghosts[b] = window | self.stamp() << PRINT_BITS | f;
         if from_window {
             self.ghosts_window += 1;
         } else {
@@ -225,20 +249,28 @@ impl Shard {
         }
     }
 
-    /// A missed row that left lately moves the window's target: toward a larger window when
-    /// it left from the window, a smaller one when from the main part.
+    /// A missed row that left lately moves the window's target: toward a smaller window when
+    /// it left from the main part; toward a larger one when it left from the window within as
+    /// many inserts as the main part holds rows. As ARC bounds its recency ghosts (|T1| + |B1|
+    /// <= c): a window ghost back from further would have needed a window larger than the
+    /// cache, and under independent draws (where a window earns nothing) most of the window's
+    /// drops come back from there.
     fn mourn(&mut self, key: u64) {
         let (b, f) = self.ghost_of(key);
         let g = self.ghosts[b];
-        if g == 0 || g & 0x7fff_ffff != f {
+        if g == 0 || g & GHOST_PRINT != f {
             return;
         }
         self.ghosts[b] = 0;
         let (w, m) = (self.ghosts_window.max(1), self.ghosts_main.max(1));
         // ARC's steps: by the other ghosts' share, so that the rarer ghost hit weighs more.
-        if g >> 31 == 1 {
+        if g & GHOST_WINDOW != 0 {
             self.ghosts_window -= 1;
-            self.target = (self.target + (m / w).max(1)).min(self.most_window);
+            let left = (g >> PRINT_BITS) & STAMP_MASK;
+            let ago = u64::from(self.stamp().wrapping_sub(left) & STAMP_MASK) << self.stamp_shift;
+            if ago <= (self.capacity - self.target) as u64 {
+                self.target = (self.target + (m / w).max(1)).min(self.most_window);
+            }
         } else {
             self.ghosts_main -= 1;
             self.target = self.target.saturating_sub((w / m).max(1));
@@ -402,19 +434,9 @@ impl RowCache {
 
     /// When the row is cached, copies its weights into `weights` and its
     /// scales into `scales` (whose lengths add up to the row's bytes); false when not cached.
-    /// `record`: count the request (a lookup's); an advise's look does not.
-    pub fn get(
-        &self,
-        layer_index: usize,
-        row: u64,
-        weights: &mut [u8],
-        scales: &mut [u8],
-        record: bool,
-    ) -> bool {
+    /// A lookup's asks are counted apart, by [`RowCache::asked`].
+    pub fn get(&self, layer_index: usize, row: u64, weights: &mut [u8], scales: &mut [u8]) -> bool {
         let key = Self::key(layer_index, row);
-        if record {
-            self.sketch.record(key);
-        }
         if self.rows == 0 {
             return false;
         }
@@ -434,10 +456,17 @@ impl RowCache {
         true
     }
 
-    /// Notes that a lookup of layer `layer_index` asked for `n` ids (the sketch ages by
-    /// requests; future references expire by lookups).
-    pub fn asked(&self, layer_index: usize, n: usize) {
-        self.sketch.advance(n as u64);
+    /// Counts a lookup of layer `layer_index` that asked for `rows` (repeats included, in any
+    /// order; sorted here): a row asked m times counts 1 + log2(m) in the sketch. The sketch
+    /// ages by requests (every id asked); future references expire by lookups.
+    pub fn asked(&self, layer_index: usize, rows: &mut [u64]) {
+        rows.sort_unstable();
+        for run in rows.chunk_by(|a, b| a == b) {
+            let times = 1 + run.len().ilog2();
+            self.sketch
+                .record_times(Self::key(layer_index, run[0]), times as u8);
+        }
+        self.sketch.advance(rows.len() as u64);
         if let Some(c) = self.lookups.get(layer_index) {
             c.fetch_add(1, Ordering::Relaxed);
         }
@@ -472,6 +501,7 @@ impl RowCache {
         }
         let now = self.now(layer_index);
         let wanted = shard.marked(key, now);
+        shard.inserts += 1;
         shard.mourn(key);
         let mut to_window = true;
         let slot = if shard.len < shard.capacity {
@@ -509,10 +539,9 @@ impl RowCache {
                     return;
                 };
                 let k = shard.keys[candidate];
+                let (f, marked) = (self.sketch.estimate(k), shard.marked(k, now));
                 match self.victim(&mut shard, now, candidate) {
-                    Some((victim, least))
-                        if shard.marked(k, now) || self.sketch.estimate(k) > least =>
-                    {
+                    Some((victim, least)) if marked || f > least => {
                         self.evict(&mut shard, victim, false);
                         victim
                     }
@@ -611,33 +640,32 @@ mod tests {
         let (mut w, mut s) = ([0u8; 8], [0u8; 1]);
         for r in 0..64u64 {
             for _ in 0..3 {
-                c.get(0, r, &mut w, &mut s, true);
+                c.asked(0, &mut [r]);
             }
             c.insert(0, r, &[r as u8; 8], &[!(r as u8)]);
         }
         assert_eq!(c.len(), 64);
         for r in 0..64u64 {
-            assert!(c.get(0, r, &mut w, &mut s, true), "row {r}");
+            assert!(c.get(0, r, &mut w, &mut s), "row {r}");
+            c.asked(0, &mut [r]);
             assert_eq!((w, s), ([r as u8; 8], [!(r as u8)]));
         }
         // A row asked once does not displace rows asked four times; one asked more does.
-        c.get(0, 1000, &mut w, &mut s, true);
+        c.asked(0, &mut [1000]);
         c.insert(0, 1000, &[7; 8], &[7]);
-        assert!(!c.get(0, 1000, &mut w, &mut s, true));
+        assert!(!c.get(0, 1000, &mut w, &mut s));
         for _ in 0..10 {
-            c.get(0, 2000, &mut w, &mut s, true);
+            c.asked(0, &mut [2000]);
         }
         c.insert(0, 2000, &[9; 8], &[9]);
-        assert!(c.get(0, 2000, &mut w, &mut s, true));
+        assert!(c.get(0, 2000, &mut w, &mut s));
         assert_eq!((w, s), ([9; 8], [9]));
         assert_eq!(c.len(), 64);
         // Every resident row is still found (the index survived the removal).
-        let found = (0..64u64)
-            .filter(|&r| c.get(0, r, &mut w, &mut s, true))
-            .count();
+        let found = (0..64u64).filter(|&r| c.get(0, r, &mut w, &mut s)).count();
         assert_eq!(found, 63);
         // Layers are apart.
-        assert!(!c.get(1, 5, &mut w, &mut s, true));
+        assert!(!c.get(1, 5, &mut w, &mut s));
     }
 
     /// One lookup as the store makes it: every id asked, then the distinct misses offered.
@@ -647,9 +675,9 @@ mod tests {
         let mut missed: Vec<u64> = ids
             .iter()
             .copied()
-            .filter(|&r| !c.get(0, r, &mut w, &mut s, true))
+            .filter(|&r| !c.get(0, r, &mut w, &mut s))
             .collect();
-        c.asked(0, ids.len());
+        c.asked(0, &mut ids.to_vec());
         let hits = ids.len() - missed.len();
         missed.sort_unstable();
         missed.dedup();
@@ -661,6 +689,48 @@ mod tests {
 
     fn target(c: &RowCache) -> usize {
         c.shards[0].lock().unwrap().target
+    }
+
+    #[test]
+    fn a_lookups_repeats_count_one_plus_their_log() {
+        let c = RowCache::new(bytes_for_rows(64, 9, false), 9, 1, false);
+        // Row 5 asked 8 times, 6 once, 7 three times, in one lookup and out of order.
+        c.asked(0, &mut [5, 7, 5, 5, 6, 5, 7, 5, 5, 7, 5, 5]);
+        let estimate = |row| c.sketch.estimate(RowCache::key(0, row));
+        assert_eq!((estimate(5), estimate(6), estimate(7)), (4, 1, 2));
+        // Across lookups the counts add; another layer's row is apart.
+        c.asked(0, &mut [6, 6]);
+        assert_eq!(estimate(6), 3);
+        assert_eq!(c.sketch.estimate(RowCache::key(1, 6)), 0);
+    }
+
+    #[test]
+    fn a_window_ghost_grows_the_window_only_back_within_the_main_parts_rows() {
+        let mut shard = Shard::new(1000, 2048, 0, 9, 1);
+        shard.target = 200;
+        // Left from the window, back after more inserts than the main part's 800 rows: a window
+        // longer than the whole cache would have been needed.
+        shard.keys[0] = 42;
+        shard.bury(0, true);
+        shard.inserts += 900;
+        shard.mourn(42);
+        assert_eq!(shard.target, 200);
+        // Back after 100 inserts: the window grows; a main ghost's return shrinks it.
+        shard.keys[0] = 43;
+        shard.bury(0, true);
+        shard.inserts += 100;
+        shard.mourn(43);
+        assert!(shard.target > 200, "{}", shard.target);
+        let grown = shard.target;
+        shard.keys[0] = 44;
+        shard.bury(0, false);
+        shard.inserts += 5000;
+        shard.mourn(44);
+        assert!(shard.target < grown, "{} from {grown}", shard.target);
+        // A key never buried moves nothing.
+        let before = shard.target;
+        shard.mourn(45);
+        assert_eq!(shard.target, before);
     }
 
     #[test]

@@ -556,6 +556,8 @@ struct Scratch {
     failures: Vec<Failure>,
     /// The missed rows as read (weights then scales, one row per unique row), for the cache.
     fill: Vec<u8>,
+    /// A user lookup's ids, for the cache to count (it sorts them).
+    asked: Vec<u64>,
 }
 
 pub(crate) struct Inner {
@@ -902,21 +904,8 @@ pub fn replay_row_cache_then<T>(
     counted_from: usize,
     then: impl FnOnce() -> T,
 ) -> (belady::HitCount, T) {
-    let row = vec![0u8; dim + dim / MX_BLOCK];
-    let cache = RowCache::new(cache_bytes, row.len(), 1, false);
-    let (w, s) = row.split_at(dim);
-    let out = std::cell::RefCell::new(row.clone());
-    let count = belady::replay_batches(
-        batches,
-        counted_from,
-        |id| {
-            let mut o = out.borrow_mut();
-            let (ow, os) = o.split_at_mut(dim);
-            cache.get(0, id as u64, ow, os, true)
-        },
-        |id| cache.insert(0, id as u64, w, s),
-        |n| cache.asked(0, n),
-    );
+    let cache = RowCache::new(cache_bytes, dim + dim / MX_BLOCK, 1, false);
+    let (count, _) = replay_on(&cache, dim, batches, counted_from, None);
     let out = then();
     drop(cache);
     (count, out)
@@ -937,13 +926,26 @@ pub fn replay_row_cache_lookahead(
     counted_from: usize,
     future: Option<&FutureRefs<'_>>,
 ) -> (belady::HitCount, u64) {
+    let cache = RowCache::new(cache_bytes, dim + dim / MX_BLOCK, 1, future.is_some());
+    replay_on(&cache, dim, batches, counted_from, future)
+}
+
+/// `batches` looked up in `cache` as a lookup uses it (with `future`'s references handed over
+/// before each batch), without reading anything: the hit count and the distinct rows read over
+/// the batches from `counted_from` on.
+fn replay_on(
+    cache: &RowCache,
+    dim: usize,
+    batches: &[Vec<i64>],
+    counted_from: usize,
+    future: Option<&FutureRefs<'_>>,
+) -> (belady::HitCount, u64) {
     let row = vec![0u8; dim + dim / MX_BLOCK];
-    let cache = RowCache::new(cache_bytes, row.len(), 1, future.is_some());
     let (w, s) = row.split_at(dim);
     let mut out = row.clone();
     let mut count = belady::HitCount::default();
     let mut read = 0u64;
-    let mut missed = Vec::new();
+    let (mut missed, mut asked) = (Vec::new(), Vec::new());
     for (b, batch) in batches.iter().enumerate() {
         if let Some(ahead) = future.and_then(|f| f.get(b)) {
             for (steps, ids) in ahead {
@@ -956,13 +958,15 @@ pub fn replay_row_cache_lookahead(
         let mut hits = 0;
         for &id in batch {
             let (ow, os) = out.split_at_mut(dim);
-            if cache.get(0, id as u64, ow, os, true) {
+            if cache.get(0, id as u64, ow, os) {
                 hits += 1;
             } else {
                 missed.push(id);
             }
         }
-        cache.asked(0, batch.len());
+        asked.clear();
+        asked.extend(batch.iter().map(|&id| id as u64));
+        cache.asked(0, &mut asked);
         missed.sort_unstable();
         missed.dedup();
         for &id in &missed {
@@ -1396,7 +1400,15 @@ impl Inner {
         if let Some(scales) = resident {
             self.copy_resident_scales(scales, ids, scales_out);
         }
-        self.serve_cached(caller, li, ids, plan, weights_out, scales_out);
+        self.serve_cached(
+            caller,
+            li,
+            ids,
+            plan,
+            &mut scratch.asked,
+            weights_out,
+            scales_out,
+        );
         if plan.order.is_empty() {
             return Ok(());
         }
@@ -1466,13 +1478,16 @@ impl Inner {
     }
 
     /// Copies the rows of `ids` the DRAM cache holds to their outputs and puts the others in
-    /// `plan.order`; a user's lookup counts as the cache's asks, hits and misses.
+    /// `plan.order`; a user's lookup counts as the cache's asks (`asked`: their buffer), hits
+    /// and misses.
+    #[allow(clippy::too_many_arguments)]
     fn serve_cached(
         &self,
         caller: Caller,
         li: usize,
         ids: &[i64],
         plan: &mut Plan,
+        asked: &mut Vec<u64>,
         weights_out: &mut [u8],
         scales_out: &mut [u8],
     ) {
@@ -1486,7 +1501,6 @@ impl Inner {
                     id as u64,
                     &mut weights_out[pos * dim..(pos + 1) * dim],
                     &mut scales_out[pos * sdim..(pos + 1) * sdim],
-                    record,
                 )
             });
             if hit {
@@ -1496,7 +1510,9 @@ impl Inner {
             }
         }
         if let (Some(c), true) = (&self.cache, record) {
-            c.asked(li, ids.len());
+            asked.clear();
+            asked.extend(ids.iter().map(|&id| id as u64));
+            c.asked(li, asked);
         }
         let c = &self.counters;
         if caller == Caller::User {

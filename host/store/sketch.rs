@@ -57,15 +57,19 @@ impl FrequencySketch {
 
     /// Counts one request for `key`.
     pub fn record(&self, key: u64) {
+        self.record_times(key, 1);
+    }
+
+    /// Counts `n` requests for `key` at once: the estimate rises by `n` (saturating), and no
+    /// counter rises above it (conservative update).
+    pub fn record_times(&self, key: u64, n: u8) {
         let (block, at) = self.slots(key);
         let counts = at.map(|i| block.0[i].load(Ordering::Relaxed));
         let least = counts.iter().copied().min().unwrap_or(0);
-        if least == u8::MAX {
-            return;
-        }
+        let raised = least.saturating_add(n);
         for (i, c) in at.into_iter().zip(counts) {
-            if c == least {
-                block.0[i].store(least + 1, Ordering::Relaxed);
+            if c < raised {
+                block.0[i].store(raised, Ordering::Relaxed);
             }
         }
     }
@@ -148,5 +152,22 @@ mod tests {
         s.advance(150);
         assert_eq!(s.estimate(9), 63);
         assert_eq!(s.bytes(), 64);
+    }
+
+    #[test]
+    fn a_weighted_record_raises_the_estimate_by_its_weight_only() {
+        let s = FrequencySketch::new(1 << 12, 0);
+        s.record_times(5, 3);
+        assert_eq!(s.estimate(5), 3);
+        // Conservative: a key asked once that shares a counter with 5 leaves it at 3 (it raises
+        // its own least counter to 1 only), so 5's estimate is exactly 3 + 2 after.
+        for k in 6..200u64 {
+            s.record_times(k, 1);
+        }
+        s.record_times(5, 2);
+        assert_eq!(s.estimate(5), 5);
+        s.record_times(7, 250);
+        s.record_times(7, 250);
+        assert_eq!(s.estimate(7), 255);
     }
 }
