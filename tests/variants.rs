@@ -114,7 +114,10 @@ fn declared_shapes_are_the_launch_shapes() {
     let g = |name| gather::VARIANTS[gather::find(name).unwrap()].shape;
     assert_eq!(
         g("gather_chunk16_nohint_x2"),
-        gather::Shape::ChunkPerThread { unroll: 2 }
+        gather::Shape::ChunkPerThread {
+            unroll: 2,
+            block_threads: gather::BLOCK_THREADS
+        }
     );
     assert_eq!(
         g("gather_span8_b1"),
@@ -138,7 +141,8 @@ fn declared_shapes_are_the_launch_shapes() {
             dequant::Conversion::Packed,
             dequant::Shape::Units8 {
                 unroll: 2,
-                one_pass: true
+                one_pass: true,
+                block_threads: gather::BLOCK_THREADS
             }
         )
     );

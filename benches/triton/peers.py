@@ -35,6 +35,7 @@ fetchahead's baseline PTX (its variants that need a newer arch are left out, and
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import statistics
@@ -60,6 +61,10 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=11, help="timed repetitions; the median is kept")
     p.add_argument("--default-only", action="store_true",
                    help="time fetchahead's default only, not every variant")
+    p.add_argument("--variants", default="*",
+                   help="the variants to time beside the default: comma-separated names or "
+                        "globs (default every one; 'gather_dequant_pairs_*,gather_tile_*' "
+                        "times a new family against the peers)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
     p.add_argument("--record", metavar="FILE",
@@ -71,6 +76,9 @@ def parse_args(argv=None):
     a.sizes = [int(x) for x in a.sizes.split(",") if x]
     a.tables = [t for t in a.tables.split(",") if t]
     a.families = [f for f in a.families.split(",") if f]
+    a.variants = [] if a.default_only else [v for v in a.variants.split(",") if v]
+    if a.record and a.variants != ["*"]:
+        p.error("--record needs every variant timed (not --default-only or --variants)")
     for t in a.tables:
         if t not in report.TABLES:
             p.error(f"unknown table {t!r}; want one of {', '.join(report.TABLES)}")
@@ -316,10 +324,12 @@ def best_config(launch: Callable[[int, int], None], n: int, reps: int) -> dict[s
 # ---- the run --------------------------------------------------------------------------------
 
 
-def fetchahead_variants(fetchahead, family: str) -> tuple[list[str], list[tuple[str, int]]]:
-    """``family``'s variants the loaded PTX holds, and those it does not (with the SM each
-    needs)."""
-    names = [name for name, _ in fetchahead.variants()[family]]
+def fetchahead_variants(fetchahead, family: str,
+                        patterns=("*",)) -> tuple[list[str], list[tuple[str, int]]]:
+    """``family``'s variants matching ``patterns`` (names or globs) that the loaded PTX holds,
+    and those it does not (with the SM each needs)."""
+    names = [name for name, _ in fetchahead.variants()[family]
+             if any(fnmatch.fnmatchcase(name, pat) for pat in patterns)]
     not_held = []
     if hasattr(fetchahead, "loaded_ptx"):
         not_held = [(name, sm) for name, sm in fetchahead.loaded_ptx()["not_held"] if name in names]
@@ -327,7 +337,7 @@ def fetchahead_variants(fetchahead, family: str) -> tuple[list[str], list[tuple[
     return [n for n in names if n not in absent], not_held
 
 
-def run_dequant(fetchahead, w, s, ids, reps, skip_variants, log) -> dict[str, Any]:
+def run_dequant(fetchahead, w, s, ids, reps, patterns, log) -> dict[str, Any]:
     n = ids.numel()
     r: dict[str, Any] = {}
     out = torch.empty((n, DIM), dtype=torch.bfloat16, device="cuda")
@@ -350,8 +360,8 @@ def run_dequant(fetchahead, w, s, ids, reps, skip_variants, log) -> dict[str, An
     check("default", fa(None), want_mx)
     r["default"] = median_us(fa(None), n, reps)
     variants = {}
-    names, _ = fetchahead_variants(fetchahead, "gather_dequant")
-    for name in names if not skip_variants else []:
+    names, _ = fetchahead_variants(fetchahead, "gather_dequant", patterns)
+    for name in names:
         check(name, fa(name), want_mx)
         variants[name] = median_us(fa(name), n, reps)
     r["variants"] = variants
@@ -388,7 +398,7 @@ def run_dequant(fetchahead, w, s, ids, reps, skip_variants, log) -> dict[str, An
     return r
 
 
-def run_gather(fetchahead, w, ids, reps, skip_variants, log) -> dict[str, Any]:
+def run_gather(fetchahead, w, ids, reps, patterns, log) -> dict[str, Any]:
     n = ids.numel()
     r: dict[str, Any] = {}
     out = torch.empty((n, DIM), dtype=torch.uint8, device="cuda")
@@ -408,8 +418,8 @@ def run_gather(fetchahead, w, ids, reps, skip_variants, log) -> dict[str, Any]:
     check("default", fa(None))
     r["default"] = median_us(fa(None), n, reps)
     variants = {}
-    names, _ = fetchahead_variants(fetchahead, "gather")
-    for name in names if not skip_variants else []:
+    names, _ = fetchahead_variants(fetchahead, "gather", patterns)
+    for name in names:
         check(name, fa(name))
         variants[name] = median_us(fa(name), n, reps)
     r["variants"] = variants
@@ -457,10 +467,10 @@ def main(a: argparse.Namespace) -> int:
             ids = torch.randint(0, a.rows, (n,), dtype=torch.int64, device="cuda", generator=gen)
             if "gather_dequant" in a.families:
                 results[table]["gather_dequant"][n] = run_dequant(
-                    fetchahead, w, s, ids, a.reps, a.default_only, log)
+                    fetchahead, w, s, ids, a.reps, a.variants, log)
             if "gather" in a.families:
                 results[table]["gather"][n] = run_gather(
-                    fetchahead, w, ids, a.reps, a.default_only, log)
+                    fetchahead, w, ids, a.reps, a.variants, log)
         del w, s
         torch.cuda.empty_cache()
     x = torch.empty(1, device="cuda")
@@ -499,9 +509,6 @@ def main(a: argparse.Namespace) -> int:
         os.replace(tmp, a.json)
         print(f"json: {a.json}")
     if a.record:
-        if a.default_only:
-            print("--record needs every variant timed (not --default-only)", file=sys.stderr)
-            return 2
         arch = ptx["arch"] if ptx else "?"
         with open(a.record, "w") as f:
             f.write("".join(line + "\n" for line in report.winner_lines(results, arch)))

@@ -50,12 +50,13 @@ pub struct Defaults {
 
 /// The H200's winners by call size (`benches/triton/peers.py --record`, 16M-row table, random
 /// ids, three tables; the buckets' bounds lie between its sizes 72, 4096, 65536, 1M and 4M):
-/// per-call latency decides the small calls, streaming stores (`_cs`) the middle ones, and two
-/// rows a thread in flight the large ones.
+/// per-call latency decides the small calls, streaming stores (`_cs`) the middle ones, and for
+/// the large ones a block per contiguous stretch of output with every id and row loaded before
+/// any store (`gather_tile_x4_nc`, ahead of the Triton peer at 1M and 4M rows).
 const H200_GATHER: BySize<GatherVariant> = BySize(&[
     (16 << 10, GatherVariant::must("gather_chunk16_nohint")),
-    (2 << 20, GatherVariant::must("gather_chunk16_nohint_cs")),
-    (u64::MAX, GatherVariant::must("gather_chunk16_nohint_x2")),
+    (256 << 10, GatherVariant::must("gather_chunk16_nohint_cs")),
+    (u64::MAX, GatherVariant::must("gather_tile_x4_nc")),
 ]);
 const H200_DEQUANT: BySize<DequantVariant> = BySize(&[
     (1 << 10, DequantVariant::must("gather_dequant_u8_packed")),

@@ -27,7 +27,11 @@ pub enum Shape {
     /// stored, so that each store instruction of the warp writes 512 contiguous bytes. With
     /// `one_pass` the grid has a warp per tile (each warp one pass of its loop); otherwise it
     /// is capped at what fits on the device at once and strides over the tiles.
-    Units8 { unroll: u32, one_pass: bool },
+    Units8 {
+        unroll: u32,
+        one_pass: bool,
+        block_threads: u32,
+    },
 }
 
 impl Shape {
@@ -37,6 +41,21 @@ impl Shape {
             Shape::Chunk16 => 16,
             Shape::Units8 { unroll, .. } => 8 * unroll,
         }
+    }
+
+    /// Threads a block of a launch of this shape: 256 unless the variant declares `block: N`
+    /// (small blocks spread a small call over more multiprocessors).
+    pub const fn block_threads(self) -> u32 {
+        match self {
+            Shape::Chunk16 => crate::gather::BLOCK_THREADS,
+            Shape::Units8 { block_threads, .. } => block_threads,
+        }
+    }
+
+    /// Whether the grid covers the call once (a block per tile), rather than being capped at
+    /// what fits on the device and striding.
+    pub const fn one_pass(self) -> bool {
+        matches!(self, Shape::Units8 { one_pass: true, .. })
     }
 
     /// Threads a launch over `n` rows of `dim` elements needs (before the grid cap).
@@ -83,6 +102,7 @@ macro_rules! dequant_row {
             shape: Shape::Units8 {
                 unroll: $u,
                 one_pass: $one,
+                block_threads: block_of!($($rest)*),
             },
             about: $about,
         }
@@ -105,7 +125,7 @@ macro_rules! dequant_body {
         $p:ident,
         units8 {
             unroll: $u:literal, one_pass: $one:literal, conversion: $c:ident, hint: $h:ident,
-            streaming: $cs:literal
+            streaming: $cs:literal $(, block: $b:literal)?
         }
     ) => {
         super::kernels::gather_dequant_units::<
@@ -174,6 +194,15 @@ variants! {
     gather_dequant_u8_cvt_x4: units8 {
         unroll: 4, one_pass: false, conversion: Hardware, hint: PLAIN, streaming: false
     } => "hardware conversion, 4 units of 8 elements a thread";
+    gather_dequant_u8_packed_b64: units8 {
+        unroll: 1, one_pass: false, conversion: Packed, hint: PLAIN, streaming: false, block: 64
+    } => "packed, 1 unit a thread, blocks of 64 threads (a small call over more SMs)";
+    gather_dequant_u8_packed_x2_b64: units8 {
+        unroll: 2, one_pass: false, conversion: Packed, hint: PLAIN, streaming: false, block: 64
+    } => "packed, 2 units a thread, blocks of 64 threads";
+    gather_dequant_u8_packed_x2_pass_b64: units8 {
+        unroll: 2, one_pass: true, conversion: Packed, hint: PLAIN, streaming: false, block: 64
+    } => "packed, 2 units a thread, a warp per tile, blocks of 64 threads";
     gather_dequant_u8_packed_x8: units8 {
         unroll: 8, one_pass: false, conversion: Packed, hint: PLAIN, streaming: false
     } => "packed, 8 units of 8 elements a thread loaded before any is stored";
@@ -183,8 +212,7 @@ variant_handle!(DequantVariant, "gather + dequant");
 
 #[cfg(target_arch = "nvptx64")]
 pub(crate) mod kernels {
-    use super::Conversion;
-    use super::ELEMS_PER_THREAD;
+    use super::{Conversion, ELEMS_PER_THREAD};
     use crate::device::{
         e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads, load_hinted_8,
         load_hinted_16, load_i64, load_i64_early, load_u8, mul_bf16x2, permute_bytes, prefetch_l2,

@@ -224,6 +224,26 @@ pub fn shuffle_i64(v: i64, src: u32) -> i64 {
     (lo as u64 | (hi as u64) << 32) as i64
 }
 
+/// One read-only 8-byte load (ids) through the path `HINT` picks: the coherent `ld.global`
+/// for [`hint::COHERENT`], the non-coherent one ([`load_i64`]) for any other.
+///
+/// # Safety
+/// As [`load_i64`].
+#[inline(always)]
+pub unsafe fn load_i64_hinted<const HINT: u8>(addr: u64) -> i64 {
+    if HINT != hint::COHERENT {
+        // SAFETY: the caller's guarantee, passed on.
+        return unsafe { load_i64(addr) };
+    }
+    let v: i64;
+    // SAFETY: the caller guarantees a readable, aligned, read-only address.
+    unsafe {
+        asm!("ld.global.s64 {0}, [{1}];", out(reg64) v, in(reg64) addr,
+             options(pure, readonly, nostack, preserves_flags));
+    }
+    v
+}
+
 /// One read-only byte (an E8M0 scale), through the non-coherent path.
 ///
 /// # Safety

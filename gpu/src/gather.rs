@@ -17,7 +17,12 @@ pub const BLOCK_THREADS: u32 = 256;
 pub enum Shape {
     /// One thread per 16-byte chunk of output, `unroll` chunks (a grid-stride apart) loaded before
     /// any is stored, over a grid-stride loop.
-    ChunkPerThread { unroll: u32 },
+    ChunkPerThread { unroll: u32, block_threads: u32 },
+    /// One block per `unroll * BLOCK_THREADS` consecutive 16-byte chunks of output, thread `t`
+    /// taking chunks `t, t + BLOCK_THREADS, ...` of it: every id, then every chunk, loaded
+    /// before any is stored, so a block's bytes in flight are one contiguous stretch of
+    /// output. The grid covers the call once.
+    ChunkTile { unroll: u32 },
     /// One warp per row, its lanes over the row's 16-byte chunks.
     WarpPerRow,
     /// One warp per 32 consecutive rows: each lane loads one id (the next batch's ids are
@@ -35,10 +40,17 @@ pub enum Shape {
 }
 
 impl Shape {
+    /// Whether the grid covers the call once (a block per tile), rather than being capped at
+    /// what fits on the device and striding.
+    pub const fn one_pass(self) -> bool {
+        matches!(self, Shape::ChunkTile { .. })
+    }
+
     /// Threads per block of a launch of this shape.
     pub const fn block_threads(self) -> u32 {
         match self {
-            Shape::TilePerBlock { block_threads, .. } => block_threads,
+            Shape::TilePerBlock { block_threads, .. }
+            | Shape::ChunkPerThread { block_threads, .. } => block_threads,
             _ => BLOCK_THREADS,
         }
     }
@@ -61,21 +73,37 @@ macro_rules! gather_row {
     ($name:expr, $about:expr, chunk { unroll: $u:literal, $($rest:tt)* }) => {
         Variant {
             name: $name,
-            shape: Shape::ChunkPerThread { unroll: $u },
+            shape: Shape::ChunkPerThread {
+                unroll: $u,
+                block_threads: block_of!($($rest)*),
+            },
+            about: $about,
+        }
+    };
+    ($name:expr, $about:expr, tile { unroll: $u:literal, $($rest:tt)* }) => {
+        Variant {
+            name: $name,
+            shape: Shape::ChunkTile { unroll: $u },
             about: $about,
         }
     };
     ($name:expr, $about:expr, pipelined { $($rest:tt)* }) => {
         Variant {
             name: $name,
-            shape: Shape::ChunkPerThread { unroll: 1 },
+            shape: Shape::ChunkPerThread {
+                unroll: 1,
+                block_threads: BLOCK_THREADS,
+            },
             about: $about,
         }
     };
     ($name:expr, $about:expr, ring { $($rest:tt)* }) => {
         Variant {
             name: $name,
-            shape: Shape::ChunkPerThread { unroll: 1 },
+            shape: Shape::ChunkPerThread {
+                unroll: 1,
+                block_threads: BLOCK_THREADS,
+            },
             about: $about,
         }
     };
@@ -118,8 +146,14 @@ macro_rules! gather_row {
 /// The body of a variant, from the same tokens as its row.
 #[cfg(target_arch = "nvptx64")]
 macro_rules! gather_body {
-    ($p:ident, chunk { unroll: $u:literal, streaming: $cs:literal, hint: $h:ident }) => {
+    (
+        $p:ident,
+        chunk { unroll: $u:literal, streaming: $cs:literal, hint: $h:ident $(, block: $b:literal)? }
+    ) => {
         super::kernels::chunk_per_thread::<$u, $cs, { crate::device::hint::$h }>(&$p)
+    };
+    ($p:ident, tile { unroll: $u:literal, hint: $h:ident }) => {
+        super::kernels::chunk_tile::<$u, { crate::device::hint::$h }>(&$p)
     };
     ($p:ident, pipelined { ahead: $ahead:literal, hint: $h:ident }) => {
         super::kernels::chunk_pipelined::<$ahead, { crate::device::hint::$h }>(&$p)
@@ -240,6 +274,21 @@ variants! {
     /// Per warp: 32 rows, 8 chunks in flight per lane.
     gather_warp_batch_x8: rows { in_flight: 8 }
         => "a warp per 32 rows: ids in one load, 8 chunks in flight per lane";
+    /// Per thread: one unhinted chunk, blocks of 64 threads (a small call over more SMs).
+    gather_chunk16_nohint_b64: chunk { unroll: 1, streaming: false, hint: PLAIN, block: 64 }
+        => "a thread per 16-byte chunk, unhinted loads, blocks of 64 threads";
+    /// Per block: 2 chunks a thread of one contiguous stretch of output, coherent loads.
+    gather_tile_x2: tile { unroll: 2, hint: COHERENT }
+        => "a block per 2 x 256 consecutive chunks, ids then rows loaded, coherent loads";
+    /// Per block: 4 chunks a thread of one contiguous stretch of output, coherent loads.
+    gather_tile_x4: tile { unroll: 4, hint: COHERENT }
+        => "a block per 4 x 256 consecutive chunks, ids then rows loaded, coherent loads";
+    /// As `gather_tile_x4`, reads through the non-coherent path.
+    gather_tile_x4_nc: tile { unroll: 4, hint: PLAIN }
+        => "as gather_tile_x4, reads through the non-coherent path";
+    /// Per block: 8 chunks a thread of one contiguous stretch of output, coherent loads.
+    gather_tile_x8: tile { unroll: 8, hint: COHERENT }
+        => "a block per 8 x 256 consecutive chunks, ids then rows loaded, coherent loads";
     // Its entry is in `kernels`: called through a body function, its PTX's registers and blocks
     // came out in another order.
     gather_warp_row: hand_written { shape: Shape::WarpPerRow }
@@ -262,8 +311,8 @@ mod kernels {
     use super::{BLOCK_THREADS, BULK_TILE_BYTES};
     use crate::device::{
         block, blocks, global_thread, grid_threads, hint, load_hinted_16, load_i64, load_i64_early,
-        load_stream_16, prefetch_l2, record_bad_id, shuffle_i64, store_16, store_16_streaming,
-        thread_in_block, warp_sync,
+        load_i64_hinted, load_stream_16, prefetch_l2, record_bad_id, shuffle_i64, store_16,
+        store_16_streaming, thread_in_block, warp_sync,
     };
     use crate::params::{CHUNK_BYTES, GatherParams};
     use crate::smem::{
@@ -356,6 +405,73 @@ mod kernels {
                 }
             }
             base += UNROLL as u64 * stride;
+        }
+    }
+
+    /// [`Shape::ChunkTile`](super::Shape::ChunkTile): block `b` takes tiles `b, b + blocks, ...`
+    /// of `UNROLL * BLOCK_THREADS` chunks (one pass when the grid covers the call).
+    #[inline(always)]
+    pub(super) unsafe fn chunk_tile<const UNROLL: usize, const HINT: u8>(p: &GatherParams) {
+        // Two copies, so that rows of a power-of-two number of chunks split by shift and mask
+        // and no division sits on the path to the first load.
+        // SAFETY: the caller's `p`, passed on.
+        unsafe {
+            if row_chunks(p).get().is_power_of_two() {
+                chunk_tile_body::<UNROLL, HINT, true>(p)
+            } else {
+                chunk_tile_body::<UNROLL, HINT, false>(p)
+            }
+        }
+    }
+
+    /// [`chunk_tile`] for rows whose number of chunks is (`POW2`) or is not a power of two.
+    #[inline(always)]
+    unsafe fn chunk_tile_body<const UNROLL: usize, const HINT: u8, const POW2: bool>(
+        p: &GatherParams,
+    ) {
+        let chunks = row_chunks(p).get();
+        let split = |t: u64, chunks: u32| {
+            if POW2 {
+                let t = t as u32;
+                ((t >> chunks.trailing_zeros()) as u64, t & (chunks - 1))
+            } else {
+                split(t, chunks)
+            }
+        };
+        let total = p.n * chunks as u64;
+        let tile_chunks = (UNROLL as u32 * BLOCK_THREADS) as u64;
+        let mut tile = block() as u64;
+        while tile * tile_chunks < total {
+            let first = tile * tile_chunks + thread_in_block() as u64;
+            // Every id loaded unconditionally (a chunk past the end reads the last one's, and
+            // is never used): no branch holds the first load back.
+            let mut ids = [-1i64; UNROLL];
+            for (j, id) in ids.iter_mut().enumerate() {
+                let t = (first + (j as u32 * BLOCK_THREADS) as u64).min(total - 1);
+                // SAFETY: t < total, so its row is below n and inside the ids array.
+                *id = unsafe { load_i64_hinted::<HINT>(p.ids + 8 * split(t, chunks).0) };
+            }
+            let mut data = [[0u32; 4]; UNROLL];
+            for j in 0..UNROLL {
+                let t = first + (j as u32 * BLOCK_THREADS) as u64;
+                if t < total {
+                    let (i, c) = split(t, chunks);
+                    // SAFETY: `source_of` returns only addresses of rows inside the table.
+                    if let Some(src) = unsafe { source_of(p, ids[j], i, c) } {
+                        data[j] = unsafe { load_hinted_16::<HINT>(src) };
+                    }
+                }
+            }
+            for (j, chunk) in data.iter().enumerate() {
+                let t = first + (j as u32 * BLOCK_THREADS) as u64;
+                if t < total {
+                    let (i, c) = split(t, chunks);
+                    let dest = p.out + i * p.row_bytes as u64 + (c * CHUNK_BYTES) as u64;
+                    // SAFETY: dest is chunk c of output row i < n, owned by this thread.
+                    unsafe { store_16(dest, *chunk) };
+                }
+            }
+            tile += blocks() as u64;
         }
     }
 

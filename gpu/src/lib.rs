@@ -41,6 +41,20 @@ macro_rules! sm_number {
     };
 }
 
+/// The threads a block of a variant's launch, from its declaration's tokens: the value of a
+/// `block: N` among them, [`gather::BLOCK_THREADS`] without one.
+macro_rules! block_of {
+    () => {
+        $crate::gather::BLOCK_THREADS
+    };
+    (block: $b:literal $($rest:tt)*) => {
+        $b
+    };
+    ($skip:tt $($rest:tt)*) => {
+        block_of!($($rest)*)
+    };
+}
+
 /// `$item`, compiled only into the PTX of archs at least `$tier` (build.rs sets the
 /// `fetchahead_sm89` and `fetchahead_sm90` cfgs by the arch it builds).
 #[cfg(target_arch = "nvptx64")]

@@ -187,7 +187,7 @@ impl Kernels {
             dequant: dequant::VARIANTS
                 .iter()
                 .zip(dequant::NEEDS)
-                .map(|(v, &needs)| slot(v.name, needs, threads))
+                .map(|(v, &needs)| slot(v.name, needs, v.shape.block_threads()))
                 .collect::<Result<_>>()?,
             prefetch: l2_prefetch::VARIANTS
                 .iter()
@@ -269,8 +269,9 @@ impl Kernels {
             timeline: self.timeline.params(kernel.id),
             ..p
         };
+        let grid = Grid::of(threads, block_threads, variant.variant().shape.one_pass());
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
-        unsafe { self.launch(kernel, &p.timeline, threads, stream, p, block_threads) }
+        unsafe { self.launch_sized(kernel, &p.timeline, grid, stream, p) }
     }
 
     /// Launches the empty kernel with exactly the grid gather `variant` would get for `p`.
@@ -287,17 +288,9 @@ impl Kernels {
         let empty = self
             .pick(&self.gather, variant.index(), "gather")?
             .empty_like(&self.empty);
+        let grid = Grid::of(threads, block_threads, variant.variant().shape.one_pass());
         // SAFETY: the empty kernel touches no memory.
-        unsafe {
-            self.launch(
-                &empty,
-                &TimelineParams::OFF,
-                threads,
-                stream,
-                p,
-                block_threads,
-            )
-        }
+        unsafe { self.launch_sized(&empty, &TimelineParams::OFF, grid, stream, p) }
     }
 
     /// Launches the empty kernel with exactly the grid gather + dequant `variant` would get for
@@ -326,31 +319,13 @@ impl Kernels {
             _pad: 0,
             timeline: fetchahead_gpu::params::TimelineParams::OFF,
         };
-        let threads = shape.threads(p.n, p.dim);
-        if let dequant::Shape::Units8 { one_pass: true, .. } = shape {
-            let blocks = threads.div_ceil(gather::BLOCK_THREADS as u64) as u32;
-            // SAFETY: the empty kernel touches no memory.
-            return unsafe {
-                self.launch_exact(
-                    &empty.function,
-                    blocks,
-                    gather::BLOCK_THREADS,
-                    stream,
-                    unused,
-                )
-            };
-        }
+        let grid = Grid::of(
+            shape.threads(p.n, p.dim),
+            shape.block_threads(),
+            shape.one_pass(),
+        );
         // SAFETY: the empty kernel touches no memory.
-        unsafe {
-            self.launch(
-                &empty,
-                &TimelineParams::OFF,
-                threads,
-                stream,
-                unused,
-                gather::BLOCK_THREADS,
-            )
-        }
+        unsafe { self.launch_sized(&empty, &TimelineParams::OFF, grid, stream, unused) }
     }
 
     /// Launches gather + dequant `variant` on `stream`.
@@ -376,31 +351,9 @@ impl Kernels {
             timeline: self.timeline.params(kernel.id),
             ..p
         };
-        if let dequant::Shape::Units8 { one_pass: true, .. } = shape {
-            // Below 2^32 / 8 * 32 / 256 blocks, since units < 2^32: inside the grid limit.
-            let blocks = threads.div_ceil(gather::BLOCK_THREADS as u64) as u32;
-            // SAFETY: as below; every tile gets its own warp.
-            return unsafe {
-                self.launch_exact(
-                    kernel.function_for(&p.timeline),
-                    blocks,
-                    gather::BLOCK_THREADS,
-                    stream,
-                    p,
-                )
-            };
-        }
+        let grid = Grid::of(threads, shape.block_threads(), shape.one_pass());
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
-        unsafe {
-            self.launch(
-                kernel,
-                &p.timeline,
-                threads,
-                stream,
-                p,
-                gather::BLOCK_THREADS,
-            )
-        }
+        unsafe { self.launch_sized(kernel, &p.timeline, grid, stream, p) }
     }
 
     /// The prefetcher's tagged gather of `p.n` staged rows ([`staged`]): each row waits for its
@@ -572,6 +525,42 @@ impl Kernels {
         }
     }
 
+    /// Launches `kernel` over `grid`: every block of a one-pass grid, or at most as many as fit
+    /// on the device at once for a striding one.
+    ///
+    /// # Safety
+    /// As [`Kernels::launch`].
+    unsafe fn launch_sized<P: Copy>(
+        &self,
+        kernel: &LoadedKernel,
+        timeline: &TimelineParams,
+        grid: Grid,
+        stream: sys::CUstream,
+        p: P,
+    ) -> Result<()> {
+        if !grid.one_pass {
+            // SAFETY: the caller's guarantees, passed on.
+            return unsafe {
+                self.launch(
+                    kernel,
+                    timeline,
+                    grid.threads,
+                    stream,
+                    p,
+                    grid.block_threads,
+                )
+            };
+        }
+        if grid.threads == 0 {
+            return Ok(());
+        }
+        // Below 2^32 / 8 * 32 / 256 blocks, since the kernels' units are below 2^32: inside the
+        // grid limit.
+        let blocks = grid.threads.div_ceil(grid.block_threads as u64) as u32;
+        // SAFETY: the caller's guarantees, passed on; every tile gets its own block or warp.
+        unsafe { self.launch_grid(kernel, timeline, blocks, grid.block_threads, stream, p) }
+    }
+
     /// One `cuLaunchKernel` of `blocks x threads` with `p` as the kernel's one argument, by value.
     ///
     /// # Safety
@@ -589,6 +578,25 @@ impl Kernels {
         // SAFETY: the caller guarantees `P` and the addresses inside `p`; the context is bound
         // above.
         unsafe { driver::launch::launch_kernel(function, blocks, threads, stream, p) }
+    }
+}
+
+/// The threads a launch needs, in blocks of `block_threads`, and whether they all launch at once
+/// (`one_pass`) or are capped at what fits on the device.
+#[derive(Clone, Copy, Debug)]
+struct Grid {
+    threads: u64,
+    block_threads: u32,
+    one_pass: bool,
+}
+
+impl Grid {
+    fn of(threads: u64, block_threads: u32, one_pass: bool) -> Grid {
+        Grid {
+            threads,
+            block_threads,
+            one_pass,
+        }
     }
 }
 
@@ -656,7 +664,11 @@ fn gather_threads(variant: GatherVariant, p: &GatherParams, sms: u32) -> Result<
     let chunks = (p.row_bytes / CHUNK_BYTES) as u64;
     check_chunk_count(p.n * chunks)?;
     let threads = match shape {
-        gather::Shape::ChunkPerThread { unroll } => (p.n * chunks).div_ceil(unroll as u64),
+        gather::Shape::ChunkPerThread { unroll, .. } => (p.n * chunks).div_ceil(unroll as u64),
+        gather::Shape::ChunkTile { unroll } => {
+            let tile = unroll as u64 * shape.block_threads() as u64;
+            (p.n * chunks).div_ceil(tile) * shape.block_threads() as u64
+        }
         gather::Shape::WarpPerRow => p.n * 32,
         gather::Shape::WarpPerRows => p.n.div_ceil(32) * 32,
         gather::Shape::WarpSpan {
@@ -759,5 +771,37 @@ mod tests {
             gather_threads(span, &big, 132).unwrap(),
             (132 * 256, gather::BLOCK_THREADS)
         );
+    }
+
+    #[test]
+    fn a_one_pass_variant_launches_every_block_and_a_small_block_variant_its_size() {
+        let p = GatherParams {
+            table: 0x1000,
+            ids: 0x2000,
+            out: 0x3000,
+            status: 0x4000,
+            n: 1000,
+            rows: 10,
+            row_bytes: 256,
+            _pad: 0,
+            timeline: fetchahead_gpu::params::TimelineParams::OFF,
+        };
+        // 1000 rows are 16000 chunks, 15.6 tiles of 4 x 256: 16 blocks, whatever fits at once.
+        let tile = GatherVariant::named("gather_tile_x4").unwrap();
+        assert!(tile.variant().shape.one_pass());
+        assert_eq!(
+            gather_threads(tile, &p, 132).unwrap(),
+            (16 * 256, gather::BLOCK_THREADS)
+        );
+        let small = GatherVariant::named("gather_chunk16_nohint_b64").unwrap();
+        assert!(!small.variant().shape.one_pass());
+        assert_eq!(gather_threads(small, &p, 132).unwrap(), (16000, 64));
+        let d = DequantVariant::named("gather_dequant_u8_packed_x2_pass_b64").unwrap();
+        let shape = d.variant().shape;
+        assert_eq!((shape.block_threads(), shape.one_pass()), (64, true));
+        // 1000 rows of 256 elements are 32000 units, 500 tiles of 2 x 32: 500 warps.
+        assert_eq!(shape.threads(1000, 256), 500 * 32);
+        let grid = Grid::of(shape.threads(1000, 256), shape.block_threads(), true);
+        assert_eq!(grid.threads.div_ceil(grid.block_threads as u64), 250);
     }
 }

@@ -138,7 +138,10 @@ fn gather_blocks() -> u32 {
         .expect("the plain gather")
         .variant()
         .shape;
-    assert!(matches!(shape, gather::Shape::ChunkPerThread { unroll: 1 }));
+    assert!(matches!(
+        shape,
+        gather::Shape::ChunkPerThread { unroll: 1, .. }
+    ));
     (GATHERED * (ROW_BYTES / 16) as u64).div_ceil(shape.block_threads() as u64) as u32
 }
 
