@@ -738,10 +738,9 @@ pub fn check_aligned_to(what: &'static str, address: u64, align: u64) -> Result<
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_tile_variant_gets_one_block_of_its_size_per_tile() {
-        let variant = GatherVariant::named("gather_bulk").unwrap();
-        let p = GatherParams {
+    /// A gather of 1000 rows of 256 bytes at aligned stand-in addresses.
+    fn thousand_rows() -> GatherParams {
+        GatherParams {
             table: 0x1000,
             ids: 0x2000,
             out: 0x3000,
@@ -751,7 +750,13 @@ mod tests {
             row_bytes: 256,
             _pad: 0,
             timeline: fetchahead_gpu::params::TimelineParams::OFF,
-        };
+        }
+    }
+
+    #[test]
+    fn a_tile_variant_gets_one_block_of_its_size_per_tile() {
+        let variant = GatherVariant::named("gather_bulk").unwrap();
+        let p = thousand_rows();
         // 1000 rows of 256 bytes fill 31.25 tiles of 8 KiB: 32 blocks of one warp.
         assert_eq!(gather_threads(variant, &p, 132).unwrap(), (32 * 32, 32));
         let chunked = GatherParams { n: 0, ..p };
@@ -775,17 +780,7 @@ mod tests {
 
     #[test]
     fn a_one_pass_variant_launches_every_block_and_a_small_block_variant_its_size() {
-        let p = GatherParams {
-            table: 0x1000,
-            ids: 0x2000,
-            out: 0x3000,
-            status: 0x4000,
-            n: 1000,
-            rows: 10,
-            row_bytes: 256,
-            _pad: 0,
-            timeline: fetchahead_gpu::params::TimelineParams::OFF,
-        };
+        let p = thousand_rows();
         // 1000 rows are 16000 chunks, 15.6 tiles of 4 x 256: 16 blocks, whatever fits at once.
         let tile = GatherVariant::named("gather_tile_x4").unwrap();
         assert!(tile.variant().shape.one_pass());
