@@ -263,13 +263,12 @@ impl Kernels {
         variant: GatherVariant,
         p: GatherParams,
     ) -> Result<()> {
-        let (threads, block_threads) = gather_threads(variant, &p, self.gpu.multiprocessors)?;
+        let grid = gather_grid(variant, &p, self.gpu.multiprocessors)?;
         let kernel = self.pick(&self.gather, variant.index(), "gather")?;
         let p = GatherParams {
             timeline: self.timeline.params(kernel.id),
             ..p
         };
-        let grid = Grid::of(threads, block_threads, variant.variant().shape.one_pass());
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
         unsafe { self.launch_sized(kernel, &p.timeline, grid, stream, p) }
     }
@@ -284,11 +283,10 @@ impl Kernels {
         variant: GatherVariant,
         p: GatherParams,
     ) -> Result<()> {
-        let (threads, block_threads) = gather_threads(variant, &p, self.gpu.multiprocessors)?;
+        let grid = gather_grid(variant, &p, self.gpu.multiprocessors)?;
         let empty = self
             .pick(&self.gather, variant.index(), "gather")?
             .empty_like(&self.empty);
-        let grid = Grid::of(threads, block_threads, variant.variant().shape.one_pass());
         // SAFETY: the empty kernel touches no memory.
         unsafe { self.launch_sized(&empty, &TimelineParams::OFF, grid, stream, p) }
     }
@@ -319,11 +317,7 @@ impl Kernels {
             _pad: 0,
             timeline: fetchahead_gpu::params::TimelineParams::OFF,
         };
-        let grid = Grid::of(
-            shape.threads(p.n, p.dim),
-            shape.block_threads(),
-            shape.one_pass(),
-        );
+        let grid = dequant_grid(shape, p.n, p.dim);
         // SAFETY: the empty kernel touches no memory.
         unsafe { self.launch_sized(&empty, &TimelineParams::OFF, grid, stream, unused) }
     }
@@ -345,13 +339,12 @@ impl Kernels {
         let shape = dequant_shape(variant)?;
         // The kernels index 8-element units in u32.
         check_chunk_count(p.n * (p.dim / 8) as u64)?;
-        let threads = shape.threads(p.n, p.dim);
+        let grid = dequant_grid(shape, p.n, p.dim);
         let kernel = self.pick(&self.dequant, variant.index(), "gather_dequant")?;
         let p = DequantParams {
             timeline: self.timeline.params(kernel.id),
             ..p
         };
-        let grid = Grid::of(threads, shape.block_threads(), shape.one_pass());
         // SAFETY: the caller guarantees the addresses; the checks above bound the indexing.
         unsafe { self.launch_sized(kernel, &p.timeline, grid, stream, p) }
     }
@@ -554,8 +547,8 @@ impl Kernels {
         if grid.threads == 0 {
             return Ok(());
         }
-        // Below 2^32 / 8 * 32 / 256 blocks, since the kernels' units are below 2^32: inside the
-        // grid limit.
+        // The kernels count their units (16-byte chunks, 8-element units) in u32, and a block of
+        // a one-pass shape takes at least 128 of them: below 2^25 blocks, inside the grid limit.
         let blocks = grid.threads.div_ceil(grid.block_threads as u64) as u32;
         // SAFETY: the caller's guarantees, passed on; every tile gets its own block or warp.
         unsafe { self.launch_grid(kernel, timeline, blocks, grid.block_threads, stream, p) }
@@ -590,13 +583,12 @@ struct Grid {
     one_pass: bool,
 }
 
-impl Grid {
-    fn of(threads: u64, block_threads: u32, one_pass: bool) -> Grid {
-        Grid {
-            threads,
-            block_threads,
-            one_pass,
-        }
+/// The grid gather + dequant of `n` rows of `dim` elements gets from a variant of `shape`.
+fn dequant_grid(shape: dequant::Shape, n: u64, dim: u32) -> Grid {
+    Grid {
+        threads: shape.threads(n, dim),
+        block_threads: shape.block_threads(),
+        one_pass: shape.one_pass(),
     }
 }
 
@@ -640,9 +632,8 @@ pub fn dequant_variant_named(name: &str) -> Result<DequantVariant> {
     })
 }
 
-/// Checks a gather's shape and returns the threads gather `variant` needs for it and its block
-/// size.
-fn gather_threads(variant: GatherVariant, p: &GatherParams, sms: u32) -> Result<(u64, u32)> {
+/// Checks a gather's shape and returns the grid gather `variant` needs for it.
+fn gather_grid(variant: GatherVariant, p: &GatherParams, sms: u32) -> Result<Grid> {
     if p.row_bytes == 0 || !p.row_bytes.is_multiple_of(CHUNK_BYTES) {
         return Err(Error::invalid(
             "row width",
@@ -653,9 +644,14 @@ fn gather_threads(variant: GatherVariant, p: &GatherParams, sms: u32) -> Result<
         ));
     }
     let shape = variant.variant().shape;
+    let grid = |threads| Grid {
+        threads,
+        block_threads: shape.block_threads(),
+        one_pass: shape.one_pass(),
+    };
     if p.n == 0 {
         // nothing to write: the addresses of empty buffers may be null
-        return Ok((0, shape.block_threads()));
+        return Ok(grid(0));
     }
     check_aligned("table", p.table)?;
     check_aligned("out", p.out)?;
@@ -681,7 +677,7 @@ fn gather_threads(variant: GatherVariant, p: &GatherParams, sms: u32) -> Result<
             tile_bytes,
         } => (p.n * p.row_bytes as u64).div_ceil(tile_bytes as u64) * block_threads as u64,
     };
-    Ok((threads, shape.block_threads()))
+    Ok(grid(threads))
 }
 
 /// The kernels index 16-byte chunks with 32-bit arithmetic.
@@ -737,6 +733,11 @@ pub fn check_aligned_to(what: &'static str, address: u64, align: u64) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The threads and block size of gather `variant`'s grid for `p` on `sms` SMs.
+    fn gather_threads(variant: GatherVariant, p: &GatherParams, sms: u32) -> Result<(u64, u32)> {
+        gather_grid(variant, p, sms).map(|g| (g.threads, g.block_threads))
+    }
 
     /// A gather of 1000 rows of 256 bytes at aligned stand-in addresses.
     fn thousand_rows() -> GatherParams {
@@ -796,7 +797,8 @@ mod tests {
         assert_eq!((shape.block_threads(), shape.one_pass()), (64, true));
         // 1000 rows of 256 elements are 32000 units, 500 tiles of 2 x 32: 500 warps.
         assert_eq!(shape.threads(1000, 256), 500 * 32);
-        let grid = Grid::of(shape.threads(1000, 256), shape.block_threads(), true);
+        let grid = dequant_grid(shape, 1000, 256);
+        assert!(grid.one_pass);
         assert_eq!(grid.threads.div_ceil(grid.block_threads as u64), 250);
     }
 }
