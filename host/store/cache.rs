@@ -12,7 +12,10 @@
 //! random, which it replaces. Evicted rows leave a ghost (a fingerprint, by where they left
 //! from, and when); a miss on a main ghost shrinks the window, one on a window ghost grows it
 //! if the row left within as many inserts as the main part holds rows (ARC's bound on its
-//! recency ghosts), so that rows a flat law draws again from far off do not grow it. Real
+//! recency ghosts), so that rows a flat law draws again from far off do not grow it. Where the
+//! caller says which request asked for each row and when a request finished, a row that only
+//! one finished request asked for counts half (its count came mostly from that document's own
+//! repeats): one aging step early. Real
 //! lookups burst (a document repeats its own n-grams), which a pure LFU misses; a scan or a
 //! flat law leaves through the window without flushing the frequent head. `bench-io --trace`
 //! and `lab/examples/cache_policies` measure it beside LRU, ARC, W-TinyLFU and exact LFU.
@@ -60,6 +63,12 @@ fn ghost_buckets(rows: usize) -> usize {
 /// Buckets a future reference is looked for from its home (the marks table is never full:
 /// a mark that finds no free bucket within this many is dropped).
 const MARK_PROBES: usize = 16;
+/// A slot's asker before any request claimed the row.
+const NO_ASKER: u32 = u32::MAX;
+/// An asker with this bit set: more than one request asked for the row (`NO_ASKER` has it too).
+const SHARED: u32 = 1 << 31;
+/// Requests the finished set tells apart (ids alias modulo this).
+const FINISHED_REQUESTS: usize = 1 << 16;
 /// An empty index bucket.
 const EMPTY: u32 = u32::MAX;
 /// A ghost (a u32, 0: a free bucket): whether its row left from the window, when it left (in
@@ -120,6 +129,7 @@ impl Plan {
             + allocated((self.shard_rows * 4) as u64)
             + allocated(self.shard_rows as u64)
             + allocated((ghost_buckets(self.shard_rows) * 4) as u64)
+            + allocated((self.shard_rows * 4) as u64)
             + if self.marks > 0 {
                 allocated((self.marks * std::mem::size_of::<Mark>()) as u64)
             } else {
@@ -127,7 +137,10 @@ impl Plan {
             };
         let shards = allocated((self.shards * std::mem::size_of::<Mutex<Shard>>()) as u64);
         // The sketch's blocks are 64-byte aligned: up to 64 more for the alignment.
-        self.shards as u64 * shard + shards + allocated(self.counters as u64 + 64)
+        self.shards as u64 * shard
+            + shards
+            + allocated(self.counters as u64 + 64)
+            + allocated((FINISHED_REQUESTS / 8) as u64)
     }
 }
 
@@ -194,6 +207,8 @@ struct Shard {
     /// Live ghosts from the window and from the main part.
     ghosts_window: usize,
     ghosts_main: usize,
+    /// Per slot: the request that asked for the row, `SHARED` once another did too.
+    askers: Box<[u32]>,
 }
 
 impl Shard {
@@ -217,6 +232,7 @@ impl Shard {
             stamp_shift: (capacity.max(1).ilog2() + 4).saturating_sub(STAMP_BITS),
             ghosts_window: 0,
             ghosts_main: 0,
+            askers: vec![NO_ASKER; capacity].into_boxed_slice(),
         }
     }
 
@@ -391,6 +407,8 @@ pub(crate) struct RowCache {
     row_bytes: usize,
     rows: usize,
     budget_bytes: u64,
+    /// Requests the caller said have finished, one bit each by id modulo `FINISHED_REQUESTS`.
+    finished: Box<[AtomicU64]>,
 }
 
 impl RowCache {
@@ -419,6 +437,9 @@ impl RowCache {
             row_bytes,
             rows: plan.rows(),
             budget_bytes: plan.bytes(row_bytes),
+            finished: (0..FINISHED_REQUESTS / 64)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
         }
     }
 
@@ -540,6 +561,7 @@ impl RowCache {
                 };
                 let k = shard.keys[candidate];
                 let (f, marked) = (self.sketch.estimate(k), shard.marked(k, now));
+                let f = self.demoted(&shard.askers, candidate, f);
                 match self.victim(&mut shard, now, candidate) {
                     Some((victim, least)) if marked || f > least => {
                         self.evict(&mut shard, victim, false);
@@ -562,6 +584,7 @@ impl RowCache {
         let (bucket, _) = shard.find(key);
         shard.index[bucket] = slot as u32;
         shard.keys[slot] = key;
+        shard.askers[slot] = NO_ASKER;
         let at = slot * self.row_bytes;
         let (w, s) = shard.rows[at..at + self.row_bytes].split_at_mut(weights.len());
         w.copy_from_slice(weights);
@@ -587,12 +610,54 @@ impl RowCache {
             if shard.marked(k, now) {
                 continue;
             }
-            let f = self.sketch.estimate(k);
+            let f = self.demoted(&shard.askers, s, self.sketch.estimate(k));
             if victim.is_none_or(|(_, least)| f < least) {
                 victim = Some((s, f));
             }
         }
         victim
+    }
+
+    /// A row's estimate, halved when the one request that asked for it has finished: its own
+    /// n-grams' repeats (a document's bursts) made most of its count, and that document is done.
+    fn demoted(&self, askers: &[u32], slot: usize, f: u8) -> u8 {
+        let a = askers[slot];
+        if a & SHARED != 0 || !self.is_finished(a) {
+            return f;
+        }
+        f >> 1
+    }
+
+    fn is_finished(&self, request: u32) -> bool {
+        let r = request as usize % FINISHED_REQUESTS;
+        self.finished[r / 64].load(Ordering::Relaxed) & (1 << (r % 64)) != 0
+    }
+
+    /// Notes that `request` asked for `rows` of layer `layer_index` (after the lookup's misses
+    /// were offered): a cached row another request asked for too is shared from then on. A
+    /// request id starts anew here (ids alias modulo `FINISHED_REQUESTS`).
+    pub fn asked_by(&self, layer_index: usize, request: u32, rows: impl IntoIterator<Item = u64>) {
+        let request = request & !SHARED;
+        let r = request as usize % FINISHED_REQUESTS;
+        self.finished[r / 64].fetch_and(!(1 << (r % 64)), Ordering::Relaxed);
+        for row in rows {
+            let key = Self::key(layer_index, row);
+            let mut shard = self.shard(key);
+            if let Some(slot) = shard.slot(key) {
+                let a = &mut shard.askers[slot];
+                *a = match *a {
+                    NO_ASKER => request,
+                    x if x == request || x & SHARED != 0 => x,
+                    _ => SHARED,
+                };
+            }
+        }
+    }
+
+    /// Notes that `request` finished: the rows only it asked for count half from then on.
+    pub fn request_finished(&self, request: u32) {
+        let r = (request & !SHARED) as usize % FINISHED_REQUESTS;
+        self.finished[r / 64].fetch_or(1 << (r % 64), Ordering::Relaxed);
     }
 
     /// Drops the row in `slot` from the index (the slot is then reused).
@@ -702,6 +767,57 @@ mod tests {
         c.asked(0, &mut [6, 6]);
         assert_eq!(estimate(6), 3);
         assert_eq!(c.sketch.estimate(RowCache::key(1, 6)), 0);
+    }
+
+    #[test]
+    fn rows_only_a_finished_request_asked_for_go_before_a_live_requests() {
+        let c = RowCache::new(bytes_for_rows(64, 9, false), 9, 1, false);
+        assert_eq!((c.shards.len(), c.rows), (1, 64));
+        let (mut w, mut s) = ([0u8; 8], [0u8; 1]);
+        // Rows 0..32 asked four times by request 1, rows 32..64 three times by request 2; row 0
+        // by request 2 too.
+        for (rows, request, times) in [(0..32u64, 1, 4), (32..64, 2, 3)] {
+            for r in rows.clone() {
+                for _ in 0..times {
+                    c.asked(0, &mut [r]);
+                }
+                c.insert(0, r, &[0; 8], &[0]);
+            }
+            c.asked_by(0, request, rows);
+        }
+        c.asked_by(0, 2, [0]);
+        c.request_finished(1);
+        // New rows asked three times each: over request 1's rows (now counting two), never over
+        // request 2's (three) or the shared row 0 (four).
+        let mut admitted = 0;
+        for r in 1000..1016u64 {
+            for _ in 0..3 {
+                c.asked(0, &mut [r]);
+            }
+            c.insert(0, r, &[0; 8], &[0]);
+            admitted += usize::from(c.get(0, r, &mut w, &mut s));
+        }
+        assert!(admitted >= 12, "{admitted} of 16 admitted");
+        let live = (32..64u64).filter(|&r| c.get(0, r, &mut w, &mut s)).count();
+        assert_eq!(live, 32);
+        assert!(c.get(0, 0, &mut w, &mut s));
+        // Without the finish, the same rows are not admitted over request 1's.
+        let c2 = RowCache::new(bytes_for_rows(64, 9, false), 9, 1, false);
+        for r in 0..64u64 {
+            for _ in 0..if r < 32 { 4 } else { 3 } {
+                c2.asked(0, &mut [r]);
+            }
+            c2.insert(0, r, &[0; 8], &[0]);
+        }
+        c2.asked_by(0, 1, 0..32);
+        c2.asked_by(0, 2, 32..64);
+        for r in 1000..1016u64 {
+            for _ in 0..3 {
+                c2.asked(0, &mut [r]);
+            }
+            c2.insert(0, r, &[0; 8], &[0]);
+            assert!(!c2.get(0, r, &mut w, &mut s), "row {r} admitted");
+        }
     }
 
     #[test]

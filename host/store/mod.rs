@@ -45,6 +45,7 @@ mod plan;
 pub mod policies;
 mod preadv;
 mod prefetch;
+pub mod requests;
 pub mod sketch;
 pub mod trace;
 pub mod tune;
@@ -736,6 +737,29 @@ impl RowStore {
             .count())
     }
 
+    /// Notes that request `request` (the engine's id for it, below 2^31) asked for `ids` of
+    /// `layer` in the lookup just made: the row cache remembers, per cached row, the one request
+    /// that asked for it, or that more than one did. With [`request_finished`] the rows only a
+    /// finished request asked for (its document's own n-grams) count half. Returns at once
+    /// without a cache. Bad ids fail here.
+    ///
+    /// [`request_finished`]: RowStore::request_finished
+    pub fn asked_by(&self, layer: u32, request: u32, ids: &[i64]) -> Result<()> {
+        let li = self.inner.layer_index(layer)?;
+        self.inner.check_range(ids)?;
+        if let Some(cache) = &self.inner.cache {
+            cache.asked_by(li, request, ids.iter().map(|&id| id as u64));
+        }
+        Ok(())
+    }
+
+    /// Notes that request `request` finished (its last output token was looked up).
+    pub fn request_finished(&self, request: u32) {
+        if let Some(cache) = &self.inner.cache {
+            cache.request_finished(request);
+        }
+    }
+
     /// Bytes of one row's weights (FP8 elements); its scales are `dim() / 32` bytes.
     pub fn dim(&self) -> usize {
         self.inner.layout.dim
@@ -905,7 +929,7 @@ pub fn replay_row_cache_then<T>(
     then: impl FnOnce() -> T,
 ) -> (belady::HitCount, T) {
     let cache = RowCache::new(cache_bytes, dim + dim / MX_BLOCK, 1, false);
-    let (count, _) = replay_on(&cache, dim, batches, counted_from, None);
+    let (count, _) = replay_on(&cache, dim, batches, counted_from, None, None);
     let out = then();
     drop(cache);
     (count, out)
@@ -927,7 +951,20 @@ pub fn replay_row_cache_lookahead(
     future: Option<&FutureRefs<'_>>,
 ) -> (belady::HitCount, u64) {
     let cache = RowCache::new(cache_bytes, dim + dim / MX_BLOCK, 1, future.is_some());
-    replay_on(&cache, dim, batches, counted_from, future)
+    replay_on(&cache, dim, batches, counted_from, future, None)
+}
+
+/// [`replay_row_cache`] with each step's ids by request and the requests finishing with it
+/// handed to the cache, as an engine knows them.
+pub fn replay_row_cache_requests(
+    cache_bytes: u64,
+    dim: usize,
+    batches: &[Vec<i64>],
+    counted_from: usize,
+    requests: &[requests::StepRequests],
+) -> belady::HitCount {
+    let cache = RowCache::new(cache_bytes, dim + dim / MX_BLOCK, 1, false);
+    replay_on(&cache, dim, batches, counted_from, None, Some(requests)).0
 }
 
 /// `batches` looked up in `cache` as a lookup uses it (with `future`'s references handed over
@@ -939,6 +976,7 @@ fn replay_on(
     batches: &[Vec<i64>],
     counted_from: usize,
     future: Option<&FutureRefs<'_>>,
+    requests: Option<&[requests::StepRequests]>,
 ) -> (belady::HitCount, u64) {
     let row = vec![0u8; dim + dim / MX_BLOCK];
     let (w, s) = row.split_at(dim);
@@ -971,6 +1009,15 @@ fn replay_on(
         missed.dedup();
         for &id in &missed {
             cache.insert(0, id as u64, w, s);
+        }
+        if let Some(step) = requests.and_then(|r| r.get(b)) {
+            for span in &step.spans {
+                let ids = batch.get(span.ids.clone()).unwrap_or(&[]);
+                cache.asked_by(0, span.request, ids.iter().map(|&id| id as u64));
+            }
+            for &r in &step.finished {
+                cache.request_finished(r);
+            }
         }
         if b >= counted_from {
             count.hits += hits;

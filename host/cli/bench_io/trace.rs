@@ -3,7 +3,8 @@
 //! hit rate weights a step's distinct rows by how often the step asks for each); the first half
 //! of the steps warms the cache, the second half is counted. Beside the store: Belady's MIN on
 //! the same batches, LRU, ARC, W-TinyLFU and exact LFU replayed on them, and the store's own
-//! policy replayed without reads, at budgets in shares of the trace's distinct rows and of the
+//! policy replayed without reads (told, with --docs, which request asked for each id and when
+//! each finished, as an engine knows), at budgets in shares of the trace's distinct rows and of the
 //! table's rows.
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -14,12 +15,13 @@ use fetchahead::store::belady::{HitCount, belady};
 use fetchahead::store::make::{TableSpec, WriteOptions, write_table_with};
 use fetchahead::store::measure::percentiles_us;
 use fetchahead::store::policies::Policy;
+use fetchahead::store::requests::{StepRequests, read_requests, step_requests};
 use fetchahead::store::trace::{
     Step, StepBatch, batch_ids, known_future, read_ids, read_prompts, read_steps, step_batches,
 };
 use fetchahead::store::{
     ReadPath, RowStore, StoreOptions, cache_bytes_for, cache_rows, replay_row_cache,
-    replay_row_cache_lookahead,
+    replay_row_cache_lookahead, replay_row_cache_requests,
 };
 use serde_json::{Value, json};
 
@@ -124,6 +126,7 @@ fn measure(
     steps: &[StepBatch],
     batches: &[Vec<i64>],
     from: usize,
+    requests: Option<&[StepRequests]>,
 ) -> fetchahead::Result<Measured> {
     let store = RowStore::open(
         &args.dir,
@@ -137,8 +140,8 @@ fn measure(
     let dim = store.dim();
     let mut weights = vec![0u8; longest * dim];
     let mut scales = vec![0u8; longest * dim / 32];
-    // One step's lookup into the reused buffers.
-    let mut lookup = |ids: &[i64]| {
+    // Step `t`'s lookup into the reused buffers, then which request asked for which ids.
+    let mut lookup = |t: usize, ids: &[i64]| {
         let n = ids.len();
         store.lookup_with(
             path,
@@ -146,18 +149,31 @@ fn measure(
             ids,
             &mut weights[..n * dim],
             &mut scales[..n * dim / 32],
-        )
+        )?;
+        if let Some(step) = requests.and_then(|r| r.get(t)) {
+            for span in &step.spans {
+                store.asked_by(
+                    LAYER,
+                    span.request,
+                    ids.get(span.ids.clone()).unwrap_or(&[]),
+                )?;
+            }
+            for &r in &step.finished {
+                store.request_finished(r);
+            }
+        }
+        Ok::<(), Error>(())
     };
-    for ids in &batches[..from] {
-        lookup(ids)?;
+    for (t, ids) in batches[..from].iter().enumerate() {
+        lookup(t, ids)?;
     }
     store.evict_page_cache()?;
     let before = store.stats();
     let (mut decode, mut prefill) = (Vec::new(), Vec::new());
     let mut total = Duration::ZERO;
-    for (step, ids) in steps[from..].iter().zip(&batches[from..]) {
+    for (i, (step, ids)) in steps[from..].iter().zip(&batches[from..]).enumerate() {
         let t = Instant::now();
-        lookup(ids)?;
+        lookup(from + i, ids)?;
         let e = t.elapsed();
         total += e;
         if step.prefill {
@@ -230,6 +246,14 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
         cut.iter().filter(|b| b.prefill).count(),
     ));
     let (store_path, table_rows) = trace_store(args, max_id, &say)?;
+    let requests = match (&args.docs, steps.as_deref()) {
+        (Some(docs), Some(steps)) => Some(step_requests(
+            steps,
+            &read_requests(docs)?,
+            args.ids_per_token,
+        )?),
+        _ => None,
+    };
     let replay = Replayed {
         args,
         cut: &cut,
@@ -238,6 +262,7 @@ pub fn run(args: &BenchIoArgs) -> fetchahead::Result<ExitCode> {
         future: future.as_deref(),
         store_path,
         by_count: counts_by_row(&batches[from..]),
+        requests: requests.as_deref(),
     };
     let rows_json = budgets(distinct, table_rows, &args.trace_budgets)
         .into_iter()
@@ -357,6 +382,8 @@ struct Replayed<'a> {
     store_path: Option<ReadPath>,
     /// The counted steps' row counts, most asked first (the top-k bound).
     by_count: Vec<u64>,
+    /// With --docs and --steps: each step's ids by request, and the requests finishing.
+    requests: Option<&'a [StepRequests]>,
 }
 
 impl Replayed<'_> {
@@ -385,7 +412,10 @@ impl Replayed<'_> {
         let cache_bytes = cache_bytes_for(b.rows, dim);
         let capacity = cache_rows(cache_bytes, dim);
         let opt = belady(batches, capacity, from);
-        let shipped = replay_row_cache(cache_bytes, dim, batches, from);
+        let shipped = match self.requests {
+            Some(r) => replay_row_cache_requests(cache_bytes, dim, batches, from, r),
+            None => replay_row_cache(cache_bytes, dim, batches, from),
+        };
         let peers: Vec<(Policy, HitCount)> = Policy::ALL
             .iter()
             .map(|&p| (p, p.replay(batches, capacity, from)))
@@ -393,7 +423,15 @@ impl Replayed<'_> {
         let best = peers.iter().map(|(_, h)| h.rate()).fold(0.0f64, f64::max);
         let x = |r: f64| r / opt.rate().max(1e-12);
         let measured = match (store_path, b.goal) {
-            (Some(path), true) => Some(measure(args, cache_bytes, path, cut, batches, from)?),
+            (Some(path), true) => Some(measure(
+                args,
+                cache_bytes,
+                path,
+                cut,
+                batches,
+                from,
+                self.requests,
+            )?),
             _ => None,
         };
         say(format!(
@@ -465,6 +503,7 @@ impl Replayed<'_> {
             "top_k_hit_rate": top_k(capacity),
             "shipped_hit_rate": shipped.rate(),
             "shipped_vs_belady": x(shipped.rate()),
+            "shipped_told_requests": self.requests.is_some(),
             "best_peer_hit_rate": best,
             "policies": Value::Object(policies),
             "lookahead": lookahead,
