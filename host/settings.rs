@@ -8,18 +8,22 @@ use crate::store::ENV_SETTINGS;
 /// The variables outside the settings tables that fetchahead, its tests, benches and build read
 /// (`FETCHAHEAD_GIT_COMMIT` is the build's, which cargo also sets for `cargo run` and `cargo
 /// test`; `FETCHAHEAD_COMMIT` names the commit in `benches/triton/peers.py`'s report).
-const OTHER_ENV: [&str; 10] = [
+const OTHER_ENV: [&str; 11] = [
     "FETCHAHEAD_GIT_COMMIT",
     "FETCHAHEAD_COMMIT",
     crate::logging::LOG_ENV,
     crate::timeline::TIMELINE_ENV,
     crate::kernels::ptx::PTX_ARCH_ENV,
     crate::nvtx::NVTX_ENV,
+    TORCH_NATIVE_ENV,
     "FETCHAHEAD_REQUIRE_GPU",
     "FETCHAHEAD_ARCHS",
     "FETCHAHEAD_TMPFS",
     "FETCHAHEAD_GAP_REPS",
 ];
+/// The Python package's: `0` registers Python CUDA kernels for the torch ops instead of the
+/// native ones (`python/src/torch_abi`).
+pub const TORCH_NATIVE_ENV: &str = "FETCHAHEAD_TORCH_NATIVE";
 /// Prefixes of the benches' and tests' own variables.
 const OTHER_ENV_PREFIXES: [&str; 2] = ["FETCHAHEAD_BENCH_", "FETCHAHEAD_TEST_"];
 
@@ -164,6 +168,11 @@ pub fn in_effect(l2_bytes: Option<u64>) -> Vec<InEffect> {
             crate::nvtx::NVTX_ENV,
             "0".to_string(),
             "1: NVTX ranges for Nsight Systems and the torch profiler",
+        ),
+        (
+            TORCH_NATIVE_ENV,
+            "1".to_string(),
+            "0: Python CUDA kernels for the torch ops instead of native ones (the stable ABI)",
         ),
     ];
     defaults

@@ -206,15 +206,26 @@ def show_config(*, file: Any = None, print_it: bool = True) -> dict[str, Any]:
     build is and what it finds here, as ``fetchahead info`` does: ``version``, ``git_commit``,
     ``archs`` (the embedded PTX), ``device`` (name, compute capability and the ``ptx`` it
     loads, or ``"no device (...)"``), ``default_variants`` per arch, ``read_paths`` (io_uring
-    probed with the features it got), ``nvtx`` and ``settings``: every ``FETCHAHEAD_*``
-    setting with its ``value`` and ``source`` (``"env"`` or ``"default"``)."""
+    probed with the features it got), ``nvtx``, ``torch_ops`` (the ops whose CUDA kernel is
+    native, or why none is) and ``settings``: every ``FETCHAHEAD_*`` setting with its
+    ``value`` and ``source`` (``"env"`` or ``"default"``)."""
     import json
     import sys
 
     report, text = _native.config_report()
+    found = json.loads(report)
+    torch_side = sys.modules.get("fetchahead._torch")
+    if torch_side is None:
+        found["torch_ops"] = {"native": [], "why": "the torch ops are not loaded yet"}
+    else:
+        found["torch_ops"] = {"native": sorted(torch_side.NATIVE_OPS), "why": torch_side.NATIVE_OFF}
+    ops = found["torch_ops"]
+    text += "torch ops with native CUDA kernels: " + (
+        ", ".join(ops["native"]) if ops["native"] else f"none ({ops['why']})"
+    ) + "\n"
     if print_it:
         print(text, end="", file=sys.stdout if file is None else file)
-    return json.loads(report)
+    return found
 
 
 def make_table(

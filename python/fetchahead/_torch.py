@@ -1,19 +1,28 @@
 """The torch ops under ``torch.ops.fetchahead``: defined with ``torch.library.Library`` (a
-schema each), their kernels registered for the CUDA dispatch key (and CPU, where the kernel's
-own checks refuse host-only inputs with an :class:`InvalidArgumentError`), each with a fake
-implementation (``torch.library.register_fake``: FakeTensor, and the Meta key, so meta tensors
-work), launched on the current stream.
+schema each), each with a fake implementation (``torch.library.register_fake``: FakeTensor,
+and the Meta key, so meta tensors work), launched on the current stream.
+
+The CUDA kernels of the hot ops (the four ``_unchecked`` gathers and the three prefetcher ops
+a forward calls, ``NATIVE_OPS``) are native: Rust functions the dispatcher calls through
+libtorch's stable C ABI (torch 2.10 and later; ``python/src/torch_abi``), which check the
+tensors and launch with no Python between, so a call costs torch's dispatch and the launch.
+The other ops, and every op on an older torch or with ``FETCHAHEAD_TORCH_NATIVE=0``, have the
+Python kernels below for CUDA; all have them for CPU, where their checks refuse host-only
+inputs with an :class:`InvalidArgumentError`. A native kernel refuses a bad call as the stable
+ABI does, with a C++ exception that torch raises as ``RuntimeError`` (the message names the
+argument); the public functions turn it into fetchahead's own class by running the Python
+checks (``_refused``).
 
 Every public function calls its op's overload through the dispatcher, eagerly too: a meta
 tensor, a FakeTensor, a dispatch mode or a tensor subclass reaches the kernel the dispatcher
 picks, never a shortcut. ``torch.library.custom_op`` is not used: its Python wrapper costs
-20-30 us a call on the H200's host (issue 26); a ``Library`` kernel is called by the
-dispatcher directly.
+20-30 us a call on the H200's host (issue 26).
 
 Imported on first use of a torch-facing part of :mod:`fetchahead`.
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Optional
 
@@ -522,7 +531,10 @@ def gather(
     ``variant`` names a kernel of ``variants()["gather"]`` (default: the fastest measured).
     Meta and fake tensors give the output's shape without a launch."""
     if status is None:
-        return _op_gather_unchecked(table, ids, variant)
+        try:
+            return _op_gather_unchecked(table, ids, variant)
+        except RuntimeError as e:
+            return _refused(e, lambda: _gather_unchecked(table, ids, variant))
     return _op_gather(table, ids, _status_tensor(status), variant)
 
 
@@ -537,7 +549,10 @@ def gather_out(
     """:func:`gather` into ``out`` (``[n, width]``, the table's dtype, contiguous, 16-byte
     aligned, on the ids' device); returns ``out``."""
     if status is None:
-        _op_gather_out_unchecked(table, ids, out, variant)
+        try:
+            _op_gather_out_unchecked(table, ids, out, variant)
+        except RuntimeError as e:
+            _refused(e, lambda: _gather_out_unchecked(table, ids, out, variant))
     else:
         _op_gather_out(table, ids, out, _status_tensor(status), variant)
     return out
@@ -558,7 +573,10 @@ def gather_dequant(
     ``variant`` names a kernel of ``variants()["gather_dequant"]``; ``status`` as for
     :func:`gather`. Meta and fake tensors give the output's shape without a launch."""
     if status is None:
-        return _op_gather_dequant_unchecked(weights, scales, ids, variant)
+        try:
+            return _op_gather_dequant_unchecked(weights, scales, ids, variant)
+        except RuntimeError as e:
+            return _refused(e, lambda: _gather_dequant_unchecked(weights, scales, ids, variant))
     return _op_gather_dequant(weights, scales, ids, _status_tensor(status), variant)
 
 
@@ -574,7 +592,10 @@ def gather_dequant_out(
     """:func:`gather_dequant` into ``out`` (``[n, dim]`` bfloat16, contiguous, 16-byte
     aligned); returns ``out``."""
     if status is None:
-        _op_gather_dequant_out_unchecked(weights, scales, ids, out, variant)
+        try:
+            _op_gather_dequant_out_unchecked(weights, scales, ids, out, variant)
+        except RuntimeError as e:
+            _refused(e, lambda: _gather_dequant_out_unchecked(weights, scales, ids, out, variant))
     else:
         _op_gather_dequant_out(weights, scales, ids, out, _status_tensor(status), variant)
     return out
@@ -599,12 +620,16 @@ def register_prefetcher(native: Any, device: torch.device) -> tuple[int, torch.T
         # [native, device, the ids of the pending prefetch]: holding the ids tensor until the
         # gather keeps the allocator from reusing its memory before the side stream read it.
         _prefetchers[handle] = [native, device, None]
+        if "prefetch" in NATIVE_OPS:  # the native kernels find it (and hold its ids) there
+            _native.register_op_prefetcher(handle, native, device.index)
     return handle, torch.zeros(1, dtype=torch.int32, device=device)
 
 
 def unregister_prefetcher(handle: int) -> None:
     with _handles_lock:
         _prefetchers.pop(handle, None)
+        if "prefetch" in NATIVE_OPS:
+            _native.unregister_op_prefetcher(handle)
 
 
 def _entry(handle: int) -> list:
@@ -774,25 +799,67 @@ _OPS = [
 _LIBRARY = torch.library.Library("fetchahead", "DEF")
 for _name, _schema, _kernel, _fake in _OPS:
     _LIBRARY.define(_schema)
-    _LIBRARY.impl(_name, _kernel, "CUDA")
+
+
+def _register_native(setting: Optional[str], torch_lib: str) -> tuple[frozenset, Optional[str]]:
+    """The ops whose CUDA kernel is native (``torch_abi`` in the extension: the dispatcher
+    calls Rust, with no Python kernel between) and, when none is, why. ``setting`` is
+    ``FETCHAHEAD_TORCH_NATIVE`` (``0``: the Python kernels)."""
+    if setting == "0":
+        return frozenset(), "FETCHAHEAD_TORCH_NATIVE=0"
+    try:
+        return frozenset(_native.register_torch_kernels(torch_lib)), None
+    except RuntimeError as e:  # a torch without the stable C shim (before 2.10)
+        return frozenset(), str(e)
+
+
+#: The ops with native CUDA kernels, and why there are none when empty (reported by
+#: ``fetchahead.show_config()``).
+NATIVE_OPS, NATIVE_OFF = _register_native(
+    os.environ.get("FETCHAHEAD_TORCH_NATIVE"), os.path.join(os.path.dirname(torch.__file__), "lib")
+)
+for _name, _schema, _kernel, _fake in _OPS:
+    if _name not in NATIVE_OPS:
+        _LIBRARY.impl(_name, _kernel, "CUDA")
     _LIBRARY.impl(_name, _kernel, "CPU")
     torch.library.register_fake(f"fetchahead::{_name}", _fake, lib=_LIBRARY)
     globals()[f"_op_{_name}"] = getattr(ops, _name).default
+
+
+def _refused(raised: RuntimeError, full: Any) -> Any:
+    """After a native kernel refused a call (torch raises its refusal as ``raised``): for a
+    bad argument, the Python kernel ``full()``, whose checks raise the argument's own error
+    (or, should they pass, which does the work); any other error as fetchahead's class.
+    A ``RuntimeError`` that is not a native refusal is raised as it is."""
+    found = _native.take_op_error(str(raised))
+    if found is None:
+        raise raised
+    if isinstance(found, InvalidArgumentError):
+        return full()
+    raise found from None
 
 
 # ---- the prefetcher's entry points (Prefetcher's methods call these) ---------------------------
 
 
 def prefetch(handle: int, ids: torch.Tensor, ticket: torch.Tensor) -> None:
-    _op_prefetch(handle, ids, ticket)
+    try:
+        _op_prefetch(handle, ids, ticket)
+    except RuntimeError as e:
+        _refused(e, lambda: _prefetch(handle, ids, ticket))
 
 
 def prefetched_gather_dequant(
     handle: int, ids: torch.Tensor, ticket: torch.Tensor, out: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
-    if out is None:
-        return _op_prefetched_gather_dequant(handle, ids, ticket)
-    _op_prefetched_gather_dequant_out(handle, ids, ticket, out)
+    try:
+        if out is None:
+            return _op_prefetched_gather_dequant(handle, ids, ticket)
+        _op_prefetched_gather_dequant_out(handle, ids, ticket, out)
+    except RuntimeError as e:
+        if out is None:
+            return _refused(e, lambda: _prefetched_gather_dequant(handle, ids, ticket))
+        _refused(e, lambda: _prefetched_gather_dequant_out(handle, ids, ticket, out))
     return out
 
 

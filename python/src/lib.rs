@@ -7,10 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::sys;
 use fetchahead::device_abi::defaults::BySize;
-use fetchahead::device_abi::params::{DequantParams, GatherParams, TimelineParams};
 use fetchahead::device_abi::{dequant, gather};
-use fetchahead::error::CudaCall;
-use fetchahead::kernels::{IdCheck, Kernels};
+use fetchahead::kernels::Kernels;
 use fetchahead::l2_plan::segments::SegmentTable;
 use fetchahead::l2_plan::{CollectiveKind, L2Plan as RustL2Plan, PlanConfig, Replay, Signature};
 use fetchahead::prefetch::flag_worker::FlagLane as RustFlagLane;
@@ -26,8 +24,12 @@ use fetchahead::{DequantVariant, GatherVariant};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+mod device;
 mod errors;
 mod logs;
+mod torch_abi;
+
+use device::DeviceKernels;
 
 use errors::to_py;
 
@@ -80,6 +82,14 @@ impl Family {
         match self {
             Family::Gather => "gather",
             Family::Dequant => "gather_dequant",
+        }
+    }
+
+    /// The argument name of the family's (first) table tensor.
+    fn table_name(self) -> &'static str {
+        match self {
+            Family::Gather => "table",
+            Family::Dequant => "weights",
         }
     }
 
@@ -241,26 +251,21 @@ fn fetchahead_gpu_names() -> impl Iterator<Item = &'static str> {
         .chain(dequant::VARIANTS.iter().map(|v| v.name))
 }
 
-/// The kernels of one device and a scratch id status for launches given none.
+/// The kernels of one device (shared with the native torch kernels, `device::on_device`).
 #[pyclass(frozen, module = "fetchahead._native")]
 struct Device {
+    device: Arc<DeviceKernels>,
     kernels: Arc<Kernels>,
-    /// The `IdStatus` launches without a status of their own record into (never read).
-    scratch: IdCheck,
 }
 
 #[pymethods]
 impl Device {
     #[new]
     fn new(py: Python<'_>, ordinal: usize) -> PyRes<Self> {
-        let r = (|| {
-            let kernels = Kernels::shared(ordinal)?;
-            let stream = kernels.gpu().ctx.default_stream();
-            let scratch = IdCheck::new(&stream)?;
-            // Clean before a launch on another stream (the caller's) records into it.
-            stream.synchronize().call("cuStreamSynchronize")?;
-            Ok(Device { kernels, scratch })
-        })();
+        let r = device::on_device(ordinal).map(|device| Device {
+            kernels: device.kernels.clone(),
+            device,
+        });
         done(py, r)
     }
 
@@ -339,49 +344,19 @@ impl Device {
         status: u64,
         stream: usize,
     ) -> PyRes<()> {
-        let status = if status == 0 {
-            self.scratch.address()
-        } else {
-            status
+        let at = device::Launch {
+            table,
+            scales,
+            rows,
+            width,
+            ids,
+            n,
+            out,
+            status,
         };
-        let (stream, timeline) = (stream as sys::CUstream, TimelineParams::OFF);
         // SAFETY: the Python layer checked each tensor's device, size, dtype and alignment
         // against these numbers; the tensors outlive the launch in the stream's order.
-        let r = unsafe {
-            match variant.0 {
-                Handle::Gather(v) => self.kernels.launch_gather(
-                    stream,
-                    v.for_rows(n),
-                    GatherParams {
-                        table,
-                        ids,
-                        out,
-                        status,
-                        n,
-                        rows,
-                        row_bytes: width,
-                        _pad: 0,
-                        timeline,
-                    },
-                ),
-                Handle::Dequant(v) => self.kernels.launch_gather_dequant(
-                    stream,
-                    v.for_rows(n),
-                    DequantParams {
-                        weights: table,
-                        scales,
-                        ids,
-                        out,
-                        status,
-                        n,
-                        rows,
-                        dim: width,
-                        _pad: 0,
-                        timeline,
-                    },
-                ),
-            }
-        };
+        let r = unsafe { self.device.launch(variant.0, &at, stream as sys::CUstream) };
         done(py, r)
     }
 }
@@ -734,7 +709,8 @@ impl FlagLane {
 /// One Engram layer's side-stream prefetcher.
 #[pyclass(frozen, module = "fetchahead._native")]
 struct Prefetcher {
-    inner: Mutex<RustPrefetcher>,
+    /// Shared with the native prefetcher ops (`torch_abi::prefetch`).
+    inner: Arc<Mutex<RustPrefetcher>>,
     dim: usize,
     capacity: usize,
 }
@@ -839,7 +815,7 @@ impl Prefetcher {
         Ok(Prefetcher {
             dim: p.dim(),
             capacity: p.capacity(),
-            inner: Mutex::new(p),
+            inner: Arc::new(Mutex::new(p)),
         })
     }
 
@@ -1175,6 +1151,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyRes<()> {
     m.add_class::<Prefetcher>()?;
     m.add_class::<L2Plan>()?;
     m.add_class::<CapturedTables>()?;
+    torch_abi::add_to(m)?;
     m.add("__version__", fetchahead::info::VERSION)?;
     m.add("__git_commit__", fetchahead::info::GIT_COMMIT)?;
     Ok(())

@@ -211,3 +211,69 @@ def test_the_ops_replay_in_a_cuda_graph(torch, cuda, mx):
         want = dequant_reference(torch, weights, scales, ids)
         assert_same_bits(torch, out, want)
         assert_same_bits(torch, allocated, want)
+
+
+NATIVE = {
+    "gather_unchecked", "gather_out_unchecked", "gather_dequant_unchecked",
+    "gather_dequant_out_unchecked", "prefetch", "prefetched_gather_dequant",
+    "prefetched_gather_dequant_out",
+}
+
+
+def test_the_hot_ops_have_native_cuda_kernels_on_a_torch_with_the_stable_abi(torch, cuda):
+    from fetchahead import _torch as t
+
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    if (major, minor) < (2, 10):
+        assert t.NATIVE_OPS == frozenset() and t.NATIVE_OFF
+        return
+    assert t.NATIVE_OPS == NATIVE, t.NATIVE_OFF
+    assert fetchahead.show_config(print_it=False)["torch_ops"]["native"] == sorted(NATIVE)
+
+
+def test_a_native_refusal_is_torchs_runtime_error_and_the_public_functions_own_class(torch, cuda, mx):
+    weights, scales = mx
+    ids = ids_for(torch, cuda, 8, weights.shape[0])
+    out = torch.empty((8, DIM), dtype=torch.bfloat16, device=cuda)
+    ops = torch.ops.fetchahead
+    # Through the dispatcher alone: torch's translation of the kernel's refusal, its message.
+    with pytest.raises(RuntimeError, match="invalid ids"):
+        ops.gather_dequant_out_unchecked.default(weights, scales, ids.int(), out, None)
+    with pytest.raises(RuntimeError, match="invalid out"):
+        ops.gather_out_unchecked.default(weights, ids, out, None)
+    with pytest.raises(RuntimeError, match="variant"):
+        ops.gather_unchecked.default(weights, ids, "gather_nope")
+    # The public functions: fetchahead's class with the argument named, every time (nothing
+    # kept from a refusal leaks into the next call).
+    for _ in range(2):
+        with pytest.raises(fetchahead.InvalidArgumentError, match="ids") as e:
+            fetchahead.gather_dequant_out(weights, scales, ids.int(), out)
+        assert e.value.argument == "ids"
+    with pytest.raises(fetchahead.InvalidArgumentError, match="variant"):
+        fetchahead.gather(weights, ids, variant="gather_dequant_u8_packed")
+    # A named variant reaches the native kernel and gives the default's bits.
+    named = fetchahead.gather_dequant(weights, scales, ids, variant="gather_dequant_u8_packed")
+    assert torch.equal(named.view(torch.int16), fetchahead.gather_dequant(weights, scales, ids).view(torch.int16))
+    torch.cuda.synchronize()
+
+
+def test_the_python_kernels_serve_with_the_native_ones_off(torch, cuda):
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, fetchahead\n"
+        "from fetchahead import _torch as t\n"
+        "assert t.NATIVE_OPS == frozenset() and t.NATIVE_OFF == 'FETCHAHEAD_TORCH_NATIVE=0'\n"
+        "table = torch.randint(0, 256, (50, 64), dtype=torch.uint8, device='cuda')\n"
+        "ids = torch.randint(0, 50, (30,), device='cuda')\n"
+        "assert torch.equal(fetchahead.gather(table, ids), table[ids])\n"
+        "try:\n"
+        "    torch.ops.fetchahead.gather_unchecked.default(table, ids.int(), None)\n"
+        "except fetchahead.InvalidArgumentError:\n"
+        "    print('python kernels')\n"
+    )
+    env = dict(__import__("os").environ, FETCHAHEAD_TORCH_NATIVE="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "python kernels"
