@@ -36,25 +36,15 @@ pub struct StepRequests {
 /// The requests of a documents file (a JSON array of objects with `prompt_tokens` and
 /// `output_tokens`, in arrival order, as `give.docs.json`).
 pub fn read_requests(path: &Path) -> Result<Vec<Request>> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
-    let bad = |why: String| Error::invalid("documents file", format!("{}: {why}", path.display()));
-    let v: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
-    let docs = v.as_array().ok_or_else(|| bad("not a JSON array".into()))?;
-    docs.iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let field = |name: &str| {
-                d.get(name)
-                    .and_then(serde_json::Value::as_u64)
-                    .ok_or_else(|| bad(format!("entry {i} has no integer {name}")))
-            };
-            Ok(Request {
-                prompt_tokens: field("prompt_tokens")?,
-                output_tokens: field("output_tokens")?,
+    Ok(
+        super::trace::read_doc_fields(path, ["prompt_tokens", "output_tokens"])?
+            .into_iter()
+            .map(|[prompt_tokens, output_tokens]| Request {
+                prompt_tokens,
+                output_tokens,
             })
-        })
-        .collect()
+            .collect(),
+    )
 }
 
 /// Each step's ids by request and the requests finishing with it. Fails where the steps and

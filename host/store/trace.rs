@@ -189,6 +189,15 @@ pub fn batch_ids(ids: &[i64], batches: &[StepBatch]) -> Vec<Vec<i64>> {
 /// The prompt lengths (tokens) of a trace's requests in arrival order, from its documents file
 /// (a JSON array of objects with `prompt_tokens`, as `give.docs.json`).
 pub fn read_prompts(path: &Path) -> Result<Vec<u64>> {
+    Ok(read_doc_fields(path, ["prompt_tokens"])?
+        .into_iter()
+        .map(|[p]| p)
+        .collect())
+}
+
+/// The integer fields `names` of every entry of a documents file (a JSON array of objects, in
+/// arrival order), or an error naming the entry without one.
+pub fn read_doc_fields<const N: usize>(path: &Path, names: [&str; N]) -> Result<Vec<[u64; N]>> {
     let bytes = read_all(path)?;
     let bad = |why: String| Error::invalid("documents file", format!("{}: {why}", path.display()));
     let v: serde_json::Value =
@@ -197,9 +206,14 @@ pub fn read_prompts(path: &Path) -> Result<Vec<u64>> {
     docs.iter()
         .enumerate()
         .map(|(i, d)| {
-            d.get("prompt_tokens")
-                .and_then(serde_json::Value::as_u64)
-                .ok_or_else(|| bad(format!("entry {i} has no integer prompt_tokens")))
+            let mut found = [0u64; N];
+            for (slot, name) in found.iter_mut().zip(names) {
+                *slot = d
+                    .get(name)
+                    .and_then(serde_json::Value::as_u64)
+                    .ok_or_else(|| bad(format!("entry {i} has no integer {name}")))?;
+            }
+            Ok(found)
         })
         .collect()
 }
