@@ -620,15 +620,18 @@ def register_prefetcher(native: Any, device: torch.device) -> tuple[int, torch.T
         # [native, device, the ids of the pending prefetch]: holding the ids tensor until the
         # gather keeps the allocator from reusing its memory before the side stream read it.
         _prefetchers[handle] = [native, device, None]
-        if "prefetch" in NATIVE_OPS:  # the native kernels find it (and hold its ids) there
+        # The native kernels find it (and hold its ids) in the extension's own registry; a
+        # prefetcher that is not the extension's (a test's stand-in) is served by the Python
+        # kernels, which a native kernel's refusal of its handle falls back to.
+        if "prefetch" in NATIVE_OPS and isinstance(native, _native.Prefetcher):
             _native.register_op_prefetcher(handle, native, device.index)
     return handle, torch.zeros(1, dtype=torch.int32, device=device)
 
 
 def unregister_prefetcher(handle: int) -> None:
     with _handles_lock:
-        _prefetchers.pop(handle, None)
-        if "prefetch" in NATIVE_OPS:
+        found = _prefetchers.pop(handle, None)
+        if found is not None and "prefetch" in NATIVE_OPS and isinstance(found[0], _native.Prefetcher):
             _native.unregister_op_prefetcher(handle)
 
 

@@ -4,6 +4,7 @@ use fetchahead::Error;
 
 use super::args::{self, Checked};
 use super::shim::{Owned, Shim};
+use super::throw::Prepared;
 use super::{Native, native};
 use crate::Family;
 use crate::device::{self, Launch};
@@ -41,11 +42,23 @@ pub unsafe extern "C-unwind" fn kernel<const OP: usize>(stack: *mut u64, _args: 
     let op = [GATHER, GATHER_OUT, DEQUANT, DEQUANT_OUT][OP];
     let n = native();
     // SAFETY: the dispatcher's stack of this op's schema.
-    let r = unsafe { run(n, op, stack) };
-    if let Err(e) = r {
-        // SAFETY: `run` returned: everything it took from the stack is freed.
-        unsafe { n.thrower.refuse(e) }
+    let refusal = unsafe { refusal_of(n, op, stack) };
+    if let Some(prepared) = refusal {
+        // SAFETY: `refusal_of` returned: everything taken from the stack is freed, and this
+        // frame holds nothing to drop (see `Thrower::throw`).
+        unsafe { n.thrower.throw(prepared) }
     }
+}
+
+/// Runs the op; for a refusal, the exception to throw.
+///
+/// # Safety
+/// `stack` holds the op's arguments.
+unsafe fn refusal_of(n: &Native, op: Op, stack: *mut u64) -> Option<Prepared> {
+    // SAFETY: the caller's stack.
+    unsafe { run(n, op, stack) }
+        .err()
+        .map(|e| n.thrower.prepare(e))
 }
 
 /// The arguments taken from the stack, each owned.

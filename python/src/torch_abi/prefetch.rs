@@ -11,6 +11,7 @@ use fetchahead::prefetch::prefetcher::Prefetcher;
 
 use super::args;
 use super::shim::{Owned, TensorHandle};
+use super::throw::Prepared;
 use super::{Native, native};
 
 /// A registered prefetcher.
@@ -78,11 +79,23 @@ pub unsafe extern "C-unwind" fn kernel<const OP: usize>(stack: *mut u64, _args: 
     let op = [Op::Prefetch, Op::Gather, Op::GatherOut][OP];
     let n = native();
     // SAFETY: the dispatcher's stack of this op's schema.
-    let r = unsafe { run(n, op, stack) };
-    if let Err(e) = r {
-        // SAFETY: `run` returned: everything it took from the stack is freed.
-        unsafe { n.thrower.refuse(e) }
+    let refusal = unsafe { refusal_of(n, op, stack) };
+    if let Some(prepared) = refusal {
+        // SAFETY: `refusal_of` returned: everything taken from the stack is freed, and this
+        // frame holds nothing to drop (see `Thrower::throw`).
+        unsafe { n.thrower.throw(prepared) }
     }
+}
+
+/// Runs the op; for a refusal, the exception to throw.
+///
+/// # Safety
+/// `stack` holds the op's arguments.
+unsafe fn refusal_of(n: &Native, op: Op, stack: *mut u64) -> Option<Prepared> {
+    // SAFETY: the caller's stack.
+    unsafe { run(n, op, stack) }
+        .err()
+        .map(|e| n.thrower.prepare(e))
 }
 
 /// `(int handle, Tensor ids, Tensor ticket[, Tensor out])`.

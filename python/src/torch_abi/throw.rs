@@ -52,26 +52,41 @@ impl Thrower {
         })
     }
 
-    /// Keeps `error` for this thread and throws its message to the dispatcher.
-    ///
-    /// # Safety
-    /// Called from a boxed kernel (`extern "C-unwind"`) that the dispatcher called, with
-    /// nothing of the kernel's left to drop: the exception unwinds through the caller.
-    pub unsafe fn refuse(&self, error: fetchahead::Error) -> ! {
+    /// Keeps `error` for this thread and builds the exception that [`Thrower::throw`] throws:
+    /// everything that needs dropping is done here, in a frame that has returned by then.
+    pub fn prepare(&self, error: fetchahead::Error) -> Prepared {
         let message = error.to_string();
         let text = CString::new(message.replace('\0', " ")).unwrap_or_default();
         PENDING.with(|p| *p.borrow_mut() = Some((message, error)));
         // SAFETY: an exception object of room for a runtime_error, built in place by its
-        // constructor (which copies the text), thrown with its type_info and destructor: the
-        // C++ runtime owns it from here and frees it after the catch.
+        // constructor (which copies the text); the C++ runtime owns it from the throw.
         unsafe {
             let object = (self.allocate)(EXCEPTION_BYTES);
             (self.construct)(object, text.as_ptr());
-            drop(text);
-            (self.throw)(object, self.type_info as *mut c_void, self.destroy)
+            Prepared(object)
         }
     }
+
+    /// Throws a prepared exception to the dispatcher.
+    ///
+    /// The exception is raised by the process's C++ runtime and unwinds with its unwinder
+    /// (libgcc's), while this extension's own Rust code carries another (the one its linker
+    /// bundled): so the unwind must cross only Rust frames that hold nothing to drop, which
+    /// have no personality routine for the foreign unwinder to call. The kernels call this
+    /// with no live value that needs dropping, after [`Thrower::prepare`] returned.
+    ///
+    /// # Safety
+    /// Called from a boxed kernel (`extern "C-unwind"`) that the dispatcher called, as its
+    /// last act, with nothing left to drop in its frame.
+    #[inline(always)]
+    pub unsafe fn throw(&self, prepared: Prepared) -> ! {
+        // SAFETY: the caller's contract; the object, its type_info and destructor match.
+        unsafe { (self.throw)(prepared.0, self.type_info as *mut c_void, self.destroy) }
+    }
 }
+
+/// An exception object built by [`Thrower::prepare`], to be thrown.
+pub struct Prepared(*mut c_void);
 
 thread_local! {
     /// The last refused call's message and error on this thread.
