@@ -134,6 +134,10 @@ fn declared_shapes_are_the_launch_shapes() {
         }
     );
     assert_eq!(g("gather_warp_row"), gather::Shape::WarpPerRow);
+    assert_eq!(
+        g("gather_words8_pass"),
+        gather::Shape::WordsOnePass { word_bytes: 8 }
+    );
     let d = &dequant::VARIANTS[dequant::find("gather_dequant_u8_packed_x2_pass").unwrap()];
     assert_eq!(
         (d.conversion, d.shape),

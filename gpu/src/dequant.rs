@@ -206,6 +206,15 @@ variants! {
     gather_dequant_u8_packed_x8: units8 {
         unroll: 8, one_pass: false, conversion: Packed, hint: PLAIN, streaming: false
     } => "packed, 8 units of 8 elements a thread loaded before any is stored";
+    gather_dequant_u8_packed_b128: units8 {
+        unroll: 1, one_pass: false, conversion: Packed, hint: PLAIN, streaming: false, block: 128
+    } => "packed, 1 unit a thread, blocks of 128 threads";
+    gather_dequant_u8_packed_pass_b128: units8 {
+        unroll: 1, one_pass: true, conversion: Packed, hint: PLAIN, streaming: false, block: 128
+    } => "packed, 1 unit a thread, a warp per tile, blocks of 128 threads";
+    gather_dequant_u8_packed_x2_pass_b128: units8 {
+        unroll: 2, one_pass: true, conversion: Packed, hint: PLAIN, streaming: false, block: 128
+    } => "packed, 2 units a thread, a warp per tile, blocks of 128 threads";
 }
 
 variant_handle!(DequantVariant, "gather + dequant");

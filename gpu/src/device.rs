@@ -175,6 +175,101 @@ pub unsafe fn store_16_streaming(addr: u64, v: [u32; 4]) {
     }
 }
 
+/// The id at `addr` when `live`, 0 otherwise: one predicated read-only load, no branch, so that
+/// a thread past the call's end needs none before its first load (as the Triton peer masks).
+/// Like the other `_if` loads it is kept where it is written: the compiler may not sink it
+/// under a branch on `live`.
+///
+/// # Safety
+/// When `live`: as [`load_i64`]. Otherwise `addr` is not read.
+#[inline(always)]
+pub unsafe fn load_i64_if(addr: u64, live: bool) -> i64 {
+    let v: i64;
+    // SAFETY: the caller guarantees the address when `live`; nothing is read otherwise.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; setp.ne.u32 p, {2}, 0; mov.b64 {0}, 0; @p ld.global.nc.s64 {0}, [{1}]; }}",
+            out(reg64) v, in(reg64) addr, in(reg32) live as u32,
+            options(readonly, nostack, preserves_flags),
+        );
+    }
+    v
+}
+
+/// 8 read-only bytes at `addr` when `live`, zeros otherwise (one predicated load).
+///
+/// # Safety
+/// When `live`: as [`load_hinted_8`]. Otherwise `addr` is not read.
+#[inline(always)]
+pub unsafe fn load_8_if(addr: u64, live: bool) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    // SAFETY: the caller guarantees the address when `live`; nothing is read otherwise.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; setp.ne.u32 p, {3}, 0; mov.b32 {0}, 0; mov.b32 {1}, 0;",
+            "@p ld.global.nc.v2.u32 {{{0}, {1}}}, [{2}]; }}",
+            out(reg32) a, out(reg32) b, in(reg64) addr, in(reg32) live as u32,
+            options(readonly, nostack, preserves_flags),
+        );
+    }
+    [a, b]
+}
+
+/// 16 read-only bytes at `addr` when `live`, zeros otherwise (one predicated load).
+///
+/// # Safety
+/// When `live`: as [`load_hinted_16`]. Otherwise `addr` is not read.
+#[inline(always)]
+pub unsafe fn load_16_if(addr: u64, live: bool) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees the address when `live`; nothing is read otherwise.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; setp.ne.u32 p, {5}, 0;",
+            "mov.b32 {0}, 0; mov.b32 {1}, 0; mov.b32 {2}, 0; mov.b32 {3}, 0;",
+            "@p ld.global.nc.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}]; }}",
+            out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) addr,
+            in(reg32) live as u32,
+            options(readonly, nostack, preserves_flags),
+        );
+    }
+    [a, b, c, d]
+}
+
+/// 8 bytes stored at `addr` when `live` (one predicated store, no branch).
+///
+/// # Safety
+/// When `live`: as [`store_v2_u32`]. Otherwise nothing is written.
+#[inline(always)]
+pub unsafe fn store_8_if(addr: u64, v: [u32; 2], live: bool) {
+    // SAFETY: the caller guarantees the address when `live`; nothing is written otherwise.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; setp.ne.u32 p, {3}, 0; @p st.global.v2.u32 [{0}], {{{1}, {2}}}; }}",
+            in(reg64) addr, in(reg32) v[0], in(reg32) v[1], in(reg32) live as u32,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
+/// 16 bytes stored at `addr` when `live` (one predicated store, no branch).
+///
+/// # Safety
+/// When `live`: as [`store_16`]. Otherwise nothing is written.
+#[inline(always)]
+pub unsafe fn store_16_if(addr: u64, v: [u32; 4], live: bool) {
+    // SAFETY: the caller guarantees the address when `live`; nothing is written otherwise.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; setp.ne.u32 p, {5}, 0;",
+            "@p st.global.v4.u32 [{0}], {{{1}, {2}, {3}, {4}}}; }}",
+            in(reg64) addr, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
+            in(reg32) live as u32,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
 /// One read-only 8-byte load (ids), through the non-coherent path.
 ///
 /// # Safety

@@ -37,13 +37,18 @@ pub enum Shape {
     /// (the last tile partial), over a grid of at most as many blocks as fit on the device at
     /// once, each block striding over the tiles.
     TilePerBlock { block_threads: u32, tile_bytes: u32 },
+    /// One thread per `word_bytes` bytes of output, the grid covering the call once (no loop):
+    /// each thread's index math is 32-bit and its loads predicated rather than branched around,
+    /// so that the first load waits on nothing but the thread's own index (the shape of the
+    /// Triton peer's gather, ahead at decode sizes).
+    WordsOnePass { word_bytes: u32 },
 }
 
 impl Shape {
     /// Whether the grid covers the call once (a block per tile), rather than being capped at
     /// what fits on the device and striding.
     pub const fn one_pass(self) -> bool {
-        matches!(self, Shape::ChunkTile { .. })
+        matches!(self, Shape::ChunkTile { .. } | Shape::WordsOnePass { .. })
     }
 
     /// Threads per block of a launch of this shape.
@@ -293,6 +298,15 @@ variants! {
     // came out in another order.
     gather_warp_row: hand_written { shape: Shape::WarpPerRow }
         => "a warp per row, lanes over 16-byte chunks";
+    /// Per thread: 8 bytes of one row, one pass over the call, predicated loads (decode sizes).
+    gather_words8_pass: custom { shape: Shape::WordsOnePass { word_bytes: 8 }, body: words8_pass }
+        => "a thread per 8 bytes, one pass, 32-bit indices, predicated loads";
+    /// Per thread: 16 bytes of one row, one pass over the call, predicated loads.
+    gather_words16_pass: custom { shape: Shape::WordsOnePass { word_bytes: 16 }, body: words16_pass }
+        => "a thread per 16 bytes, one pass, 32-bit indices, predicated loads";
+    /// Per thread: one unhinted chunk, blocks of 128 threads.
+    gather_chunk16_nohint_b128: chunk { unroll: 1, streaming: false, hint: PLAIN, block: 128 }
+        => "a thread per 16-byte chunk, unhinted loads, blocks of 128 threads";
 }
 
 /// Output bytes per tile of `gather_bulk`: 32 rows of 256 bytes.
@@ -310,9 +324,10 @@ mod kernels {
 
     use super::{BLOCK_THREADS, BULK_TILE_BYTES};
     use crate::device::{
-        block, blocks, global_thread, grid_threads, hint, load_hinted_16, load_i64, load_i64_early,
-        load_i64_hinted, load_stream_16, prefetch_l2, record_bad_id, shuffle_i64, store_16,
-        store_16_streaming, thread_in_block, warp_sync,
+        block, blocks, global_thread, grid_threads, hint, load_8_if, load_16_if, load_hinted_16,
+        load_i64, load_i64_early, load_i64_hinted, load_i64_if, load_stream_16, prefetch_l2,
+        record_bad_id, shuffle_i64, store_8_if, store_16, store_16_if, store_16_streaming,
+        thread_in_block, threads_in_block, warp_sync,
     };
     use crate::params::{CHUNK_BYTES, GatherParams};
     use crate::smem::{
@@ -321,6 +336,53 @@ mod kernels {
         mbarrier_expect_tx, mbarrier_init, mbarrier_wait, shared_buffer, store_shared_16,
         wait_async, wait_async_oldest,
     };
+
+    /// [`Shape::WordsOnePass`](super::Shape::WordsOnePass) of `W`-byte words (8 or 16): thread
+    /// `t` copies word `t % (row_bytes / W)` of output row `t / (row_bytes / W)`; the host
+    /// launches exactly `n * row_bytes / W` threads, rounded up to whole blocks, below 2^32.
+    /// A bad id's row is written as zeros and recorded by its first word's thread.
+    #[inline(always)]
+    unsafe fn words_pass<const W: u32>(p: &GatherParams) {
+        let words = NonZeroU32::new(p.row_bytes / W).unwrap_or(NonZeroU32::MIN);
+        let t = block() * threads_in_block() + thread_in_block();
+        let (i, w) = if words.get().is_power_of_two() {
+            let shift = words.trailing_zeros();
+            (t >> shift, t & (words.get() - 1))
+        } else {
+            (t / words, t % words)
+        };
+        let (i, offset) = (i as u64, (w * W) as u64);
+        let live = i < p.n;
+        // SAFETY: read only when `live`: i < n, inside the ids array.
+        let id = unsafe { load_i64_if(p.ids + 8 * i, live) };
+        let found = live && (id as u64) < p.rows;
+        let src = p.table + (id as u64).wrapping_mul(p.row_bytes as u64) + offset;
+        let dest = p.out + i * p.row_bytes as u64 + offset;
+        if W == 8 {
+            // SAFETY: read only when `found`: word w of row id < rows, 8-byte aligned; written
+            // only when `live`: word w of output row i < n, by this thread alone.
+            unsafe { store_8_if(dest, load_8_if(src, found), live) };
+        } else {
+            // SAFETY: as above, 16-byte aligned.
+            unsafe { store_16_if(dest, load_16_if(src, found), live) };
+        }
+        if live && !found && w == 0 {
+            // SAFETY: the host passes the address of a live IdStatus.
+            unsafe { record_bad_id(p.status, i) };
+        }
+    }
+
+    #[inline(always)]
+    pub(super) unsafe fn words8_pass(p: &GatherParams) {
+        // SAFETY: the caller's launch of this shape.
+        unsafe { words_pass::<8>(p) }
+    }
+
+    #[inline(always)]
+    pub(super) unsafe fn words16_pass(p: &GatherParams) {
+        // SAFETY: the caller's launch of this shape.
+        unsafe { words_pass::<16>(p) }
+    }
 
     /// The source address of output row `i`'s chunk `c`, or `None` (after recording it) when the
     /// row's id is outside the table.

@@ -676,6 +676,21 @@ fn gather_grid(variant: GatherVariant, p: &GatherParams, sms: u32) -> Result<Gri
             block_threads,
             tile_bytes,
         } => (p.n * p.row_bytes as u64).div_ceil(tile_bytes as u64) * block_threads as u64,
+        gather::Shape::WordsOnePass { word_bytes } => {
+            if !p.row_bytes.is_multiple_of(word_bytes) {
+                return Err(Error::invalid(
+                    "row width",
+                    format!(
+                        "{} bytes is not a multiple of this variant's {word_bytes}-byte words",
+                        p.row_bytes
+                    ),
+                ));
+            }
+            // The kernel indexes its threads in u32, whole blocks included.
+            let threads = p.n * (p.row_bytes / word_bytes) as u64;
+            check_chunk_count(threads.next_multiple_of(shape.block_threads() as u64))?;
+            threads
+        }
     };
     Ok(grid(threads))
 }
@@ -800,5 +815,30 @@ mod tests {
         let grid = dequant_grid(shape, 1000, 256);
         assert!(grid.one_pass);
         assert_eq!(grid.threads.div_ceil(grid.block_threads as u64), 250);
+    }
+
+    #[test]
+    fn a_words_variant_gets_a_thread_per_word_in_one_pass_and_refuses_other_widths() {
+        let p = thousand_rows();
+        let words8 = GatherVariant::named("gather_words8_pass").unwrap();
+        assert!(words8.variant().shape.one_pass());
+        // 1000 rows of 256 bytes: 32 words of 8 bytes a row.
+        assert_eq!(
+            gather_threads(words8, &p, 132).unwrap(),
+            (32_000, gather::BLOCK_THREADS)
+        );
+        let words16 = GatherVariant::named("gather_words16_pass").unwrap();
+        let narrow = GatherParams { row_bytes: 48, ..p };
+        assert_eq!(
+            gather_threads(words16, &narrow, 132).unwrap(),
+            (3000, gather::BLOCK_THREADS)
+        );
+        // 48-byte rows are six words of 8 bytes.
+        assert_eq!(gather_threads(words8, &narrow, 132).unwrap().0, 6000);
+        // Past 2^32 threads the kernel's 32-bit indices would wrap: refused, though its 16-byte
+        // chunks (3 x 2^30) are below the chunk bound.
+        let huge = GatherParams { n: 3 << 26, ..p };
+        let e = gather_threads(words8, &huge, 132).unwrap_err().to_string();
+        assert!(e.contains("split it below 2^32"), "{e}");
     }
 }

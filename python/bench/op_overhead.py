@@ -13,6 +13,10 @@ the median of several timed loops of host submission alone):
 - ``rust``: the native launch alone (the Rust function through its thin pyo3 binding, with
   addresses computed once), the floor the op path is compared with.
 
+The three are timed in turn within each repeat (the order rotating), so that a busy host
+slows all three alike; a goal is judged on the median over repeats of each repeat's own
+difference (op minus Rust), beside the medians of each path.
+
 Then the cost inside a replayed CUDA graph: a graph of 100 op-path calls against a graph of 100
 Rust-path calls, replayed; the difference per call is expected to be 0 (the host code does not
 run in a replay).
@@ -54,6 +58,26 @@ def per_call_us(fn, calls: int, repeats: int = 7) -> float:
         samples.append((time.perf_counter() - start) / calls * 1e6)
     torch.cuda.synchronize()
     return statistics.median(samples)
+
+
+def paired_us(fns: list, calls: int, repeats: int = 9) -> list[list[float]]:
+    """Host microseconds per call of each of `fns`, timed in turn within each of `repeats`
+    rounds (the order rotating each round): one list of samples per function, sample `r` of
+    each taken in the same round, so that differences can be paired."""
+    for fn in fns:
+        for _ in range(50):
+            fn()
+    samples: list[list[float]] = [[] for _ in fns]
+    for r in range(repeats):
+        for k in range(len(fns)):
+            j = (k + r) % len(fns)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fns[j]()
+            samples[j].append((time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return samples
 
 
 def graph_replay_us(fn, current: list, calls_in_graph: int = 100, replays: int = 200) -> float:
@@ -216,18 +240,20 @@ def main() -> int:
     results = {}
     print(f"{'entry point':<28} {'op us':>8} {'torch.ops us':>13} {'rust us':>8} {'op - rust':>10} {'in graph (op - rust)':>21}")
     for name, (op, ops, rust) in cases.items():
-        op_us = per_call_us(op, args.calls)
-        ops_us = per_call_us(ops, args.calls) if ops else float("nan")
-        rust_us = per_call_us(rust, args.calls)
+        op_s, ops_s, rust_s = paired_us([op, ops, rust], args.calls)
+        med = statistics.median
+        op_us, ops_us, rust_us = med(op_s), med(ops_s), med(rust_s)
         graph_delta = graph_replay_us(op, current) - graph_replay_us(rust, current)
         results[name] = {
             "op_us": op_us,
             "torch_ops_us": ops_us,
             "rust_us": rust_us,
-            "op_minus_rust_us": op_us - rust_us,
+            "op_minus_rust_us": med(a - b for a, b in zip(op_s, rust_s)),
+            "ops_minus_rust_us": med(a - b for a, b in zip(ops_s, rust_s)),
             "graph_op_minus_rust_us": graph_delta,
         }
-        print(f"{name:<28} {op_us:8.2f} {ops_us:13.2f} {rust_us:8.2f} {op_us - rust_us:10.2f} {graph_delta:21.3f}")
+        delta = results[name]["op_minus_rust_us"]
+        print(f"{name:<28} {op_us:8.2f} {ops_us:13.2f} {rust_us:8.2f} {delta:10.2f} {graph_delta:21.3f}")
     alloc_us = per_call_us(lambda: torch.empty((N, DIM), dtype=torch.bfloat16, device=dev), args.calls)
     print(f"(torch.empty of the output alone: {alloc_us:.2f} us a call, inside the allocating form's op - rust)")
     floors = dispatch_floors(weights, scales, ids, out, args.calls, args.native_floor)
@@ -236,8 +262,6 @@ def main() -> int:
     results["floors_us"] = floors
     goals = [("public function", "op_minus_rust_us", 5.0), ("torch.ops.fetchahead.X", "ops_minus_rust_us", 8.0)]
     cases_only = {name: r for name, r in results.items() if name != "floors_us"}
-    for r in cases_only.values():
-        r["ops_minus_rust_us"] = r["torch_ops_us"] - r["rust_us"]
     failed = 0
     for what, key, limit in goals:
         for name, r in cases_only.items():

@@ -1,0 +1,55 @@
+// What the decode-size probes share (`param_block_probe.cu`, `launch_probe.cu`): error checks
+// for the runtime and driver APIs, and the per-call time of a launch replayed from a graph.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+
+#define CK(x)                                                      \
+  do {                                                             \
+    cudaError_t e = (x);                                           \
+    if (e) {                                                       \
+      printf("err %s line %d\n", cudaGetErrorString(e), __LINE__); \
+      exit(1);                                                     \
+    }                                                              \
+  } while (0)
+#define CU(x)                                  \
+  do {                                         \
+    CUresult e = (x);                          \
+    if (e) {                                   \
+      const char* what;                        \
+      cuGetErrorString(e, &what);              \
+      printf("err %s line %d\n", what, __LINE__); \
+      exit(1);                                 \
+    }                                          \
+  } while (0)
+
+// Per-call microseconds of `launch` (one launch on stream s): a graph of `calls` launches in a
+// chain, replayed `replays` times back to back between two events.
+inline float time_graph(const std::function<void(cudaStream_t)>& launch, cudaStream_t s,
+                        int calls = 100, int replays = 200) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int k = 0; k < calls; k++) launch(s);
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  for (int k = 0; k < 5; k++) CK(cudaGraphLaunch(ge, s));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaEventRecord(a, s));
+  for (int k = 0; k < replays; k++) CK(cudaGraphLaunch(ge, s));
+  CK(cudaEventRecord(b, s));
+  CK(cudaEventSynchronize(b));
+  float ms;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return ms * 1e3f / (replays * calls);
+}
