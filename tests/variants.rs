@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 
 use fetchahead::device_abi::l2_prefetch::{self, PrefetchVariant};
+use fetchahead::device_abi::params::CHUNK_BYTES;
 use fetchahead::device_abi::{all_kernels, dequant, gather, gemv};
 use fetchahead::l2_plan::Replay;
 use fetchahead::{DequantVariant, GatherVariant};
@@ -138,6 +139,16 @@ fn declared_shapes_are_the_launch_shapes() {
         g("gather_words8_pass"),
         gather::Shape::WordsOnePass { word_bytes: 8 }
     );
+    // Rows are whole 16-byte chunks, so a words variant's rows are whole words.
+    for v in gather::VARIANTS {
+        if let gather::Shape::WordsOnePass { word_bytes } = v.shape {
+            assert!(
+                word_bytes > 0 && CHUNK_BYTES.is_multiple_of(word_bytes),
+                "{}",
+                v.name
+            );
+        }
+    }
     let d = &dequant::VARIANTS[dequant::find("gather_dequant_u8_packed_x2_pass").unwrap()];
     assert_eq!(
         (d.conversion, d.shape),

@@ -19,7 +19,7 @@ and after 3 s idle. `nvidia-smi` clocks can be logged beside it by the caller.
     nvcc -ptx -O3 -arch=sm_90 -std=c++17 benches/cuda/launch_probe.cu -o /tmp/lp.ptx
     python3 benches/triton/harness_probe.py FETCHAHEAD_PTX /tmp/lp.ptx [--dump DIR]
 
-`--dump DIR` writes the Triton peer's PTX (and SASS when Triton can make it) for each config.
+`--dump DIR` writes the Triton peer's PTX for each config.
 """
 from __future__ import annotations
 
@@ -44,50 +44,37 @@ def check(rc: int, what: str) -> None:
         raise RuntimeError(f"{what}: CUresult {rc}")
 
 
-def function(ptx: bytes, name: bytes) -> ctypes.c_void_p:
+def function(image: bytes, name: bytes) -> ctypes.c_void_p:
+    """Kernel `name` of a module image: a cubin, or PTX text ending in a NUL."""
     module, fn = ctypes.c_void_p(), ctypes.c_void_p()
-    check(cuda.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(ptx + b"\0")), "load")
+    check(cuda.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(image)), "load")
     check(cuda.cuModuleGetFunction(ctypes.byref(fn), module, name), name.decode())
     return fn
 
 
-def function_cubin(cubin: bytes, name: bytes) -> ctypes.c_void_p:
-    module, fn = ctypes.c_void_p(), ctypes.c_void_p()
-    check(cuda.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(cubin)), "load cubin")
-    check(cuda.cuModuleGetFunction(ctypes.byref(fn), module, name), name.decode())
-    return fn
-
-
-def raw_launch(fn, blocks: int, threads: int, params: bytes):
-    """A closure launching `fn` on torch's current stream with `params` as its one argument."""
-    buf = ctypes.create_string_buffer(params, len(params))
-    args = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
-
-    def launch():
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        check(cuda.cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, 0, stream, args, None), "launch")
-
-    launch.keep = (buf, args)  # alive as long as the closure
-    return launch
-
-
-def raw_launch_args(fn, grid: int, threads: int, shared: int, values: list):
-    """A closure launching `fn` raw with each of `values` (ctypes scalars) as one argument."""
+def raw_launch(fn, grid: int, threads: int, values: list, shared: int = 0):
+    """A closure launching `fn` raw on torch's current stream, each of `values` (ctypes objects:
+    scalars, or a buffer holding a parameter struct) passed as one argument."""
     args = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
 
     def launch():
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         check(cuda.cuLaunchKernel(fn, grid, 1, 1, threads, 1, 1, shared, stream, args, None), "launch")
 
-    launch.keep = (values, args)
+    launch.keep = (values, args)  # alive as long as the closure
     return launch
+
+
+def struct_arg(params: bytes) -> ctypes.Array:
+    """A parameter struct's bytes as one kernel argument."""
+    return ctypes.create_string_buffer(params, len(params))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("fetchahead_ptx")
     ap.add_argument("probe_ptx")
-    ap.add_argument("--dump", help="write the Triton peer's PTX and SASS here")
+    ap.add_argument("--dump", help="write the Triton peer's PTX here")
     ap.add_argument("--reps", type=int, default=11)
     a = ap.parse_args()
     torch.cuda.init()
@@ -95,8 +82,8 @@ def main() -> int:
     torch.empty(1, device=dev)  # torch's context current on this thread
     rows = 16 << 20
     table = torch.randint(0, 256, (rows, 256), dtype=torch.uint8, device=dev)
-    fa_ptx = open(a.fetchahead_ptx, "rb").read()
-    probe_ptx = open(a.probe_ptx, "rb").read()
+    fa_ptx = open(a.fetchahead_ptx, "rb").read() + b"\0"
+    probe_ptx = open(a.probe_ptx, "rb").read() + b"\0"
     fa_gather = function(fa_ptx, b"gather_chunk16_nohint")
     fa_empty = function(fa_ptx, b"gather_empty")
     cuda_ld = function(probe_ptx, b"probe_gather_ld")
@@ -120,18 +107,18 @@ def main() -> int:
             return peers.gather_peer[grid](table, ids, out, n, ROW_BYTES=256, ROWS=peer_rows, num_warps=8)
 
         compiled = peer()
-        cubin_fn = function_cubin(compiled.asm["cubin"], compiled.metadata.name.encode())
+        cubin_fn = function(compiled.asm["cubin"], compiled.metadata.name.encode())
         values = [ctypes.c_uint64(table.data_ptr()), ctypes.c_uint64(ids.data_ptr()),
                   ctypes.c_uint64(out.data_ptr()), ctypes.c_uint32(n), ctypes.c_uint64(0),
                   ctypes.c_uint64(0)]
         cases = {
             f"Triton gather peer (ROWS={peer_rows}, 8 warps)": peer,
-            "the same Triton cubin, raw launch": raw_launch_args(
-                cubin_fn, grid[0], 256, compiled.metadata.shared, values),
+            "the same Triton cubin, raw launch": raw_launch(
+                cubin_fn, grid[0], 256, values, compiled.metadata.shared),
             "Triton empty kernel": lambda: peers.empty_kernel[(1,)](x),
-            "fetchahead gather_chunk16_nohint, raw launch": raw_launch(fa_gather, blocks, 256, fa_params),
-            "CUDA probe_gather_ld (from PTX), raw launch": raw_launch(cuda_ld, blocks, 256, probe_params),
-            "fetchahead gather_empty, raw launch": raw_launch(fa_empty, blocks, 256, fa_params),
+            "fetchahead gather_chunk16_nohint, raw launch": raw_launch(fa_gather, blocks, 256, [struct_arg(fa_params)]),
+            "CUDA probe_gather_ld (from PTX), raw launch": raw_launch(cuda_ld, blocks, 256, [struct_arg(probe_params)]),
+            "fetchahead gather_empty, raw launch": raw_launch(fa_empty, blocks, 256, [struct_arg(fa_params)]),
         }
         want = table[ids]
         for what, fn in cases.items():

@@ -345,13 +345,8 @@ mod kernels {
     unsafe fn words_pass<const W: u32>(p: &GatherParams) {
         let words = NonZeroU32::new(p.row_bytes / W).unwrap_or(NonZeroU32::MIN);
         let t = block() * threads_in_block() + thread_in_block();
-        let (i, w) = if words.get().is_power_of_two() {
-            let shift = words.trailing_zeros();
-            (t >> shift, t & (words.get() - 1))
-        } else {
-            (t / words, t % words)
-        };
-        let (i, offset) = (i as u64, (w * W) as u64);
+        let (i, w) = split(t as u64, words.get());
+        let offset = (w * W) as u64;
         let live = i < p.n;
         // SAFETY: read only when `live`: i < n, inside the ids array.
         let id = unsafe { load_i64_if(p.ids + 8 * i, live) };

@@ -44,22 +44,6 @@ import fetchahead
 ROWS, DIM, N = 4096, 256, 64
 
 
-def per_call_us(fn, calls: int, repeats: int = 7) -> float:
-    """Host microseconds per call: the loop alone, the device drained before each loop and
-    not waited for inside it (few enough calls that the launch queue never fills)."""
-    for _ in range(50):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
-
-
 def paired_us(fns: list, calls: int, repeats: int = 9) -> list[list[float]]:
     """Host microseconds per call of each of `fns`, timed in turn within each of `repeats`
     rounds (the order rotating each round): one list of samples per function, sample `r` of
@@ -78,6 +62,11 @@ def paired_us(fns: list, calls: int, repeats: int = 9) -> list[list[float]]:
             samples[j].append((time.perf_counter() - start) / calls * 1e6)
     torch.cuda.synchronize()
     return samples
+
+
+def per_call_us(fn, calls: int, repeats: int = 7) -> float:
+    """Host microseconds per call of `fn` alone: the median of `repeats` timed loops."""
+    return statistics.median(paired_us([fn], calls, repeats)[0])
 
 
 def graph_replay_us(fn, current: list, calls_in_graph: int = 100, replays: int = 200) -> float:
