@@ -953,20 +953,39 @@ fn advise_future_admits_a_coming_row_over_more_frequent_ones_until_its_lookup() 
         // lookup was said to want it.
         assert_eq!(hit, lookahead, "lookahead {lookahead}");
     }
-    // A mark that has expired (its lookups passed) no longer admits.
-    let store = open(dir.path(), options(true));
-    let hot: Vec<i64> = (0..200).collect();
-    for _ in 0..5 {
-        let (mut w, mut s) = outputs(&store, hot.len());
-        store.lookup(1, &hot, &mut w, &mut s).unwrap();
+    // Rows handed over for the third lookup from now are read into the cache when the next
+    // lookup ends (two lookups before theirs, not sooner), so that their own lookup finds
+    // them; without look-ahead nothing is.
+    for lookahead in [false, true] {
+        let store = open(dir.path(), options(lookahead));
+        let hot: Vec<i64> = (0..200).collect();
+        for _ in 0..5 {
+            let (mut w, mut s) = outputs(&store, hot.len());
+            store.lookup(1, &hot, &mut w, &mut s).unwrap();
+        }
+        let coming = [3001i64, 3002, 3001];
+        store.advise_future(1, &coming, 3).unwrap();
+        store.wait_advised();
+        assert_eq!(store.stats().advised, 0, "read before the lookup before it");
+        let (mut w, mut s) = outputs(&store, 1);
+        store.lookup(1, &[7], &mut w, &mut s).unwrap();
+        store.wait_advised();
+        let want = if lookahead { 2 } else { 0 };
+        assert_eq!(store.stats().advised, want, "lookahead {lookahead}");
+        let (mut w, mut s) = outputs(&store, 1);
+        store.lookup(1, &[8], &mut w, &mut s).unwrap();
+        let before = store.stats();
+        let (mut w, mut s) = outputs(&store, coming.len());
+        store.lookup(1, &coming, &mut w, &mut s).unwrap();
+        let after = store.stats();
+        assert_eq!(after.hits - before.hits, if lookahead { 3 } else { 0 });
+        // What was read ahead is the rows themselves.
+        let plain = open(dir.path(), StoreOptions::default());
+        let (mut ww, mut ws) = outputs(&plain, coming.len());
+        plain.lookup(1, &coming, &mut ww, &mut ws).unwrap();
+        assert_eq!((w, s), (ww, ws));
     }
-    assert_eq!(store.advise_future(1, &[3001], 1).unwrap(), 1);
-    let (mut w, mut s) = outputs(&store, 1);
-    store.lookup(1, &[7], &mut w, &mut s).unwrap();
-    store.lookup(1, &[3001], &mut w, &mut s).unwrap();
-    let before = store.stats().hits;
-    store.lookup(1, &[3001], &mut w, &mut s).unwrap();
-    assert_eq!(store.stats().hits, before, "an expired mark still admitted");
+    let store = open(dir.path(), options(true));
     // Bad ids and layers fail; no cache notes nothing.
     assert!(store.advise_future(1, &[4000], 1).is_err());
     assert!(store.advise_future(9, &[1], 1).is_err());

@@ -107,6 +107,15 @@ pub struct BenchIoArgs {
     /// Steps ahead a prompt's chunk is handed over at most (look-ahead).
     #[arg(long, default_value_t = 8)]
     pub lookahead_steps: u32,
+    /// Look-ahead, replayed: rows of the chunks due at a step read ahead of it, at most this
+    /// share of the cache's rows (0: marks only; the store reads at most
+    /// `store::ahead::READ_AHEAD_SHARE`).
+    #[arg(long, default_value_t = fetchahead::store::ahead::READ_AHEAD_SHARE)]
+    pub read_ahead_share: f64,
+    /// Look-ahead, replayed: a chunk is read ahead once its step is at most this many lookups
+    /// away, the next one counted (the store's is `store::ahead::READ_AHEAD_LOOKUPS`).
+    #[arg(long, default_value_t = fetchahead::store::ahead::READ_AHEAD_LOOKUPS)]
+    pub read_ahead_lookups: u32,
     /// With --trace: replays only (no table, no reads).
     #[arg(long, requires = "trace")]
     pub replay_only: bool,

@@ -1,7 +1,7 @@
 //! `advise`: a background thread warms the rows of a coming batch, so the caller never waits.
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use super::{Caller, Inner, ReadPath};
@@ -14,6 +14,8 @@ pub(crate) struct Advisor {
     /// Id buffers the warming thread has finished with, reused so that `advise` stops
     /// allocating once it has seen its largest batch.
     spare: Arc<Mutex<Vec<Vec<i64>>>>,
+    /// Batches sent and not yet warmed, with a condition the thread signals when it is 0.
+    pending: Arc<(Mutex<usize>, Condvar)>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -23,6 +25,8 @@ impl Advisor {
         let spare: Arc<Mutex<Vec<Vec<i64>>>> =
             Arc::new(Mutex::new(Vec::with_capacity(PENDING + 1)));
         let returned = spare.clone();
+        let pending = Arc::new((Mutex::new(0usize), Condvar::new()));
+        let done = pending.clone();
         let thread = std::thread::Builder::new()
             .name("fetchahead-advise".into())
             .spawn(move || {
@@ -33,11 +37,14 @@ impl Advisor {
                     if spare.len() <= PENDING {
                         spare.push(ids);
                     }
+                    drop(spare);
+                    one_done(&done);
                 }
             })?;
         Ok(Advisor {
             batches: Some(tx),
             spare,
+            pending,
             thread: Some(thread),
         })
     }
@@ -55,15 +62,39 @@ impl Advisor {
             .unwrap_or_default();
         batch.clear();
         batch.extend_from_slice(ids);
+        // Counted before sending, so that the thread never finishes a batch not yet counted.
+        *self.pending.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
         match tx.try_send((layer, batch)) {
             Ok(()) => true,
             Err(TrySendError::Full((_, batch)) | TrySendError::Disconnected((_, batch))) => {
+                one_done(&self.pending);
                 self.spare
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .push(batch);
                 false
             }
+        }
+    }
+}
+
+/// One batch of `pending` warmed or dropped; wakes the waiters when none is left.
+fn one_done(pending: &(Mutex<usize>, Condvar)) {
+    let (count, idle) = pending;
+    let mut count = count.lock().unwrap_or_else(|e| e.into_inner());
+    *count = count.saturating_sub(1);
+    if *count == 0 {
+        idle.notify_all();
+    }
+}
+
+impl Advisor {
+    /// Blocks until every batch sent so far has been warmed (or dropped).
+    pub fn wait_idle(&self) {
+        let (count, idle) = &*self.pending;
+        let mut count = count.lock().unwrap_or_else(|e| e.into_inner());
+        while *count > 0 {
+            count = idle.wait(count).unwrap_or_else(|e| e.into_inner());
         }
     }
 }

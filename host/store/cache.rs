@@ -409,6 +409,8 @@ pub(crate) struct RowCache {
     budget_bytes: u64,
     /// Requests the caller said have finished, one bit each by id modulo `FINISHED_REQUESTS`.
     finished: Box<[AtomicU64]>,
+    /// Whether there is room for future references.
+    lookahead: bool,
 }
 
 impl RowCache {
@@ -440,6 +442,7 @@ impl RowCache {
             finished: (0..FINISHED_REQUESTS / 64)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            lookahead: lookahead && plan.marks > 0,
         }
     }
 
@@ -491,6 +494,16 @@ impl RowCache {
         if let Some(c) = self.lookups.get(layer_index) {
             c.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Lookups of layer `layer_index` counted so far.
+    pub fn lookups_of(&self, layer_index: usize) -> u64 {
+        self.now(layer_index)
+    }
+
+    /// Whether the cache keeps room for future references.
+    pub fn looks_ahead(&self) -> bool {
+        self.lookahead
     }
 
     fn now(&self, layer_index: usize) -> u64 {
@@ -667,6 +680,11 @@ impl RowCache {
         shard.remove_bucket(b);
     }
 
+    /// Rows the cache holds at most.
+    pub fn capacity(&self) -> usize {
+        self.rows
+    }
+
     pub fn len(&self) -> usize {
         self.shards
             .iter()
@@ -754,6 +772,38 @@ mod tests {
 
     fn target(c: &RowCache) -> usize {
         c.shards[0].lock().unwrap().target
+    }
+
+    #[test]
+    fn a_mark_admits_a_rare_row_until_its_lookup_and_no_longer() {
+        let c = RowCache::new(bytes_for_rows(64, 9, true), 9, 1, true);
+        assert!(c.looks_ahead());
+        let (mut w, mut s) = ([0u8; 8], [0u8; 1]);
+        let fill = |c: &RowCache| {
+            for r in 0..c.capacity() as u64 {
+                for _ in 0..3 {
+                    c.asked(0, &mut [r]);
+                }
+                c.insert(0, r, &[0; 8], &[0]);
+            }
+        };
+        fill(&c);
+        // Wanted by the lookup after next: admitted over rows asked three times.
+        assert!(c.mark(0, 1000, 2));
+        c.asked(0, &mut [5]);
+        c.asked(0, &mut [1000]);
+        c.insert(0, 1000, &[1; 8], &[1]);
+        assert!(c.get(0, 1000, &mut w, &mut s));
+        // Its lookup has passed: a second rare row marked for the next lookup only is not
+        // admitted a lookup later.
+        assert!(c.mark(0, 1001, 1));
+        c.asked(0, &mut [5]);
+        c.asked(0, &mut [1001]);
+        c.insert(0, 1001, &[1; 8], &[1]);
+        assert!(!c.get(0, 1001, &mut w, &mut s));
+        // Without room for marks nothing is marked.
+        let plain = RowCache::new(bytes_for_rows(64, 9, false), 9, 1, false);
+        assert!(!plain.looks_ahead() && !plain.mark(0, 1, 1));
     }
 
     #[test]

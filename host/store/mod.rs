@@ -30,6 +30,7 @@ use crate::error::RowIds;
 use crate::{Error, Result};
 
 mod advise;
+pub mod ahead;
 mod aligned;
 pub mod belady;
 mod cache;
@@ -598,6 +599,8 @@ pub(crate) struct Inner {
     ring_features: Mutex<Option<uring::RingFeatures>>,
     counters: Counters,
     fault: OnceLock<FaultState>,
+    /// Chunks `advise_future` handed over, read into the cache when they are next.
+    ahead: ahead::ReadAhead,
 }
 
 /// Engram rows of one tensor-parallel rank, read from NVMe. `Send + Sync`: lookups from many
@@ -635,6 +638,7 @@ impl RowStore {
         let scales = resident_scales(&layout, &shards, &rows, options.resident_scales)?;
         let tuning = Tuning::load(&tune::tune_file(path))?.unwrap_or_default();
         let cache = row_cache(&options, &layout)?;
+        let layer_count = layout.layers.len();
         let inner = Arc::new(Inner {
             layer_ids: layout.layers.iter().map(|l| l.layer).collect(),
             layout,
@@ -661,6 +665,7 @@ impl RowStore {
             ring_features: Mutex::new(None),
             counters: Counters::default(),
             fault: OnceLock::new(),
+            ahead: ahead::ReadAhead::new(layer_count),
         });
         let advisor = advise::Advisor::start(inner.clone())
             .map_err(|e| Error::io(path, "spawn the advise thread", e))?;
@@ -677,10 +682,7 @@ impl RowStore {
         weights_out: &mut [u8],
         scales_out: &mut [u8],
     ) -> Result<()> {
-        let path = self.inner.read_path;
-        let _nvtx = crate::nvtx::range(c"fetchahead.lookup");
-        self.inner
-            .lookup(Caller::User, path, layer, ids, weights_out, scales_out)
+        self.lookup_with(self.inner.read_path, layer, ids, weights_out, scales_out)
     }
 
     /// [`lookup`](Self::lookup) through a given path.
@@ -694,7 +696,44 @@ impl RowStore {
     ) -> Result<()> {
         let _nvtx = crate::nvtx::range(c"fetchahead.lookup");
         self.inner
-            .lookup(Caller::User, path, layer, ids, weights_out, scales_out)
+            .lookup(Caller::User, path, layer, ids, weights_out, scales_out)?;
+        self.read_due(layer);
+        Ok(())
+    }
+
+    /// Sends the rows of the chunks due within the next [`ahead::READ_AHEAD_LOOKUPS`] lookups of
+    /// `layer` (handed over by [`advise_future`](Self::advise_future)) to the advise thread, to
+    /// be read into the cache while the caller computes.
+    fn read_due(&self, layer: u32) {
+        let (Some(cache), Ok(li)) = (&self.inner.cache, self.inner.layer_index(layer)) else {
+            return;
+        };
+        if !cache.looks_ahead() {
+            return;
+        }
+        let most = (cache.capacity() as f64 * ahead::READ_AHEAD_SHARE) as usize;
+        let next = cache.lookups_of(li) + u64::from(ahead::READ_AHEAD_LOOKUPS);
+        let rows = self.inner.ahead.take_due(li, next, most);
+        if rows.is_empty() {
+            return;
+        }
+        let ids: Vec<i64> = rows.into_iter().map(|r| r as i64).collect();
+        if !self.advisor.send(layer, &ids) {
+            self.inner
+                .counters
+                .advise_dropped
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Waits until the advise thread has read every batch sent to it (from [`advise`] and the
+    /// read-ahead of [`advise_future`]): for benches and tests that stand in for the compute a
+    /// read overlaps.
+    ///
+    /// [`advise`]: RowStore::advise
+    /// [`advise_future`]: RowStore::advise_future
+    pub fn wait_advised(&self) {
+        self.advisor.wait_idle();
     }
 
     /// Starts warming the rows of a coming batch and returns at once: into the row cache when
@@ -716,25 +755,35 @@ impl RowStore {
         &self.inner.path
     }
 
-    /// Hands the row cache rows a coming lookup of `layer` asks for: one of the next
-    /// `steps_ahead` lookups of the layer (1: the next). Until then each is admitted when read,
-    /// whatever its count, and no eviction takes it; nothing is read now (see [`advise`] for
-    /// that). An engine knows a prompt when its request arrives, so the ids of its later
-    /// prefill chunks can be handed over while the earlier chunks run. Returns how many ids were
-    /// noted: 0 without a cache or [`StoreOptions::lookahead`]; fewer when the room for future
-    /// references (a slot a cached row) is full. Bad ids fail here.
-    ///
-    /// [`advise`]: RowStore::advise
+    /// Hands the row cache rows a coming lookup of `layer` asks for: the lookup `steps_ahead`
+    /// lookups of the layer from now (1: the next). Until then each is admitted when read,
+    /// whatever its count, and no eviction takes it; and once it is at most
+    /// [`ahead::READ_AHEAD_LOOKUPS`] lookups away (at once for `steps_ahead` 2 or less), the
+    /// advise thread reads them into the cache, most asked first
+    /// and at most [`ahead::READ_AHEAD_SHARE`] of the cache's rows, so that the lookup finds
+    /// them. An engine knows a prompt when its request arrives, so the ids of its later prefill
+    /// chunks can be handed over once, while the earlier chunks run. Returns how many ids were
+    /// noted: 0 without a cache or [`StoreOptions::lookahead`] (then nothing is read ahead
+    /// either); fewer when the room for future references (a slot a cached row) is full. Bad
+    /// ids fail here.
     pub fn advise_future(&self, layer: u32, ids: &[i64], steps_ahead: u32) -> Result<usize> {
         let li = self.inner.layer_index(layer)?;
         self.inner.check_range(ids)?;
         let Some(cache) = &self.inner.cache else {
             return Ok(0);
         };
-        Ok(ids
+        let noted = ids
             .iter()
             .filter(|&&id| cache.mark(li, id as u64, steps_ahead))
-            .count())
+            .count();
+        if cache.looks_ahead() {
+            let due = cache.lookups_of(li) + u64::from(steps_ahead.max(1));
+            self.inner
+                .ahead
+                .hand_over(li, due, ids.iter().map(|&id| id as u64));
+            self.read_due(layer);
+        }
+        Ok(noted)
     }
 
     /// Notes that request `request` (the engine's id for it, below 2^31) asked for `ids` of
@@ -929,7 +978,7 @@ pub fn replay_row_cache_then<T>(
     then: impl FnOnce() -> T,
 ) -> (belady::HitCount, T) {
     let cache = RowCache::new(cache_bytes, dim + dim / MX_BLOCK, 1, false);
-    let (count, _) = replay_on(&cache, dim, batches, counted_from, None, None);
+    let (count, _) = replay_on(&cache, dim, batches, counted_from, Known::default());
     let out = then();
     drop(cache);
     (count, out)
@@ -938,20 +987,47 @@ pub fn replay_row_cache_then<T>(
 /// Per batch, the future references to hand over before it: `(steps_ahead, ids)`.
 pub type FutureRefs<'a> = [Vec<(u32, &'a [i64])>];
 
-/// The store's row cache replayed on `batches` as [`replay_row_cache`], with look-ahead when
-/// `future` is given: before batch `b`, each `(steps_ahead, ids)` of `future[b]` is handed to
-/// the cache as [`RowStore::advise_future`] hands it (the cache then keeps room for future
-/// references within the same budget). Returns the hit count and the distinct rows read
-/// (missed) over the counted batches.
-pub fn replay_row_cache_lookahead(
+/// What a replay knows ahead of each lookup, as an engine knows it.
+#[derive(Clone, Copy)]
+pub struct Known<'a> {
+    /// Per batch, the later prefill chunks handed over before it
+    /// ([`RowStore::advise_future`]).
+    pub future: Option<&'a FutureRefs<'a>>,
+    /// Rows of the chunks due at a batch read ahead of it, while the batch before it runs, at
+    /// most this share of the cache's rows ([`RowStore::read_ahead`]); 0 reads nothing ahead.
+    pub read_share: f64,
+    /// A chunk is read ahead once its lookup is at most this many lookups away, this one
+    /// counted (1: just before it; [`ahead::READ_AHEAD_LOOKUPS`] in the store).
+    pub read_lookups: u32,
+    /// Per batch, its ids by request and the requests finishing with it.
+    pub requests: Option<&'a [requests::StepRequests]>,
+}
+
+impl Default for Known<'_> {
+    fn default() -> Self {
+        Known {
+            future: None,
+            read_share: 0.0,
+            read_lookups: ahead::READ_AHEAD_LOOKUPS,
+            requests: None,
+        }
+    }
+}
+
+/// The store's row cache replayed on `batches` as [`replay_row_cache`], with what `known`
+/// holds handed over as an engine hands it: before batch `b`, each `(steps_ahead, ids)` of
+/// `future[b]` (the cache then keeps room for future references within the same budget), and
+/// with a read share, the rows of the chunks due at `b` read into the cache before it. Returns
+/// the hit count and the distinct rows read (missed or read ahead) over the counted batches.
+pub fn replay_row_cache_known(
     cache_bytes: u64,
     dim: usize,
     batches: &[Vec<i64>],
     counted_from: usize,
-    future: Option<&FutureRefs<'_>>,
+    known: Known<'_>,
 ) -> (belady::HitCount, u64) {
-    let cache = RowCache::new(cache_bytes, dim + dim / MX_BLOCK, 1, future.is_some());
-    replay_on(&cache, dim, batches, counted_from, future, None)
+    let cache = RowCache::new(cache_bytes, dim + dim / MX_BLOCK, 1, known.future.is_some());
+    replay_on(&cache, dim, batches, counted_from, known)
 }
 
 /// [`replay_row_cache`] with each step's ids by request and the requests finishing with it
@@ -963,20 +1039,22 @@ pub fn replay_row_cache_requests(
     counted_from: usize,
     requests: &[requests::StepRequests],
 ) -> belady::HitCount {
-    let cache = RowCache::new(cache_bytes, dim + dim / MX_BLOCK, 1, false);
-    replay_on(&cache, dim, batches, counted_from, None, Some(requests)).0
+    let known = Known {
+        requests: Some(requests),
+        ..Known::default()
+    };
+    replay_row_cache_known(cache_bytes, dim, batches, counted_from, known).0
 }
 
-/// `batches` looked up in `cache` as a lookup uses it (with `future`'s references handed over
-/// before each batch), without reading anything: the hit count and the distinct rows read over
-/// the batches from `counted_from` on.
+/// `batches` looked up in `cache` as a lookup uses it (with what `known` holds handed over),
+/// without reading anything: the hit count and the distinct rows read over the batches from
+/// `counted_from` on.
 fn replay_on(
     cache: &RowCache,
     dim: usize,
     batches: &[Vec<i64>],
     counted_from: usize,
-    future: Option<&FutureRefs<'_>>,
-    requests: Option<&[requests::StepRequests]>,
+    known: Known<'_>,
 ) -> (belady::HitCount, u64) {
     let row = vec![0u8; dim + dim / MX_BLOCK];
     let (w, s) = row.split_at(dim);
@@ -984,11 +1062,38 @@ fn replay_on(
     let mut count = belady::HitCount::default();
     let mut read = 0u64;
     let (mut missed, mut asked) = (Vec::new(), Vec::new());
+    // The chunks handed over so far, by the batch they are due at.
+    let mut due: Vec<Vec<&[i64]>> = vec![Vec::new(); batches.len() + 1];
+    let most_ahead = (cache.capacity() as f64 * known.read_share) as usize;
+    let mut ahead = Vec::new();
     for (b, batch) in batches.iter().enumerate() {
-        if let Some(ahead) = future.and_then(|f| f.get(b)) {
-            for (steps, ids) in ahead {
-                for &id in *ids {
-                    cache.mark(0, id as u64, *steps);
+        if let Some(handed) = known.future.and_then(|f| f.get(b)) {
+            for &(steps, ids) in handed {
+                for &id in ids {
+                    cache.mark(0, id as u64, steps);
+                }
+                // Read once its lookup is `read_lookups` lookups away (this one counted).
+                let at = b + (steps.max(known.read_lookups) - known.read_lookups) as usize;
+                if let Some(d) = due.get_mut(at) {
+                    d.push(ids);
+                }
+            }
+        }
+        if most_ahead > 0 {
+            ahead.clear();
+            ahead.extend(
+                due[b]
+                    .iter()
+                    .flat_map(|ids| ids.iter().map(|&id| id as u64)),
+            );
+            let (ow, os) = out.split_at_mut(dim);
+            ahead::most_asked_first(&mut ahead, most_ahead);
+            for &id in &ahead {
+                if !cache.get(0, id, ow, os) {
+                    cache.insert(0, id, w, s);
+                    if b >= counted_from {
+                        read += 1;
+                    }
                 }
             }
         }
@@ -1010,7 +1115,7 @@ fn replay_on(
         for &id in &missed {
             cache.insert(0, id as u64, w, s);
         }
-        if let Some(step) = requests.and_then(|r| r.get(b)) {
+        if let Some(step) = known.requests.and_then(|r| r.get(b)) {
             for span in &step.spans {
                 let ids = batch.get(span.ids.clone()).unwrap_or(&[]);
                 cache.asked_by(0, span.request, ids.iter().map(|&id| id as u64));

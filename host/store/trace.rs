@@ -218,8 +218,11 @@ pub fn read_doc_fields<const N: usize>(path: &Path, names: [&str; N]) -> Result<
         .collect()
 }
 
-/// Ids to hand the cache as future references before a step's lookup: those of step
-/// `step`, the `ids` range of the trace, which is `steps_ahead` steps on.
+/// Ids to hand the cache as future references before a step's lookup: the `ids` range of the
+/// trace, looked up `steps_ahead` lookups on as [`RowStore::advise_future`] counts them (1: the
+/// step about to be looked up, 2: the one after it).
+///
+/// [`RowStore::advise_future`]: super::RowStore::advise_future
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FutureChunk {
     pub steps_ahead: u32,
@@ -275,7 +278,7 @@ pub fn known_future(
         for (u, ids) in c.iter().skip(1) {
             let t = u.saturating_sub(horizon as usize).max(first);
             out[t].push(FutureChunk {
-                steps_ahead: (u - t) as u32,
+                steps_ahead: (u - t + 1) as u32,
                 ids: ids.clone(),
             });
         }
@@ -361,11 +364,12 @@ mod tests {
         ];
         let b = step_batches(7, Some(&steps), 1, 1).unwrap();
         let f = known_future(&steps, &b, &[3, 2], 1, 8).unwrap();
-        // Before step 0: request 0's chunk in step 1 (id 3, after step 1's decode id 2).
+        // Before step 0: request 0's chunk in step 1 (id 3, after step 1's decode id 2), the
+        // lookup after the next.
         assert_eq!(
             f[0],
             vec![FutureChunk {
-                steps_ahead: 1,
+                steps_ahead: 2,
                 ids: 3..4
             }]
         );
@@ -373,14 +377,14 @@ mod tests {
         assert_eq!(
             f[1],
             vec![FutureChunk {
-                steps_ahead: 1,
+                steps_ahead: 2,
                 ids: 6..7
             }]
         );
         assert!(f[2].is_empty());
         // A horizon of 0 steps still hands nothing over before the request starts.
         let f = known_future(&steps, &b, &[3, 2], 1, 0).unwrap();
-        assert_eq!(f[1][0].steps_ahead, 0);
+        assert_eq!(f[1][0].steps_ahead, 1);
         // Too few prompts for the prefill tokens is an error.
         assert!(known_future(&steps, &b, &[3], 1, 8).is_err());
     }

@@ -458,13 +458,23 @@ class RowStore:
         self._store.advise(layer, ids_arr.ctypes.data, ids_arr.shape[0])
 
     def advise_future(self, layer: int, ids: Any, steps_ahead: int = 1) -> int:
-        """Hands the row cache ids that one of the next ``steps_ahead`` lookups of ``layer``
-        asks for (a prompt's later prefill chunks, known when its request arrives): until then
-        each is admitted when read and not evicted; nothing is read now. Needs a store opened
-        with ``lookahead=True`` (which keeps room for them in ``cache_bytes``); returns how many
-        ids were noted (0 without it)."""
+        """Hands the row cache ids that the lookup of ``layer`` ``steps_ahead`` lookups from
+        now asks for (1: the next; a prompt's later prefill chunks, known when its request
+        arrives): until then each is admitted when read and not evicted, and once that lookup
+        is at most two lookups away the store's advise thread reads the rows into the cache
+        (most asked first), so that the lookup finds them. Hand each chunk over once. Needs a
+        store opened with ``lookahead=True`` (which keeps room for them in ``cache_bytes``);
+        returns how many ids were noted (0 without it, and nothing is read ahead)."""
+        layer = _int_arg("layer", layer, 0, _U32)
+        steps_ahead = _int_arg("steps_ahead", steps_ahead, 0, _U32)
         ids_arr = _host_ids(ids)
         return self._store.advise_future(layer, ids_arr.ctypes.data, ids_arr.shape[0], steps_ahead)
+
+    def wait_advised(self) -> None:
+        """Blocks until the advise thread has read every batch :meth:`advise` and
+        :meth:`advise_future`'s read-ahead sent it (for benchmarks that stand in for the
+        compute a read overlaps)."""
+        self._store.wait_advised()
 
     def stats(self) -> dict[str, Any]:
         """Counters since the store opened: ``hits``, ``misses``, ``reads``, ``bytes``,

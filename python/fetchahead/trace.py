@@ -13,7 +13,7 @@ import heapq
 import lzma
 import os
 import time
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -98,6 +98,48 @@ def step_batches(
     return out
 
 
+def known_future(
+    steps: np.ndarray,
+    cut: list[tuple[int, int, bool]],
+    prompts: Sequence[int],
+    *,
+    ids_per_token: int = 16,
+    horizon: int = 8,
+) -> list[list[tuple[int, int, int]]]:
+    """What a scheduler knows ahead, step by step (the Rust ``store::trace::known_future``):
+    a request's prompt (``prompts``: tokens each, in arrival order) is known when its first
+    chunk runs, so its later prefill chunks are too. Entry ``t`` lists, as ``(steps_ahead,
+    start, end)`` ranges of the trace, the chunks to hand to :meth:`RowStore.advise_future`
+    before step ``t``'s lookup, each once and at most ``horizon`` steps before it runs
+    (``steps_ahead`` 1 is the step about to be looked up)."""
+    chunks: list[list[tuple[int, int, int]]] = [[] for _ in prompts]
+    request, left = 0, (int(prompts[0]) if len(prompts) else 0)
+    for t, ((decode, prefill), (start, _, _)) in enumerate(zip(np.asarray(steps).tolist(), cut)):
+        at = start + decode * ids_per_token
+        while prefill > 0:
+            while left == 0:
+                request += 1
+                if request >= len(prompts):
+                    raise _invalid(
+                        f"invalid documents: their {len(prompts)} prompts end before step {t}'s "
+                        "prefill tokens"
+                    )
+                left = int(prompts[request])
+            n = min(prefill, left)
+            chunks[request].append((t, at, at + n * ids_per_token))
+            at += n * ids_per_token
+            prefill, left = prefill - n, left - n
+    out: list[list[tuple[int, int, int]]] = [[] for _ in cut]
+    for c in chunks:
+        if not c:
+            continue
+        first = c[0][0]
+        for u, a, e in c[1:]:
+            t = max(u - horizon, first)
+            out[t].append((u - t + 1, a, e))
+    return out
+
+
 def belady_hit_rate(batches: list[np.ndarray], capacity: int, counted_from: int) -> float:
     """Belady's MIN with bypass on ``batches`` with room for ``capacity`` rows, counted as the
     store counts (an id hits when its row was held when the batch began; rows read for a batch
@@ -149,13 +191,23 @@ def replay_trace(
     ids_per_token: int = 16,
     batch_tokens: int = 2048,
     belady_rows: Optional[int] = None,
+    prompts: Optional[Sequence[int]] = None,
+    lookahead_steps: int = 8,
 ) -> dict[str, Any]:
     """Replays ``trace`` (a file or an id array) against ``store`` (a :class:`RowStore`,
     usually opened with a ``cache_bytes`` budget) step by step, and returns the report:
     ``hit_rate`` (the store's counters over the counted half), ``disk_reads_per_step``,
     ``rows_per_s``, ``decode`` and ``prefill`` lookup times (``p50_us``, ``p99_us``,
     ``steps``), and with ``belady_rows`` (the rows the cache holds) ``belady_hit_rate`` and
-    ``vs_belady`` on the same batches."""
+    ``vs_belady`` on the same batches.
+
+    With ``prompts`` (each request's prompt tokens, in arrival order, as the documents file
+    lists them; needs ``steps``) the replay looks ahead as an engine can: before each step it
+    hands the store the later prefill chunks it knows (:func:`known_future`, at most
+    ``lookahead_steps`` ahead) with :meth:`RowStore.advise_future`, and waits for the
+    read-ahead before timing the lookup (the compute of the step before would overlap it);
+    the report adds ``read_ahead_rows_per_step`` and ``read_ahead_wait`` (``p50_us``,
+    ``p99_us``). Open the store with ``lookahead=True`` for it to act."""
     ids = trace if isinstance(trace, np.ndarray) else read_trace(trace)
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     if steps is not None and not isinstance(steps, np.ndarray):
@@ -165,14 +217,36 @@ def replay_trace(
         raise _invalid("invalid trace: want at least 2 batches (warm-up, counted)")
     batches = [ids[a:e] for a, e, _ in cut]
     counted_from = len(cut) // 2
-    for b in batches[:counted_from]:
+    future = None
+    if prompts is not None:
+        if steps is None:
+            raise _invalid("invalid trace replay: look-ahead (prompts) needs steps")
+        future = known_future(steps, cut, prompts, ids_per_token=ids_per_token,
+                              horizon=lookahead_steps)
+    waits: list[float] = []
+
+    def hand_over(t: int) -> None:
+        if future is None:
+            return
+        for steps_ahead, a, e in future[t]:
+            store.advise_future(layer, ids[a:e], steps_ahead)
+        w = time.perf_counter()
+        store.wait_advised()
+        if t >= counted_from:
+            waits.append(time.perf_counter() - w)
+
+    for t, b in enumerate(batches[:counted_from]):
+        hand_over(t)
         store.lookup(layer, b)
     before = store.stats()
     decode, prefill = [], []
-    for (_, _, is_prefill), b in zip(cut[counted_from:], batches[counted_from:]):
-        t = time.perf_counter()
+    for t, ((_, _, is_prefill), b) in enumerate(
+        zip(cut[counted_from:], batches[counted_from:]), start=counted_from
+    ):
+        hand_over(t)
+        start = time.perf_counter()
         store.lookup(layer, b)
-        (prefill if is_prefill else decode).append(time.perf_counter() - t)
+        (prefill if is_prefill else decode).append(time.perf_counter() - start)
     after = store.stats()
     hits = after["hits"] - before["hits"]
     asked = hits + after["misses"] - before["misses"]
@@ -188,6 +262,9 @@ def replay_trace(
         "decode": _percentiles_us(decode),
         "prefill": _percentiles_us(prefill),
     }
+    if future is not None:
+        report["read_ahead_rows_per_step"] = (after["advised"] - before["advised"]) / counted
+        report["read_ahead_wait"] = _percentiles_us(waits)
     if belady_rows is not None:
         opt = belady_hit_rate(batches, belady_rows, counted_from)
         report["belady_hit_rate"] = opt

@@ -536,8 +536,14 @@ impl RowStore {
         done(py, r)
     }
 
-    /// Hands the cache `n` ids at `ids` that one of the next `steps_ahead` lookups asks for;
-    /// returns how many were noted.
+    /// Waits (without the GIL) until the advise thread has read every batch sent to it.
+    fn wait_advised(&self, py: Python<'_>) {
+        py.detach(|| self.store.wait_advised());
+        logs::drain(py);
+    }
+
+    /// Hands the cache `n` ids at `ids` that the lookup `steps_ahead` lookups from now asks
+    /// for (read ahead when it is near); returns how many were noted.
     fn advise_future(
         &self,
         py: Python<'_>,

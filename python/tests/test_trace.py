@@ -80,3 +80,40 @@ def test_advise_future_admits_a_coming_row_over_more_frequent_ones(table):
         assert (store.stats()["hits"] > before) == lookahead
     with pytest.raises(fetchahead.RowIdError):
         store.advise_future(3, [ROWS], steps_ahead=1)
+
+
+def test_known_future_hands_each_later_chunk_over_once_from_its_first():
+    # As the Rust test: prompts of 3 and 2 tokens, 1 id a token; step 0 prefills 2 tokens of
+    # request 0, step 1 decodes 1 and prefills request 0's last token and request 1's first,
+    # step 2 decodes 1 and prefills request 1's last token.
+    steps = np.array([(0, 2), (1, 2), (1, 1)])
+    cut = step_batches(7, steps, ids_per_token=1)
+    f = fetchahead.trace.known_future(steps, cut, [3, 2], ids_per_token=1)
+    assert f == [[(2, 3, 4)], [(2, 6, 7)], []]
+    assert fetchahead.trace.known_future(steps, cut, [3, 2], ids_per_token=1, horizon=0)[2] == [
+        (1, 6, 7)
+    ]
+    with pytest.raises(fetchahead.InvalidArgumentError, match="prompts"):
+        fetchahead.trace.known_future(steps, cut, [3], ids_per_token=1)
+
+
+def test_replay_with_prompts_reads_later_chunks_ahead(table):
+    # 40 requests of 8 tokens, each prefilled over two steps of 4 tokens, every id new: an
+    # online cache hits nothing; told the prompts, the store reads each second chunk ahead.
+    requests, tokens = 40, 8
+    ids = np.arange(requests * tokens, dtype=np.int64)
+    steps = np.array([(0, 4)] * (requests * 2))
+    prompts = [tokens] * requests
+    for lookahead in (False, True):
+        store = fetchahead.RowStore(table, cache_bytes=64 << 10, lookahead=lookahead)
+        report = store.replay_trace(3, ids, steps=steps, ids_per_token=1, prompts=prompts)
+        if lookahead:
+            assert report["hit_rate"] == 0.5
+            assert report["read_ahead_rows_per_step"] == 2.0
+            assert report["read_ahead_wait"]["p99_us"] >= report["read_ahead_wait"]["p50_us"]
+        else:
+            assert report["hit_rate"] == 0.0
+            assert report["read_ahead_rows_per_step"] == 0.0
+    plain = fetchahead.RowStore(table, cache_bytes=64 << 10, lookahead=True)
+    with pytest.raises(fetchahead.InvalidArgumentError, match="needs steps"):
+        plain.replay_trace(3, ids, ids_per_token=1, batch_tokens=4, prompts=prompts)

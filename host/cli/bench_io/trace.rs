@@ -20,8 +20,8 @@ use fetchahead::store::trace::{
     Step, StepBatch, batch_ids, known_future, read_ids, read_prompts, read_steps, step_batches,
 };
 use fetchahead::store::{
-    ReadPath, RowStore, StoreOptions, cache_bytes_for, cache_rows, replay_row_cache,
-    replay_row_cache_lookahead, replay_row_cache_requests,
+    Known, ReadPath, RowStore, StoreOptions, cache_bytes_for, cache_rows, replay_row_cache,
+    replay_row_cache_known, replay_row_cache_requests,
 };
 use serde_json::{Value, json};
 
@@ -117,6 +117,17 @@ struct Measured {
     prefill_us: (f64, f64),
     decode_steps: usize,
     prefill_steps: usize,
+    /// With look-ahead: rows the advise thread read ahead a counted step, and the time a step
+    /// waited for it before its lookup (what the compute of the step before must hide), median.
+    ahead: Option<(f64, f64)>,
+}
+
+/// What the store is told beside each step's ids, as an engine tells it.
+#[derive(Clone, Copy)]
+struct Told<'a> {
+    requests: Option<&'a [StepRequests]>,
+    /// Each step's known future chunks (look-ahead on when given).
+    future: Option<&'a [FutureOf<'a>]>,
 }
 
 fn measure(
@@ -126,13 +137,14 @@ fn measure(
     steps: &[StepBatch],
     batches: &[Vec<i64>],
     from: usize,
-    requests: Option<&[StepRequests]>,
+    told: Told<'_>,
 ) -> fetchahead::Result<Measured> {
     let store = RowStore::open(
         &args.dir,
         StoreOptions {
             cache_bytes,
             uring_depth: args.uring_depth,
+            lookahead: told.future.is_some(),
             ..StoreOptions::default()
         },
     )?;
@@ -140,9 +152,21 @@ fn measure(
     let dim = store.dim();
     let mut weights = vec![0u8; longest * dim];
     let mut scales = vec![0u8; longest * dim / 32];
-    // Step `t`'s lookup into the reused buffers, then which request asked for which ids.
+    let mut waits = Vec::new();
+    // Step `t`: its future chunks handed over and the wait for the read-ahead (what the
+    // compute of the step before overlaps, not timed), its lookup into the reused buffers
+    // (timed), then which request asked for which ids.
     let mut lookup = |t: usize, ids: &[i64]| {
+        if let Some(future) = told.future {
+            for &(steps_ahead, chunk) in future.get(t).into_iter().flatten() {
+                store.advise_future(LAYER, chunk, steps_ahead)?;
+            }
+            let start = Instant::now();
+            store.wait_advised();
+            waits.push(start.elapsed());
+        }
         let n = ids.len();
+        let start = Instant::now();
         store.lookup_with(
             path,
             LAYER,
@@ -150,7 +174,8 @@ fn measure(
             &mut weights[..n * dim],
             &mut scales[..n * dim / 32],
         )?;
-        if let Some(step) = requests.and_then(|r| r.get(t)) {
+        let took = start.elapsed();
+        if let Some(step) = told.requests.and_then(|r| r.get(t)) {
             for span in &step.spans {
                 store.asked_by(
                     LAYER,
@@ -162,7 +187,7 @@ fn measure(
                 store.request_finished(r);
             }
         }
-        Ok::<(), Error>(())
+        Ok::<Duration, Error>(took)
     };
     for (t, ids) in batches[..from].iter().enumerate() {
         lookup(t, ids)?;
@@ -172,9 +197,7 @@ fn measure(
     let (mut decode, mut prefill) = (Vec::new(), Vec::new());
     let mut total = Duration::ZERO;
     for (i, (step, ids)) in steps[from..].iter().zip(&batches[from..]).enumerate() {
-        let t = Instant::now();
-        lookup(from + i, ids)?;
-        let e = t.elapsed();
+        let e = lookup(from + i, ids)?;
         total += e;
         if step.prefill {
             prefill.push(e);
@@ -185,17 +208,26 @@ fn measure(
     let after = store.stats();
     let counted = batches.len() - from;
     let asked: usize = batches[from..].iter().map(Vec::len).sum();
+    let per_step = |n: u64| n as f64 / counted.max(1) as f64;
+    let ahead = told.future.map(|_| {
+        let counted_waits = &waits[waits.len().saturating_sub(counted)..];
+        (
+            per_step(after.advised - before.advised),
+            percentiles_us(counted_waits).0,
+        )
+    });
     Ok(Measured {
         hits: HitCount {
             hits: after.hits - before.hits,
             requests: (after.hits + after.misses) - (before.hits + before.misses),
         },
-        reads_per_step: (after.reads - before.reads) as f64 / counted.max(1) as f64,
+        reads_per_step: per_step(after.reads - before.reads),
         rows_per_s: asked as f64 / total.as_secs_f64().max(1e-9),
         decode_us: percentiles_us(&decode),
         prefill_us: percentiles_us(&prefill),
         decode_steps: decode.len(),
         prefill_steps: prefill.len(),
+        ahead,
     })
 }
 
@@ -422,15 +454,26 @@ impl Replayed<'_> {
             .collect();
         let best = peers.iter().map(|(_, h)| h.rate()).fold(0.0f64, f64::max);
         let x = |r: f64| r / opt.rate().max(1e-12);
+        let told = Told {
+            requests: self.requests,
+            future: None,
+        };
         let measured = match (store_path, b.goal) {
-            (Some(path), true) => Some(measure(
+            (Some(path), true) => Some(measure(args, cache_bytes, path, cut, batches, from, told)?),
+            _ => None,
+        };
+        let measured_ahead = match (store_path, b.goal, future) {
+            (Some(path), true, Some(f)) => Some(measure(
                 args,
                 cache_bytes,
                 path,
                 cut,
                 batches,
                 from,
-                self.requests,
+                Told {
+                    future: Some(f),
+                    ..told
+                },
             )?),
             _ => None,
         };
@@ -448,9 +491,15 @@ impl Replayed<'_> {
                 .collect::<Vec<_>>()
                 .join(", "),
         ));
-        if let Some(m) = &measured {
+        for (m, what) in [(&measured, "store"), (&measured_ahead, "store, look-ahead")] {
+            let Some(m) = m else {
+                continue;
+            };
+            let ahead = m.ahead.map_or(String::new(), |(rows, wait)| {
+                format!(", {rows:.0} rows read ahead a step (median wait {wait:.0} us)")
+            });
             say(format!(
-                "    store: hit rate {:.3} = {:.3} x Belady, {:.1} disk reads a step, {:.0} rows/s, decode p50 {:.0} us p99 {:.0} us ({} steps), prefill p50 {:.0} us p99 {:.0} us ({} steps)",
+                "    {what}: hit rate {:.3} = {:.3} x Belady, {:.1} disk reads a step, {:.0} rows/s, decode p50 {:.0} us p99 {:.0} us ({} steps), prefill p50 {:.0} us p99 {:.0} us ({} steps)",
                 m.hits.rate(),
                 x(m.hits.rate()),
                 m.reads_per_step,
@@ -461,15 +510,25 @@ impl Replayed<'_> {
                 m.prefill_us.0,
                 m.prefill_us.1,
                 m.prefill_steps,
-            ));
+            ) + &ahead);
         }
         let counted = (batches.len() - from) as f64;
         let lookahead = match (&future, b.goal) {
             (Some(f), true) => {
+                let told = Known {
+                    requests: self.requests,
+                    ..Known::default()
+                };
                 let (without, read_without) =
-                    replay_row_cache_lookahead(cache_bytes, dim, batches, from, None);
+                    replay_row_cache_known(cache_bytes, dim, batches, from, told);
+                let known = Known {
+                    future: Some(f),
+                    read_share: args.read_ahead_share,
+                    read_lookups: args.read_ahead_lookups.max(1),
+                    ..told
+                };
                 let (with, read_with) =
-                    replay_row_cache_lookahead(cache_bytes, dim, batches, from, Some(f));
+                    replay_row_cache_known(cache_bytes, dim, batches, from, known);
                 say(format!(
                     "    look-ahead ({} steps): hit rate {:.3} = {:.3} x Belady, {:.0} rows read a step; without {:.3} = {:.3} x, {:.0} rows read a step",
                     args.lookahead_steps,
@@ -507,15 +566,23 @@ impl Replayed<'_> {
             "best_peer_hit_rate": best,
             "policies": Value::Object(policies),
             "lookahead": lookahead,
-            "store": measured.as_ref().map(|m| json!({
-                "hit_rate": m.hits.rate(),
-                "vs_belady": x(m.hits.rate()),
-                "requests": m.hits.requests,
-                "disk_reads_per_step": m.reads_per_step,
-                "rows_per_s": m.rows_per_s,
-                "decode": {"steps": m.decode_steps, "p50_us": m.decode_us.0, "p99_us": m.decode_us.1},
-                "prefill": {"steps": m.prefill_steps, "p50_us": m.prefill_us.0, "p99_us": m.prefill_us.1},
-            })),
+            "store": measured.as_ref().map(|m| store_json(m, opt.rate())),
+            "store_lookahead": measured_ahead.as_ref().map(|m| store_json(m, opt.rate())),
         }))
     }
+}
+
+/// The store's figures at one budget, as JSON (`belady`: Belady's hit rate at that budget).
+fn store_json(m: &Measured, belady: f64) -> Value {
+    json!({
+        "hit_rate": m.hits.rate(),
+        "vs_belady": m.hits.rate() / belady.max(1e-12),
+        "requests": m.hits.requests,
+        "disk_reads_per_step": m.reads_per_step,
+        "rows_per_s": m.rows_per_s,
+        "decode": {"steps": m.decode_steps, "p50_us": m.decode_us.0, "p99_us": m.decode_us.1},
+        "prefill": {"steps": m.prefill_steps, "p50_us": m.prefill_us.0, "p99_us": m.prefill_us.1},
+        "read_ahead_rows_per_step": m.ahead.map(|a| a.0),
+        "read_ahead_wait_p50_us": m.ahead.map(|a| a.1),
+    })
 }
