@@ -934,14 +934,18 @@ fn advise_future_admits_a_coming_row_over_more_frequent_ones_until_its_lookup() 
         lookahead,
         ..Default::default()
     };
-    for lookahead in [false, true] {
+    // A store whose cache is full of 200 rows asked five times each (rows of count 5).
+    let hot_store = |lookahead| {
         let store = open(dir.path(), options(lookahead));
-        // 200 rows asked five times each: the cache fills with rows of count 5.
         let hot: Vec<i64> = (0..200).collect();
         for _ in 0..5 {
             let (mut w, mut s) = outputs(&store, hot.len());
             store.lookup(1, &hot, &mut w, &mut s).unwrap();
         }
+        store
+    };
+    for lookahead in [false, true] {
+        let store = hot_store(lookahead);
         let noted = store.advise_future(1, &[3000], 2).unwrap();
         assert_eq!(noted, usize::from(lookahead), "lookahead {lookahead}");
         let (mut w, mut s) = outputs(&store, 1);
@@ -957,12 +961,7 @@ fn advise_future_admits_a_coming_row_over_more_frequent_ones_until_its_lookup() 
     // lookup ends (two lookups before theirs, not sooner), so that their own lookup finds
     // them; without look-ahead nothing is.
     for lookahead in [false, true] {
-        let store = open(dir.path(), options(lookahead));
-        let hot: Vec<i64> = (0..200).collect();
-        for _ in 0..5 {
-            let (mut w, mut s) = outputs(&store, hot.len());
-            store.lookup(1, &hot, &mut w, &mut s).unwrap();
-        }
+        let store = hot_store(lookahead);
         let coming = [3001i64, 3002, 3001];
         store.advise_future(1, &coming, 3).unwrap();
         store.wait_advised();
