@@ -54,7 +54,10 @@ pub struct Defaults {
 /// loads, the Triton peer's shape: 1.32 against 1.40-1.42 us at 72 rows), streaming stores
 /// (`_cs`) the middle ones, and for the large ones a block per contiguous stretch of output with
 /// every id and row loaded before any store (`gather_tile_x4_nc`, ahead of the Triton peer at 1M
-/// and 4M rows). The dequant's blocks of 128 threads lead at 72 rows, and of 64 above 256K.
+/// and 4M rows). The dequant's small calls take a thread per 8 elements in one pass, loads and
+/// stores predicated, in blocks of 128 (`gather_dequant_unit_pass_b128`: 1.39-1.40 against
+/// 1.47-1.49 us at 72 rows, 2.01-2.04 against 2.21-2.25 at 4096; the sizes 72 and 4096 of the
+/// record re-run for it on 2026-12-03), its large ones blocks of 64 above 256K.
 const H200_GATHER: BySize<GatherVariant> = BySize(&[
     (16 << 10, GatherVariant::must("gather_words8_pass")),
     (256 << 10, GatherVariant::must("gather_chunk16_nohint_cs")),
@@ -62,12 +65,8 @@ const H200_GATHER: BySize<GatherVariant> = BySize(&[
 ]);
 const H200_DEQUANT: BySize<DequantVariant> = BySize(&[
     (
-        1 << 10,
-        DequantVariant::must("gather_dequant_u8_packed_b128"),
-    ),
-    (
         16 << 10,
-        DequantVariant::must("gather_dequant_u8_packed_x2"),
+        DequantVariant::must("gather_dequant_unit_pass_b128"),
     ),
     (
         256 << 10,

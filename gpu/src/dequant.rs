@@ -82,13 +82,26 @@ pub struct Variant {
 pub const ELEMS_PER_THREAD: u32 = 16;
 
 /// The row of a variant. `chunk16`: [`Shape::Chunk16`]; `units8`: [`Shape::Units8`] with the
-/// declaration's `unroll` and `one_pass`.
+/// declaration's `unroll` and `one_pass`; `unit_pass`: [`Shape::Units8`], a unit a thread in
+/// one pass (its body is straight-line, every load and store predicated).
 macro_rules! dequant_row {
     ($name:expr, $about:expr, chunk16 { conversion: $c:ident, $($rest:tt)* }) => {
         Variant {
             name: $name,
             conversion: Conversion::$c,
             shape: Shape::Chunk16,
+            about: $about,
+        }
+    };
+    ($name:expr, $about:expr, unit_pass { conversion: $c:ident, block: $b:literal }) => {
+        Variant {
+            name: $name,
+            conversion: Conversion::$c,
+            shape: Shape::Units8 {
+                unroll: 1,
+                one_pass: true,
+                block_threads: $b,
+            },
             about: $about,
         }
     };
@@ -121,6 +134,9 @@ macro_rules! dequant_body {
             { crate::device::hint::$h },
         >(&$p)
     };
+    ($p:ident, unit_pass { conversion: $c:ident, block: $b:literal }) => {
+        super::kernels::gather_dequant_unit_pass::<{ super::Conversion::$c as u8 }>(&$p)
+    };
     (
         $p:ident,
         units8 {
@@ -148,6 +164,9 @@ macro_rules! dequant_needs {
         $then:ident!($($pre:tt)*)
         units8 { unroll: $u:literal, one_pass: $one:literal, conversion: Hardware, $($rest:tt)* }
     ) => {
+        $then! { $($pre)* sm_89 }
+    };
+    ($then:ident!($($pre:tt)*) unit_pass { conversion: Hardware, $($rest:tt)* }) => {
         $then! { $($pre)* sm_89 }
     };
     ($then:ident!($($pre:tt)*) chunk16 { conversion: $c:ident, ahead: true, $($rest:tt)* }) => {
@@ -215,6 +234,12 @@ variants! {
     gather_dequant_u8_packed_x2_pass_b128: units8 {
         unroll: 2, one_pass: true, conversion: Packed, hint: PLAIN, streaming: false, block: 128
     } => "packed, 2 units a thread, a warp per tile, blocks of 128 threads";
+    gather_dequant_unit_pass_b64: unit_pass { conversion: Packed, block: 64 }
+        => "packed, a thread per unit in one pass, loads and stores predicated, blocks of 64";
+    gather_dequant_unit_pass_b128: unit_pass { conversion: Packed, block: 128 }
+        => "packed, a thread per unit in one pass, loads and stores predicated, blocks of 128";
+    gather_dequant_unit_pass_b256: unit_pass { conversion: Packed, block: 256 }
+        => "packed, a thread per unit in one pass, loads and stores predicated, blocks of 256";
 }
 
 variant_handle!(DequantVariant, "gather + dequant");
@@ -223,9 +248,10 @@ variant_handle!(DequantVariant, "gather + dequant");
 pub(crate) mod kernels {
     use super::{Conversion, ELEMS_PER_THREAD};
     use crate::device::{
-        e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads, load_hinted_8,
-        load_hinted_16, load_i64, load_i64_early, load_u8, mul_bf16x2, permute_bytes, prefetch_l2,
-        prefetch_line_l2, record_bad_id, store_16, store_16_streaming,
+        block, e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads,
+        load_8_if, load_hinted_8, load_hinted_16, load_i64, load_i64_early, load_i64_if, load_u8,
+        load_u8_if, mul_bf16x2, permute_bytes, prefetch_l2, prefetch_line_l2, record_bad_id,
+        store_16, store_16_if, store_16_streaming, thread_in_block, threads_in_block,
     };
     use crate::mxfp8::{BF16_NAN, E8M0_NAN};
     use crate::params::{DequantParams, MX_BLOCK};
@@ -483,6 +509,46 @@ pub(crate) mod kernels {
                     }
                 }
             }
+        }
+    }
+
+    /// A `unit_pass` variant: thread `t` converts unit `t` (8 elements of output row
+    /// `t / (dim / 8)`) in straight-line code: its row's id, 8 weight bytes and scale byte
+    /// loaded under predicates (a bad or absent row reads nothing and converts zero bytes at
+    /// scale 2^0, a row of +0.0), one predicated 16-byte store. The host launches whole warps
+    /// over `n * dim / 8 < 2^32` units.
+    #[inline(always)]
+    pub(super) unsafe fn gather_dequant_unit_pass<const CONVERSION: u8>(p: &DequantParams) {
+        let units = Units::new(p.dim);
+        let t = block() * threads_in_block() + thread_in_block();
+        let live = (t as u64) < p.n * units.per_row as u64;
+        let (i, c) = units.split(t as u64);
+        // SAFETY: read only when `live`: i < n, inside the ids array.
+        let id = unsafe { load_i64_if(p.ids + 8 * i, live) };
+        let found = live && id >= 0 && (id as u64) < p.rows;
+        let row = id as u64;
+        let scales_per_row = (p.dim / MX_BLOCK) as u64;
+        // SAFETY: read only when `found`: row < rows and c < dim / 8, 8 bytes inside row `row`
+        // (8-byte aligned: rows are 16-byte aligned) and its scale byte.
+        let (w, s) = unsafe {
+            (
+                load_8_if(
+                    p.weights + row.wrapping_mul(p.dim as u64) + 8 * c as u64,
+                    found,
+                ),
+                load_u8_if(
+                    p.scales + row.wrapping_mul(scales_per_row) + (c / 4) as u64,
+                    found,
+                    UNIT_SCALE,
+                ),
+            )
+        };
+        let out = convert_unit::<CONVERSION>(w, s);
+        // SAFETY: written only when `live`: unit t's 16 bytes of output, by this thread alone.
+        unsafe { store_16_if(p.out + 16 * t as u64, out, live) };
+        if live && !found && c == 0 {
+            // SAFETY: the host passes the address of a live IdStatus.
+            unsafe { record_bad_id(p.status, i) };
         }
     }
 

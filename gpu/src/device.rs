@@ -215,6 +215,24 @@ pub unsafe fn load_8_if(addr: u64, live: bool) -> [u32; 2] {
     [a, b]
 }
 
+/// The read-only byte at `addr` when `live`, `otherwise` when not (one predicated load).
+///
+/// # Safety
+/// When `live`: as [`load_u8`]. Otherwise `addr` is not read.
+#[inline(always)]
+pub unsafe fn load_u8_if(addr: u64, live: bool, otherwise: u8) -> u8 {
+    let v: u16;
+    // SAFETY: the caller guarantees the address when `live`; nothing is read otherwise.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; setp.ne.u32 p, {3}, 0; mov.u16 {0}, {2}; @p ld.global.nc.u8 {0}, [{1}]; }}",
+            out(reg16) v, in(reg64) addr, in(reg16) otherwise as u16, in(reg32) live as u32,
+            options(readonly, nostack, preserves_flags),
+        );
+    }
+    v as u8
+}
+
 /// 16 read-only bytes at `addr` when `live`, zeros otherwise (one predicated load).
 ///
 /// # Safety
