@@ -76,6 +76,15 @@ impl Advisor {
             }
         }
     }
+
+    /// Blocks until every batch sent so far has been warmed (or dropped).
+    pub fn wait_idle(&self) {
+        let (count, idle) = &*self.pending;
+        let mut count = count.lock().unwrap_or_else(|e| e.into_inner());
+        while *count > 0 {
+            count = idle.wait(count).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 /// One batch of `pending` warmed or dropped; wakes the waiters when none is left.
@@ -85,17 +94,6 @@ fn one_done(pending: &(Mutex<usize>, Condvar)) {
     *count = count.saturating_sub(1);
     if *count == 0 {
         idle.notify_all();
-    }
-}
-
-impl Advisor {
-    /// Blocks until every batch sent so far has been warmed (or dropped).
-    pub fn wait_idle(&self) {
-        let (count, idle) = &*self.pending;
-        let mut count = count.lock().unwrap_or_else(|e| e.into_inner());
-        while *count > 0 {
-            count = idle.wait(count).unwrap_or_else(|e| e.into_inner());
-        }
     }
 }
 

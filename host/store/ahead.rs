@@ -23,7 +23,7 @@ pub const READ_AHEAD_LOOKUPS: u32 = 2;
 /// The chunks handed over and not yet read, per layer (index as the store's layers) by the
 /// lookup number (of that layer, counted from 1) they are due at.
 pub(crate) struct ReadAhead {
-    due: Mutex<Vec<BTreeMap<u64, Vec<u64>>>>,
+    due: Mutex<Vec<BTreeMap<u64, Vec<i64>>>>,
 }
 
 impl ReadAhead {
@@ -34,7 +34,7 @@ impl ReadAhead {
     }
 
     /// Keeps `rows` until the lookup numbered `due` of layer `li` is next.
-    pub fn hand_over(&self, li: usize, due: u64, rows: impl IntoIterator<Item = u64>) {
+    pub fn hand_over(&self, li: usize, due: u64, rows: impl IntoIterator<Item = i64>) {
         let mut all = self.due.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(layer) = all.get_mut(li) {
             layer.entry(due).or_default().extend(rows);
@@ -43,13 +43,13 @@ impl ReadAhead {
 
     /// The rows due at or before lookup `next` of layer `li`, taken out: most asked first, at
     /// most `most` distinct rows (empty when none are due).
-    pub fn take_due(&self, li: usize, next: u64, most: usize) -> Vec<u64> {
+    pub fn take_due(&self, li: usize, next: u64, most: usize) -> Vec<i64> {
         let mut all = self.due.lock().unwrap_or_else(|e| e.into_inner());
         let Some(layer) = all.get_mut(li) else {
             return Vec::new();
         };
         let later = layer.split_off(&(next + 1));
-        let mut rows: Vec<u64> = std::mem::replace(layer, later)
+        let mut rows: Vec<i64> = std::mem::replace(layer, later)
             .into_values()
             .flatten()
             .collect();
@@ -61,9 +61,9 @@ impl ReadAhead {
 
 /// The distinct rows of `rows` (a coming lookup's, repeats included), most asked first (ties by
 /// row), at most `most` of them, in place.
-pub(crate) fn most_asked_first(rows: &mut Vec<u64>, most: usize) {
+pub(crate) fn most_asked_first(rows: &mut Vec<i64>, most: usize) {
     rows.sort_unstable();
-    let mut runs: Vec<(usize, u64)> = rows
+    let mut runs: Vec<(usize, i64)> = rows
         .chunk_by(|a, b| a == b)
         .map(|run| (run.len(), run[0]))
         .collect();

@@ -496,17 +496,13 @@ impl RowCache {
         }
     }
 
-    /// Lookups of layer `layer_index` counted so far.
-    pub fn lookups_of(&self, layer_index: usize) -> u64 {
-        self.now(layer_index)
-    }
-
     /// Whether the cache keeps room for future references.
     pub fn looks_ahead(&self) -> bool {
         self.lookahead
     }
 
-    fn now(&self, layer_index: usize) -> u64 {
+    /// Lookups of layer `layer_index` counted so far: the clock of future references.
+    pub fn now(&self, layer_index: usize) -> u64 {
         self.lookups
             .get(layer_index)
             .map_or(0, |c| c.load(Ordering::Relaxed))

@@ -712,13 +712,18 @@ impl RowStore {
             return;
         }
         let most = (cache.capacity() as f64 * ahead::READ_AHEAD_SHARE) as usize;
-        let next = cache.lookups_of(li) + u64::from(ahead::READ_AHEAD_LOOKUPS);
+        let next = cache.now(li) + u64::from(ahead::READ_AHEAD_LOOKUPS);
         let rows = self.inner.ahead.take_due(li, next, most);
         if rows.is_empty() {
             return;
         }
-        let ids: Vec<i64> = rows.into_iter().map(|r| r as i64).collect();
-        if !self.advisor.send(layer, &ids) {
+        self.send_advise(layer, &rows);
+    }
+
+    /// Queues checked `ids` of `layer` for the advise thread; a batch the full queue drops is
+    /// counted.
+    fn send_advise(&self, layer: u32, ids: &[i64]) {
+        if !self.advisor.send(layer, ids) {
             self.inner
                 .counters
                 .advise_dropped
@@ -741,12 +746,7 @@ impl RowStore {
     pub fn advise(&self, layer: u32, ids: &[i64]) -> Result<()> {
         self.inner.layer_index(layer)?;
         self.inner.check_range(ids)?;
-        if !self.advisor.send(layer, ids) {
-            self.inner
-                .counters
-                .advise_dropped
-                .fetch_add(1, Ordering::Relaxed);
-        }
+        self.send_advise(layer, ids);
         Ok(())
     }
 
@@ -777,10 +777,8 @@ impl RowStore {
             .filter(|&&id| cache.mark(li, id as u64, steps_ahead))
             .count();
         if cache.looks_ahead() {
-            let due = cache.lookups_of(li) + u64::from(steps_ahead.max(1));
-            self.inner
-                .ahead
-                .hand_over(li, due, ids.iter().map(|&id| id as u64));
+            let due = cache.now(li) + u64::from(steps_ahead.max(1));
+            self.inner.ahead.hand_over(li, due, ids.iter().copied());
             self.read_due(layer);
         }
         Ok(noted)
@@ -994,7 +992,8 @@ pub struct Known<'a> {
     /// ([`RowStore::advise_future`]).
     pub future: Option<&'a FutureRefs<'a>>,
     /// Rows of the chunks due at a batch read ahead of it, while the batch before it runs, at
-    /// most this share of the cache's rows ([`RowStore::read_ahead`]); 0 reads nothing ahead.
+    /// most this share of the cache's rows (as [`RowStore::advise_future`] reads them); 0 reads
+    /// nothing ahead.
     pub read_share: f64,
     /// A chunk is read ahead once its lookup is at most this many lookups away, this one
     /// counted (1: just before it; [`ahead::READ_AHEAD_LOOKUPS`] in the store).
@@ -1081,16 +1080,12 @@ fn replay_on(
         }
         if most_ahead > 0 {
             ahead.clear();
-            ahead.extend(
-                due[b]
-                    .iter()
-                    .flat_map(|ids| ids.iter().map(|&id| id as u64)),
-            );
+            ahead.extend(due[b].iter().flat_map(|ids| ids.iter().copied()));
             let (ow, os) = out.split_at_mut(dim);
             ahead::most_asked_first(&mut ahead, most_ahead);
             for &id in &ahead {
-                if !cache.get(0, id, ow, os) {
-                    cache.insert(0, id, w, s);
+                if !cache.get(0, id as u64, ow, os) {
+                    cache.insert(0, id as u64, w, s);
                     if b >= counted_from {
                         read += 1;
                     }
