@@ -9,14 +9,13 @@ ids being the next ``ids_per_token`` x (decode + prefill) of the trace.
 """
 from __future__ import annotations
 
-import heapq
-import lzma
 import os
 import time
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
+from . import _native
 from .errors import InvalidArgumentError
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -31,41 +30,23 @@ def _invalid(message: str) -> InvalidArgumentError:
     return e
 
 
-def _read_bytes(path: PathLike) -> bytes:
-    path = os.fspath(path)
-    if path.endswith(".xz"):
-        try:
-            with lzma.open(path) as f:
-                return f.read()
-        except lzma.LZMAError as e:
-            raise _invalid(f"invalid trace file: {path}: {e}") from None
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def read_trace(path: PathLike) -> np.ndarray:
-    """The row ids of a ``.u64`` or ``.u64.xz`` trace, as an int64 array."""
-    data = _read_bytes(path)
-    if len(data) % 8:
-        raise _invalid(
-            f"invalid trace file: {os.fspath(path)}: {len(data)} bytes is not a whole number "
-            "of u64 row ids"
-        )
-    ids = np.frombuffer(data, dtype="<u8")
-    if ids.size and int(ids.max()) >= 1 << 63:
-        raise _invalid(f"invalid trace file: {os.fspath(path)}: an id is >= 2^63")
-    return ids.astype(np.int64)
+    """The row ids of a ``.u64`` or ``.u64.xz`` trace, as an int64 array (read by the crate's
+    own reader, as ``bench-io --trace`` reads it)."""
+    return np.frombuffer(_native.trace_read_ids(os.fspath(path)), dtype="<i8").astype(np.int64)
 
 
 def read_steps(path: PathLike) -> np.ndarray:
     """The steps of a ``.steps.u32`` file: an ``[n, 2]`` array of (decode, prefill) tokens."""
-    data = _read_bytes(path)
-    if len(data) % 8:
-        raise _invalid(
-            f"invalid steps file: {os.fspath(path)}: {len(data)} bytes is not a whole number "
-            "of (decode, prefill) u32 pairs"
-        )
-    return np.frombuffer(data, dtype="<u4").reshape(-1, 2).astype(np.int64)
+    steps = _native.trace_read_steps(os.fspath(path))
+    return np.array(steps, dtype=np.int64).reshape(-1, 2)
+
+
+def _step_pairs(steps: np.ndarray) -> list[tuple[int, int]]:
+    pairs = np.asarray(steps).reshape(-1, 2)
+    if pairs.size and (pairs.min() < 0 or pairs.max() >= 1 << 32):
+        raise _invalid("invalid steps: want token counts in 0..2^32")
+    return [(int(d), int(p)) for d, p in pairs.tolist()]
 
 
 def step_batches(
@@ -76,26 +57,12 @@ def step_batches(
     batch_tokens: int = 2048,
 ) -> list[tuple[int, int, bool]]:
     """The trace's batches as ``(start, end, prefill)``: one per step (which must account for
-    every id), or without steps one per ``batch_tokens`` tokens, each counted as prefill."""
+    every id), or without steps one per ``batch_tokens`` tokens, each counted as prefill
+    (the Rust ``store::trace::step_batches``)."""
     if ids_per_token < 1 or batch_tokens < 1:
         raise _invalid("invalid trace batching: want ids_per_token, batch_tokens >= 1")
-    if steps is None:
-        per = ids_per_token * batch_tokens
-        return [(a, min(a + per, n_ids), True) for a in range(0, n_ids, per)]
-    out, at = [], 0
-    for i, (d, p) in enumerate(np.asarray(steps).tolist()):
-        n = (d + p) * ids_per_token
-        if at + n > n_ids:
-            raise _invalid(
-                f"invalid steps file: step {i} runs past the trace's {n_ids} ids"
-            )
-        out.append((at, at + n, p > 0))
-        at += n
-    if at != n_ids:
-        raise _invalid(
-            f"invalid steps file: its {len(out)} steps account for {at} ids, the trace has {n_ids}"
-        )
-    return out
+    pairs = None if steps is None else _step_pairs(steps)
+    return _native.trace_step_batches(n_ids, pairs, ids_per_token, batch_tokens)
 
 
 def known_future(
@@ -112,63 +79,24 @@ def known_future(
     start, end)`` ranges of the trace, the chunks to hand to :meth:`RowStore.advise_future`
     before step ``t``'s lookup, each once and at most ``horizon`` steps before it runs
     (``steps_ahead`` 1 is the step about to be looked up)."""
-    chunks: list[list[tuple[int, int, int]]] = [[] for _ in prompts]
-    request, left = 0, (int(prompts[0]) if len(prompts) else 0)
-    for t, ((decode, prefill), (start, _, _)) in enumerate(zip(np.asarray(steps).tolist(), cut)):
-        at = start + decode * ids_per_token
-        while prefill > 0:
-            while left == 0:
-                request += 1
-                if request >= len(prompts):
-                    raise _invalid(
-                        f"invalid documents: their {len(prompts)} prompts end before step {t}'s "
-                        "prefill tokens"
-                    )
-                left = int(prompts[request])
-            n = min(prefill, left)
-            chunks[request].append((t, at, at + n * ids_per_token))
-            at += n * ids_per_token
-            prefill, left = prefill - n, left - n
-    out: list[list[tuple[int, int, int]]] = [[] for _ in cut]
-    for c in chunks:
-        if not c:
-            continue
-        first = c[0][0]
-        for u, a, e in c[1:]:
-            t = max(u - horizon, first)
-            out[t].append((u - t + 1, a, e))
-    return out
+    if horizon < 0 or ids_per_token < 1:
+        raise _invalid("invalid look-ahead: want horizon >= 0 and ids_per_token >= 1")
+    return _native.trace_known_future(
+        _step_pairs(steps), list(cut), [int(p) for p in prompts], ids_per_token, horizon
+    )
 
 
 def belady_hit_rate(batches: list[np.ndarray], capacity: int, counted_from: int) -> float:
     """Belady's MIN with bypass on ``batches`` with room for ``capacity`` rows, counted as the
     store counts (an id hits when its row was held when the batch began; rows read for a batch
-    enter after it), over batches ``counted_from..``."""
-    distinct = [np.unique(b, return_counts=True) for b in batches]
-    nxt: list[np.ndarray] = [None] * len(batches)  # type: ignore[list-item]
-    seen: dict[int, int] = {}
-    never = len(batches)
-    for b in range(len(batches) - 1, -1, -1):
-        rows = distinct[b][0].tolist()
-        nxt[b] = np.array([seen.get(r, never) for r in rows])
-        for r in rows:
-            seen[r] = b
-    held: dict[int, int] = {}
-    heap: list[tuple[int, int]] = []  # (-next use, row), stale entries skipped
-    hits = requests = 0
-    for b, (rows, counts) in enumerate(distinct):
-        for r, n, nu in zip(rows.tolist(), counts.tolist(), nxt[b].tolist()):
-            if b >= counted_from:
-                requests += n
-                if r in held:
-                    hits += n
-            held[r] = nu
-            heapq.heappush(heap, (-nu, r))
-        while len(held) > capacity and heap:
-            nu, r = heapq.heappop(heap)
-            if held.get(r) == -nu:
-                del held[r]
-    return hits / requests if requests else 0.0
+    enter after it), over batches ``counted_from..`` (the Rust ``store::belady::belady``)."""
+    if capacity < 0 or counted_from < 0:
+        raise _invalid("invalid Belady replay: want capacity, counted_from >= 0")
+    parts = [np.ascontiguousarray(b, dtype=np.int64).ravel() for b in batches]
+    ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    ends = np.cumsum([len(b) for b in parts], dtype=np.int64).tolist()
+    cut = list(zip([0] + ends[:-1], ends))
+    return _native.trace_belady(ids.ctypes.data, len(ids), cut, capacity, counted_from)
 
 
 def _percentiles_us(samples: list[float]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ mod device;
 mod errors;
 mod logs;
 mod torch_abi;
+mod trace;
 
 use device::DeviceKernels;
 
@@ -1158,6 +1159,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyRes<()> {
     m.add_class::<L2Plan>()?;
     m.add_class::<CapturedTables>()?;
     torch_abi::add_to(m)?;
+    trace::add_to(m)?;
     m.add("__version__", fetchahead::info::VERSION)?;
     m.add("__git_commit__", fetchahead::info::GIT_COMMIT)?;
     Ok(())

@@ -45,6 +45,26 @@ def test_trace_files_read_the_same_raw_and_xz(tmp_path):
         step_batches(len(ids) + 16, steps)
 
 
+def test_trace_files_are_read_and_refused_as_bench_io_reads_them(tmp_path):
+    # The crate's own reader: a missing file is a FileNotFoundError naming it, an id of 2^63
+    # or more is refused with its place, and an empty trace is no ids.
+    missing = tmp_path / "missing.u64"
+    with pytest.raises(FileNotFoundError) as e:
+        read_trace(missing)
+    assert isinstance(e.value, fetchahead.FileError) and e.value.filename == str(missing)
+    big = tmp_path / "big.u64"
+    big.write_bytes(np.array([1, 1 << 63], dtype="<u8").tobytes())
+    with pytest.raises(fetchahead.InvalidArgumentError, match="id 1 is 9223372036854775808"):
+        read_trace(big)
+    empty = tmp_path / "empty.u64"
+    empty.write_bytes(b"")
+    assert read_trace(empty).dtype == np.int64 and len(read_trace(empty)) == 0
+    with pytest.raises(fetchahead.InvalidArgumentError, match="steps"):
+        step_batches(16, np.array([(1, 0), (1, 0)]))
+    with pytest.raises(fetchahead.InvalidArgumentError, match="token counts"):
+        step_batches(16, np.array([(-1, 2)]))
+
+
 def test_belady_by_hand():
     # Capacity 1: [1] [2] [1] [1]: keeps 1 (sooner) over 2: two hits of four.
     assert belady_hit_rate([np.array([1]), np.array([2]), np.array([1]), np.array([1])], 1, 0) == 0.5
