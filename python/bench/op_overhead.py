@@ -23,6 +23,10 @@ run in a replay).
 
     python3 python/bench/op_overhead.py [--calls 200] [--json out.json]
 
+Beside them, a native peer: ``torch.index_select`` of the same ids allocating its output and
+into ``out=``, timed in the same rounds as ``gather_dequant`` and ``gather_dequant_out``: what
+returning a new tensor costs an aten op on this host, against what it costs fetchahead's.
+
 Goals (issue 26, eager, same run), each printed MET or NOT MET: the public function at most
 5 us above the Rust call, ``torch.ops.fetchahead.X`` at most 8 us above it, for every entry
 point, the allocating form included; per call, so the prefetch + gather pair (two public calls,
@@ -62,6 +66,46 @@ def paired_us(fns: list, calls: int, repeats: int = 9) -> list[list[float]]:
             samples[j].append((time.perf_counter() - start) / calls * 1e6)
     torch.cuda.synchronize()
     return samples
+
+
+def aten_peer(weights, scales, table, ids, out, rows, calls: int) -> dict:
+    """What returning a new tensor costs a native aten op, in the same rounds as fetchahead's
+    allocating form: ``torch.index_select`` of the same ids (a CUDA kernel of libtorch's own,
+    dispatched as every aten op is) allocating its output and into ``out=``, beside
+    ``gather_dequant`` and ``gather_dequant_out``. Their differences are each one's cost of
+    allocating, wrapping and releasing the result; fetchahead's at most the peer's means the
+    allocating form costs what a native op's does."""
+    ours_new, ours_out, aten_new, aten_out = paired_us(
+        [
+            lambda: fetchahead.gather_dequant(weights, scales, ids),
+            lambda: fetchahead.gather_dequant_out(weights, scales, ids, out),
+            lambda: torch.index_select(table, 0, ids),
+            lambda: torch.index_select(table, 0, ids, out=rows),
+        ],
+        calls,
+    )
+    med = statistics.median
+    peer = {
+        "gather_dequant_us": med(ours_new),
+        "gather_dequant_out_us": med(ours_out),
+        "index_select_us": med(aten_new),
+        "index_select_out_us": med(aten_out),
+        "ours_allocating_minus_out_us": med(a - b for a, b in zip(ours_new, ours_out)),
+        "aten_allocating_minus_out_us": med(a - b for a, b in zip(aten_new, aten_out)),
+        "ours_minus_aten_allocating_us": med(a - b for a, b in zip(ours_new, aten_new)),
+    }
+    print(
+        "peer: torch.index_select of the same ids, allocating / into out=: "
+        f"{peer['index_select_us']:.2f} / {peer['index_select_out_us']:.2f} us a call; "
+        f"fetchahead.gather_dequant / _out, same rounds: {peer['gather_dequant_us']:.2f} / "
+        f"{peer['gather_dequant_out_us']:.2f} us"
+    )
+    print(
+        "peer: allocating minus out=, paired: fetchahead "
+        f"{peer['ours_allocating_minus_out_us']:.2f} us, aten {peer['aten_allocating_minus_out_us']:.2f} us; "
+        f"fetchahead's allocating form minus aten's: {peer['ours_minus_aten_allocating_us']:.2f} us"
+    )
+    return peer
 
 
 def per_call_us(fn, calls: int, repeats: int = 7) -> float:
@@ -245,12 +289,13 @@ def main() -> int:
         print(f"{name:<28} {op_us:8.2f} {ops_us:13.2f} {rust_us:8.2f} {delta:10.2f} {graph_delta:21.3f}")
     alloc_us = per_call_us(lambda: torch.empty((N, DIM), dtype=torch.bfloat16, device=dev), args.calls)
     print(f"(torch.empty of the output alone: {alloc_us:.2f} us a call, inside the allocating form's op - rust)")
+    results["aten_peer"] = aten_peer(weights, scales, table, ids, out, rows, args.calls)
     floors = dispatch_floors(weights, scales, ids, out, args.calls, args.native_floor)
     for what, us in floors.items():
         print(f"floor: {what}: {us:.2f} us a call")
     results["floors_us"] = floors
     goals = [("public function", "op_minus_rust_us", 5.0), ("torch.ops.fetchahead.X", "ops_minus_rust_us", 8.0)]
-    cases_only = {name: r for name, r in results.items() if name != "floors_us"}
+    cases_only = {name: r for name, r in results.items() if name not in ("floors_us", "aten_peer")}
     failed = 0
     for what, key, limit in goals:
         for name, r in cases_only.items():
