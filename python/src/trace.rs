@@ -108,9 +108,13 @@ fn trace_belady(
         let why = format!("batch {start}..{end} lies outside the trace's {n} ids");
         return done(py, Err(fetchahead::Error::invalid("trace batches", why)));
     }
-    // SAFETY: the Python layer passes the data pointer and length of a C-contiguous int64
-    // array that it keeps alive for this call, and nothing writes it meanwhile.
-    let ids = unsafe { std::slice::from_raw_parts(ids as *const i64, n) };
+    let ids: &[i64] = if n == 0 {
+        &[]
+    } else {
+        // SAFETY: the Python layer passes the data pointer and length of a C-contiguous int64
+        // array that it keeps alive for this call, and nothing writes it meanwhile.
+        unsafe { std::slice::from_raw_parts(ids as *const i64, n) }
+    };
     let batches: Vec<Vec<i64>> = cut.iter().map(|&(a, e)| ids[a..e].to_vec()).collect();
     Ok(py.detach(|| belady::belady(&batches, capacity, counted_from).rate()))
 }

@@ -70,6 +70,10 @@ def test_belady_by_hand():
     assert belady_hit_rate([np.array([1]), np.array([2]), np.array([1]), np.array([1])], 1, 0) == 0.5
     # Duplicates count each time and hit only if held when the batch began.
     assert belady_hit_rate([np.array([5, 5, 5]), np.array([5, 5])], 1, 0) == 2 / 5
+    # No ids at all (an empty array's buffer is never read), and empty batches among others.
+    assert belady_hit_rate([], 4, 0) == 0.0
+    assert belady_hit_rate([np.array([], dtype=np.int64)] * 2, 4, 0) == 0.0
+    assert belady_hit_rate([np.array([3]), np.array([], dtype=np.int64), np.array([3])], 1, 0) == 0.5
 
 
 def test_replay_reports_hit_rate_reads_and_belady(table, tmp_path):
