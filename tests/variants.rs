@@ -161,6 +161,14 @@ fn declared_shapes_are_the_launch_shapes() {
             }
         )
     );
+    let d = &dequant::VARIANTS[dequant::find("gather_dequant_chunk_pass_cvt_b64").unwrap()];
+    assert_eq!(
+        (d.conversion, d.shape),
+        (
+            dequant::Conversion::Hardware,
+            dequant::Shape::ChunkPass { block_threads: 64 }
+        )
+    );
     let p = PrefetchVariant::named("l2_prefetch_evict_last")
         .unwrap()
         .variant();

@@ -57,7 +57,11 @@ pub struct Defaults {
 /// and 4M rows). The dequant's small calls take a thread per 8 elements in one pass, loads and
 /// stores predicated, in blocks of 128 (`gather_dequant_unit_pass_b128`: 1.39-1.40 against
 /// 1.47-1.49 us at 72 rows, 2.01-2.04 against 2.21-2.25 at 4096; the sizes 72 and 4096 of the
-/// record re-run for it on 2026-12-03), its large ones blocks of 64 above 256K.
+/// record re-run for it on 2026-12-03), its large ones a thread per 16 elements in one pass in
+/// blocks of 64, the Triton peer's shape, written as straight-line predicated code
+/// (`gather_dequant_chunk_pass_b64`: 907-909 us at 4M rows against the earlier default's 963-966
+/// and the peer's 915-917, at the data-movement ceiling; the dequant record re-run on
+/// 2026-12-04).
 const H200_GATHER: BySize<GatherVariant> = BySize(&[
     (16 << 10, GatherVariant::must("gather_words8_pass")),
     (256 << 10, GatherVariant::must("gather_chunk16_nohint_cs")),
@@ -74,7 +78,7 @@ const H200_DEQUANT: BySize<DequantVariant> = BySize(&[
     ),
     (
         u64::MAX,
-        DequantVariant::must("gather_dequant_u8_packed_x2_b64"),
+        DequantVariant::must("gather_dequant_chunk_pass_b64"),
     ),
 ]);
 

@@ -32,13 +32,17 @@ pub enum Shape {
         one_pass: bool,
         block_threads: u32,
     },
+    /// A thread per 16 elements in one pass (a thread per chunk of the grid, no loop): the
+    /// chunk's id, 16 weight bytes and scale byte loaded under predicates, two predicated
+    /// 16-byte stores. The Triton peer's shape at 1M-4M rows (ROWS = 4 on 2 warps).
+    ChunkPass { block_threads: u32 },
 }
 
 impl Shape {
     /// Elements one thread converts per pass of its loop.
     pub const fn elems_per_thread(self) -> u32 {
         match self {
-            Shape::Chunk16 => 16,
+            Shape::Chunk16 | Shape::ChunkPass { .. } => 16,
             Shape::Units8 { unroll, .. } => 8 * unroll,
         }
     }
@@ -48,20 +52,27 @@ impl Shape {
     pub const fn block_threads(self) -> u32 {
         match self {
             Shape::Chunk16 => crate::gather::BLOCK_THREADS,
-            Shape::Units8 { block_threads, .. } => block_threads,
+            Shape::Units8 { block_threads, .. } | Shape::ChunkPass { block_threads } => {
+                block_threads
+            }
         }
     }
 
     /// Whether the grid covers the call once (a block per tile), rather than being capped at
     /// what fits on the device and striding.
     pub const fn one_pass(self) -> bool {
-        matches!(self, Shape::Units8 { one_pass: true, .. })
+        matches!(
+            self,
+            Shape::Units8 { one_pass: true, .. } | Shape::ChunkPass { .. }
+        )
     }
 
     /// Threads a launch over `n` rows of `dim` elements needs (before the grid cap).
     pub const fn threads(self, n: u64, dim: u32) -> u64 {
         match self {
             Shape::Chunk16 => n * (dim / 16) as u64,
+            // Whole warps: the kernel predicates the threads past the last chunk.
+            Shape::ChunkPass { .. } => (n * (dim / 16) as u64).div_ceil(32) * 32,
             Shape::Units8 { unroll, .. } => {
                 let units = n * (dim / 8) as u64;
                 units.div_ceil(32 * unroll as u64) * 32
@@ -83,7 +94,8 @@ pub const ELEMS_PER_THREAD: u32 = 16;
 
 /// The row of a variant. `chunk16`: [`Shape::Chunk16`]; `units8`: [`Shape::Units8`] with the
 /// declaration's `unroll` and `one_pass`; `unit_pass`: [`Shape::Units8`], a unit a thread in
-/// one pass (its body is straight-line, every load and store predicated).
+/// one pass (its body is straight-line, every load and store predicated); `chunk_pass`:
+/// [`Shape::ChunkPass`], the same with a chunk of 16 elements a thread.
 macro_rules! dequant_row {
     ($name:expr, $about:expr, chunk16 { conversion: $c:ident, $($rest:tt)* }) => {
         Variant {
@@ -102,6 +114,14 @@ macro_rules! dequant_row {
                 one_pass: true,
                 block_threads: $b,
             },
+            about: $about,
+        }
+    };
+    ($name:expr, $about:expr, chunk_pass { conversion: $c:ident, block: $b:literal }) => {
+        Variant {
+            name: $name,
+            conversion: Conversion::$c,
+            shape: Shape::ChunkPass { block_threads: $b },
             about: $about,
         }
     };
@@ -137,6 +157,9 @@ macro_rules! dequant_body {
     ($p:ident, unit_pass { conversion: $c:ident, block: $b:literal }) => {
         super::kernels::gather_dequant_unit_pass::<{ super::Conversion::$c as u8 }>(&$p)
     };
+    ($p:ident, chunk_pass { conversion: $c:ident, block: $b:literal }) => {
+        super::kernels::gather_dequant_chunk_pass::<{ super::Conversion::$c as u8 }>(&$p)
+    };
     (
         $p:ident,
         units8 {
@@ -167,6 +190,9 @@ macro_rules! dequant_needs {
         $then! { $($pre)* sm_89 }
     };
     ($then:ident!($($pre:tt)*) unit_pass { conversion: Hardware, $($rest:tt)* }) => {
+        $then! { $($pre)* sm_89 }
+    };
+    ($then:ident!($($pre:tt)*) chunk_pass { conversion: Hardware, $($rest:tt)* }) => {
         $then! { $($pre)* sm_89 }
     };
     ($then:ident!($($pre:tt)*) chunk16 { conversion: $c:ident, ahead: true, $($rest:tt)* }) => {
@@ -240,6 +266,12 @@ variants! {
         => "packed, a thread per unit in one pass, loads and stores predicated, blocks of 128";
     gather_dequant_unit_pass_b256: unit_pass { conversion: Packed, block: 256 }
         => "packed, a thread per unit in one pass, loads and stores predicated, blocks of 256";
+    gather_dequant_chunk_pass_b64: chunk_pass { conversion: Packed, block: 64 }
+        => "packed, a thread per 16 elements in one pass, predicated, blocks of 64";
+    gather_dequant_chunk_pass_b128: chunk_pass { conversion: Packed, block: 128 }
+        => "packed, a thread per 16 elements in one pass, predicated, blocks of 128";
+    gather_dequant_chunk_pass_cvt_b64: chunk_pass { conversion: Hardware, block: 64 }
+        => "hardware conversion, a thread per 16 elements in one pass, blocks of 64";
 }
 
 variant_handle!(DequantVariant, "gather + dequant");
@@ -249,9 +281,10 @@ pub(crate) mod kernels {
     use super::{Conversion, ELEMS_PER_THREAD};
     use crate::device::{
         block, e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads,
-        load_8_if, load_hinted_8, load_hinted_16, load_i64, load_i64_early, load_i64_if, load_u8,
-        load_u8_if, mul_bf16x2, permute_bytes, prefetch_l2, prefetch_line_l2, record_bad_id,
-        store_16, store_16_if, store_16_streaming, thread_in_block, threads_in_block,
+        load_8_if, load_16_if, load_hinted_8, load_hinted_16, load_i64, load_i64_early,
+        load_i64_if, load_u8, load_u8_if, mul_bf16x2, permute_bytes, prefetch_l2, prefetch_line_l2,
+        record_bad_id, store_16, store_16_if, store_16_streaming, thread_in_block,
+        threads_in_block,
     };
     use crate::mxfp8::{BF16_NAN, E8M0_NAN};
     use crate::params::{DequantParams, MX_BLOCK};
@@ -377,7 +410,12 @@ pub(crate) mod kernels {
         #[inline(always)]
         pub(crate) fn new(dim: u32) -> Units {
             // At least 4 (the host refuses narrower rows), so the divisions cannot trap.
-            let per_row = (dim / 8).max(1);
+            Units::with_per_row((dim / 8).max(1))
+        }
+
+        /// Rows of `per_row` (at least 1) units of any width.
+        #[inline(always)]
+        pub(crate) fn with_per_row(per_row: u32) -> Units {
             Units {
                 per_row,
                 // Rows of a power-of-two number of units (dim 256: 32) split by shift and mask.
@@ -546,6 +584,54 @@ pub(crate) mod kernels {
         let out = convert_unit::<CONVERSION>(w, s);
         // SAFETY: written only when `live`: unit t's 16 bytes of output, by this thread alone.
         unsafe { store_16_if(p.out + 16 * t as u64, out, live) };
+        if live && !found && c == 0 {
+            // SAFETY: the host passes the address of a live IdStatus.
+            unsafe { record_bad_id(p.status, i) };
+        }
+    }
+
+    /// A `chunk_pass` variant: thread `t` converts chunk `t` (16 elements of output row
+    /// `t / (dim / 16)`) in straight-line code, as [`gather_dequant_unit_pass`] does a unit: the
+    /// row's id, 16 weight bytes and scale byte loaded under predicates, two predicated 16-byte
+    /// stores, the bad-id record last. The host launches whole warps over `n * dim / 16 < 2^32`
+    /// chunks.
+    #[inline(always)]
+    pub(super) unsafe fn gather_dequant_chunk_pass<const CONVERSION: u8>(p: &DequantParams) {
+        // At least 2 (the host refuses rows narrower than 32), so the divisions cannot trap.
+        let chunks = Units::with_per_row((p.dim / ELEMS_PER_THREAD).max(1));
+        let t = block() * threads_in_block() + thread_in_block();
+        let live = (t as u64) < p.n * chunks.per_row as u64;
+        let (i, c) = chunks.split(t as u64);
+        // SAFETY: read only when `live`: i < n, inside the ids array.
+        let id = unsafe { load_i64_if(p.ids + 8 * i, live) };
+        let found = live && id >= 0 && (id as u64) < p.rows;
+        let row = id as u64;
+        let scales_per_row = (p.dim / MX_BLOCK) as u64;
+        // SAFETY: read only when `found`: row < rows and c < dim / 16, 16 bytes inside row `row`
+        // (16-byte aligned: rows are 16-byte aligned) and the scale byte of its MX block.
+        let (w, s) = unsafe {
+            (
+                load_16_if(
+                    p.weights + row.wrapping_mul(p.dim as u64) + 16 * c as u64,
+                    found,
+                ),
+                load_u8_if(
+                    p.scales + row.wrapping_mul(scales_per_row) + (c / 2) as u64,
+                    found,
+                    UNIT_SCALE,
+                ),
+            )
+        };
+        let out = match CONVERSION {
+            PACKED => convert_packed(w, s),
+            _ => convert_hardware(w, s),
+        };
+        let dest = p.out + 32 * t as u64;
+        // SAFETY: written only when `live`: chunk t's 32 bytes of output, by this thread alone.
+        unsafe {
+            store_16_if(dest, [out[0], out[1], out[2], out[3]], live);
+            store_16_if(dest + 16, [out[4], out[5], out[6], out[7]], live);
+        }
         if live && !found && c == 0 {
             // SAFETY: the host passes the address of a live IdStatus.
             unsafe { record_bad_id(p.status, i) };

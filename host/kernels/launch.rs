@@ -808,6 +808,16 @@ mod tests {
         let grid = dequant_grid(shape, 1000, 256);
         assert!(grid.one_pass);
         assert_eq!(grid.threads.div_ceil(grid.block_threads as u64), 250);
+        // A thread per 16-element chunk, whole warps: 1000 rows of 256 are 16000 chunks (500
+        // warps, 250 blocks of 64); 3 rows of 96 are 18 chunks, one warp.
+        let chunk = DequantVariant::named("gather_dequant_chunk_pass_b64").unwrap();
+        let shape = chunk.variant().shape;
+        assert_eq!((shape.block_threads(), shape.one_pass()), (64, true));
+        assert_eq!(shape.threads(1000, 256), 16_000);
+        assert_eq!(shape.threads(3, 96), 32);
+        let grid = dequant_grid(shape, 1000, 256);
+        assert!(grid.one_pass);
+        assert_eq!(grid.threads.div_ceil(grid.block_threads as u64), 250);
     }
 
     #[test]
