@@ -8,6 +8,12 @@ Plain Python 3, no third-party packages:
 
     python3 docs/plots/timeline_svg.py trace.json -o docs/timeline.svg [--rows kind]
         [--steps "eager floor_plan step 1,replayed floor_plan step 1"] [--from-us 0 --to-us 400]
+        [--window 3]
+
+A reader's blocks outside any window (the shadows of the `floor_hand` steps, which warm the
+readers by hand on a side branch) are drawn as "reader by hand". `--window K` draws window K of
+the first step drawn (its first block to its last, 3 us either side) in place of
+--from-us/--to-us.
 """
 import argparse
 import json
@@ -20,9 +26,10 @@ COLORS = {
     "reader": "#1f77b4",
     "spin": "#c7c7c7",
     "engram gather": "#2ca02c",
+    "reader by hand": "#17becf",
     "other": "#9467bd",
 }
-ORDER = ["collective", "l2 prefetch", "reader", "spin", "engram gather", "other"]
+ORDER = ["collective", "l2 prefetch", "reader by hand", "reader", "spin", "engram gather", "other"]
 
 
 def load(path):
@@ -33,6 +40,8 @@ def load(path):
         if e.get("ph") == "M" and e.get("name") == "process_name":
             names[e["pid"]] = e["args"]["name"]
         elif e.get("ph") == "X":
+            if e.get("cat") == "reader" and e.get("args", {}).get("window") is None:
+                e["cat"] = "reader by hand"
             spans.setdefault(e["pid"], []).append(e)
     order = sorted(spans, key=lambda pid: pid)
     return [(names.get(pid, f"pid {pid}"), spans[pid]) for pid in order]
@@ -104,6 +113,7 @@ def main(argv=None):
     p.add_argument("--from-us", type=float, default=0.0)
     p.add_argument("--to-us", type=float, help="default: the longest step's end")
     p.add_argument("--width", type=int, default=1600)
+    p.add_argument("--window", type=int, help="draw this window of the first step drawn")
     a = p.parse_args(argv)
     steps = load(a.trace)
     if a.steps:
@@ -115,8 +125,15 @@ def main(argv=None):
         steps = [(w, by_name[w]) for w in wanted]
     if not steps:
         sys.exit(f"{a.trace}: no blocks recorded")
+    t0 = a.from_us
     t1 = a.to_us if a.to_us is not None else max(s["ts"] + s["dur"] for _, ss in steps for s in ss)
-    svg = draw(steps, a.rows, a.from_us, t1, a.width)
+    if a.window is not None:
+        inside = [s for s in steps[0][1] if s.get("args", {}).get("window") == a.window]
+        if not inside:
+            sys.exit(f"{steps[0][0]} has no block of window {a.window}")
+        t0 = min(s["ts"] for s in inside) - 3.0
+        t1 = max(s["ts"] + s["dur"] for s in inside) + 3.0
+    svg = draw(steps, a.rows, t0, t1, a.width)
     with open(a.out, "w", encoding="utf-8") as f:
         f.write(svg)
 

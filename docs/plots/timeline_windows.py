@@ -2,7 +2,9 @@
 """Per-window summary of a decode-step trace (`fetchahead-lab trace --out T.json`): for each step
 (a process of the trace) and each collective window, where the window's L2 prefetch ran against
 its collective, and how long the window's readers took; then, per execution mode, the readers'
-time with the plan against without it.
+time with the plan (`floor_plan`) and with them warmed by hand (`floor_hand`) against without
+(`floor`), and where a window's time goes in each: the spin, the collective's start after it, the
+collective, the readers' start after it, the readers.
 
     python3 docs/plots/timeline_windows.py T.json [--windows]
 
@@ -20,11 +22,14 @@ def spans(events):
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
     out = defaultdict(dict)
     for e in events:
-        if e.get("ph") != "X" or "window" not in e.get("args", {}):
+        # Blocks outside a window (unlabelled: the hand-warming shadows, the Engram head) are
+        # not a window's.
+        if e.get("ph") != "X" or e.get("args", {}).get("window") is None:
             continue
         kernel = e["args"]["kernel"]
         kind = ("reader" if kernel.startswith("gemv") else "prefetch" if kernel.startswith("l2_prefetch")
-                else "collective" if kernel.startswith("collective") else None)
+                else "collective" if kernel.startswith("collective")
+                else "spin" if kernel.startswith("spin") else None)
         if kind is None:
             continue
         key = (names.get(e["pid"], str(e["pid"])), e["args"]["window"])
@@ -60,21 +65,49 @@ def main():
                      f"their reader started (by {max(into + [0]):.2f} us at most)")
         gap = [v["reader"][0] - v["collective"][1] for _, v in rows if "reader" in v and "collective" in v]
         if gap:
-            line += f"; readers start {statistics.median(gap):.2f} us after their collective"
+            line += (f"; readers start {statistics.median(gap):.2f} us after their collective "
+                     f"(mean {statistics.mean(gap):.2f})")
+        lag = [v["collective"][0] - v["spin"][1] for _, v in rows if "spin" in v and "collective" in v]
+        if lag:
+            line += (f"; collectives start {statistics.median(lag):.2f} us after their spin "
+                     f"(mean {statistics.mean(lag):.2f})")
         print(line)
         if args.windows:
             for w, v in rows:
                 parts = [f"{k} {a:.1f}-{b:.1f}" for k, (a, b) in sorted(v.items())]
                 print(f"  window {w}: " + ", ".join(parts))
-    for mode in ("eager", "replayed"):
+    for mode, with_ in [(m, w) for m in ("eager", "replayed") for w in ("floor_plan", "floor_hand")]:
         floor = [s for s in steps if s.startswith(f"{mode} floor step")]
-        plan = [s for s in steps if s.startswith(f"{mode} floor_plan step")]
+        plan = [s for s in steps if s.startswith(f"{mode} {with_} step")]
         if not floor or not plan:
             continue
+        mode = f"{mode} {with_}"
         common = set(readers[floor[0]]) & set(readers[plan[0]])
         saved = [readers[floor[0]][w] - readers[plan[0]][w] for w in sorted(common)]
-        print(f"{mode}: the plan's readers {sum(saved):.1f} us faster over {len(saved)} windows "
+        print(f"{mode}: the readers {sum(saved):.1f} us faster over {len(saved)} windows "
               f"({statistics.mean(saved) if saved else 0:.2f} us a window)")
+        # Where a window's time goes, plan against none: from the spin's start to the last
+        # reader's end, split into the spin, the collective's start lag, the collective, the
+        # readers' start lag and the readers.
+        parts = ("spin", "to collective", "collective", "to reader", "readers", "window")
+
+        def split(v):
+            return (v["spin"][1] - v["spin"][0], v["collective"][0] - v["spin"][1],
+                    v["collective"][1] - v["collective"][0], v["reader"][0] - v["collective"][1],
+                    v["reader"][1] - v["reader"][0], v["reader"][1] - v["spin"][0])
+
+        def mean_split(step):
+            rows = [split(v) for (s, w), v in by_key.items()
+                    if s == step and all(k in v for k in ("spin", "collective", "reader"))]
+            return [statistics.mean(x) for x in zip(*rows)] if rows else None
+
+        a = [mean_split(s) for s in floor]
+        b = [mean_split(s) for s in plan]
+        if all(a) and all(b):
+            a = [statistics.mean(x) for x in zip(*a)]
+            b = [statistics.mean(x) for x in zip(*b)]
+            print(f"{mode}, a window's mean us, floor -> {with_}: " + "; ".join(
+                f"{n} {x:.2f} -> {y:.2f} ({y - x:+.2f})" for n, x, y in zip(parts, a, b)))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,13 @@ use fetchahead::error::CudaCall;
 use fetchahead::prefetch::lookup::MemoryRows;
 use fetchahead::timeline::Trace;
 
-/// The configurations a trace records by default: rows resident, the L2 plan off and on.
-pub const TRACED: [StepConfig; 2] = [StepConfig::Floor, StepConfig::FloorPlan];
+/// The configurations a trace records by default: rows resident, the L2 plan off and on, and the
+/// readers warmed by hand (the ceiling of the plan's branch).
+pub const TRACED: [StepConfig; 3] = [
+    StepConfig::Floor,
+    StepConfig::FloorPlan,
+    StepConfig::FloorHand,
+];
 
 /// The DeepSeek-scale step cut to its first `layers` layers (at least 2): the same readers,
 /// window lengths and compute a layer, the collectives scaled with the layers, one Engram layer

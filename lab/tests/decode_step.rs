@@ -126,6 +126,7 @@ fn the_spark_projection_follows_its_model() {
     let measured = MeasuredStep {
         floor: 8.0,
         floor_plan: 8.0 - 0.0015,
+        floor_hand: f64::NAN,
         neither: 10.0,
         prefetcher: 9.0,
         plan: 10.0 - 0.0015,
@@ -276,6 +277,7 @@ fn the_report_reads_every_configuration() {
     let base = |c: StepConfig| match c {
         StepConfig::Floor => 47.0,
         StepConfig::FloorPlan => 46.7,
+        StepConfig::FloorHand => 46.6,
         StepConfig::Neither => 49.0,
         StepConfig::Prefetcher => 47.01,
         StepConfig::Plan => 48.7,
@@ -302,7 +304,7 @@ fn the_report_reads_every_configuration() {
     }
     let lines = report("cold", false, &runs);
     lines.iter().for_each(|l| println!("{l}"));
-    assert_eq!(lines.len(), 2 + 6 + 1 + 3, "{lines:#?}");
+    assert_eq!(lines.len(), 2 + 7 + 1 + 4, "{lines:#?}");
     assert!(
         lines
             .iter()
@@ -314,6 +316,12 @@ fn the_report_reads_every_configuration() {
             .filter(|l| l.contains("L2 plan with") && l.contains(": measurable"))
             .count()
             == 3,
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("warmed by hand") && l.contains(": measurable")),
         "{lines:#?}"
     );
     let m = Matrix {
@@ -336,9 +344,10 @@ fn the_report_reads_every_configuration() {
     }];
     let lines = spark_lines("cold", true, &runs, &windows, &times).unwrap();
     lines.iter().for_each(|l| println!("{l}"));
-    assert_eq!(lines.len(), 4);
+    assert_eq!(lines.len(), 5);
     assert!(lines[1].contains("of the graph ideal") && lines[1].contains("goal 0.8"));
-    assert!(lines[3].contains("origin story's +7%"));
+    assert!(lines[2].contains("warmed by hand") && lines[2].contains("ideal of whole readers"));
+    assert!(lines[4].contains("origin story's +7%"));
     // No runs: a line saying so, no panic.
     assert_eq!(report("cold", false, &Runs::new()).len(), 1);
 }

@@ -70,6 +70,9 @@ pub struct MeasuredStep {
     /// Rows resident, without and with the plan: the plan's saving free of lookup noise.
     pub floor: f64,
     pub floor_plan: f64,
+    /// Rows resident, every reader warmed by hand on the plan's kind of branch
+    /// ([`StepConfig::FloorHand`]); NaN where not run.
+    pub floor_hand: f64,
     pub neither: f64,
     pub prefetcher: f64,
     pub plan: f64,
@@ -110,6 +113,11 @@ pub struct SparkModel {
     pub ideal_eager_ms: f64,
     /// The plan's saving on the measuring device, ms, with the rows resident.
     pub saved_here_ms: f64,
+    /// The ideal saving on the measuring device with every reader's weights warmed whole, ms,
+    /// in the measured execution mode: what warming by hand is measured against.
+    pub ideal_whole_ms: f64,
+    /// The saving of warming every reader by hand on a side branch, ms (NaN where not run).
+    pub hand_saved_ms: f64,
 }
 
 impl SparkModel {
@@ -133,7 +141,7 @@ impl SparkModel {
                 .ok_or_else(|| Error::invalid("Spark model", format!("no time for {}", m.name)))
         };
         let (mut shift_us, mut ideal_here_us, mut warmed, mut saving_us) = (0.0, 0.0, 0u64, 0.0);
-        let mut ideal_eager_us = 0.0;
+        let (mut ideal_eager_us, mut ideal_whole_us) = (0.0, 0.0);
         for w in windows {
             let bytes: u64 = w.readers.iter().map(Matrix::bytes).sum();
             // The window's cut there: a prefetch reading at the DRAM rate may run a quarter of
@@ -153,6 +161,7 @@ impl SparkModel {
                 let share = warm_here as f64 / m.bytes().max(1) as f64;
                 let (cold, warm) = t.of_mode(graph);
                 ideal_here_us += (cold - warm).max(0.0) * share;
+                ideal_whole_us += (cold - warm).max(0.0);
                 ideal_eager_us += (t.cold_us - t.warm_us).max(0.0) * share;
             }
         }
@@ -187,6 +196,8 @@ impl SparkModel {
             ideal_here_ms,
             ideal_eager_ms: ideal_eager_us / 1e3,
             saved_here_ms,
+            ideal_whole_ms: ideal_whole_us / 1e3,
+            hand_saved_ms: measured.floor - measured.floor_hand,
         })
     }
 
@@ -556,6 +567,7 @@ pub fn spark_lines(
     let measured = MeasuredStep {
         floor: mean(StepConfig::Floor),
         floor_plan: mean(StepConfig::FloorPlan),
+        floor_hand: mean(StepConfig::FloorHand),
         neither: mean(StepConfig::Neither),
         prefetcher: mean(StepConfig::Prefetcher),
         plan: mean(StepConfig::Plan),
@@ -565,7 +577,7 @@ pub fn spark_lines(
     let share = |t: f64| 100.0 * (m.neither - t) / m.neither;
     let gain = m.neither / m.plan - 1.0;
     let verdict = |x: f64| if x >= PLAN_GOAL { "met" } else { "NOT MET" };
-    Ok(vec![
+    let mut lines = vec![
         format!(
             "{} projected from the {label} lookups' {mode} steps: budget {:.2} MiB a window, \
              {:.1} MiB warmed a step, readers cold {:.2} ms a step, realized share {:.2} (here, rows \
@@ -606,5 +618,21 @@ pub fn spark_lines(
             100.0 * gain,
             100.0 * gain / 0.07
         ),
-    ])
+    ];
+    if m.hand_saved_ms.is_finite() && m.ideal_whole_ms > 0.0 {
+        lines.insert(
+            2,
+            format!(
+                "  readers warmed by hand on the same kind of branch, {mode}: saved {:.3} ms = \
+                 {:.2} of the {mode} ideal of whole readers {:.3} ms (the plan: {:.2} of it, \
+                 {:.2} of what the hand saved)",
+                m.hand_saved_ms,
+                m.hand_saved_ms / m.ideal_whole_ms,
+                m.ideal_whole_ms,
+                m.saved_here_ms / m.ideal_whole_ms,
+                m.saved_here_ms / m.hand_saved_ms,
+            ),
+        );
+    }
+    Ok(lines)
 }

@@ -2,7 +2,7 @@
 //! the L2 plan; its timed and captured runs and its outputs.
 use std::sync::Arc;
 
-use cudarc::driver::{CudaGraph, CudaStream};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaStream};
 use fetchahead_gpu::timeline::NO_LABEL;
 
 use crate::LabKernels;
@@ -22,6 +22,13 @@ pub enum StepConfig {
     Floor,
     /// Rows resident, with the L2 plan: the floor of the plan-on steps.
     FloorPlan,
+    /// Rows resident, no plan, each window's readers warmed by hand: their shadows (the same
+    /// GEMVs into outputs of their own) run on a side branch forked from the main stream before
+    /// the window's collective and launched after it (a GEMV fills every SM: launched first, it
+    /// would hold the collective back), joined once at the step's end. What a prefetch that left each
+    /// reader's lines as its own run does would save, its branch included: the ceiling of the
+    /// plan's branch in the step.
+    FloorHand,
     /// Neither feature: each Engram layer looks its rows up synchronously at its gather.
     Neither,
     /// The Engram prefetcher only.
@@ -33,9 +40,10 @@ pub enum StepConfig {
 }
 
 impl StepConfig {
-    pub const ALL: [StepConfig; 6] = [
+    pub const ALL: [StepConfig; 7] = [
         StepConfig::Floor,
         StepConfig::FloorPlan,
+        StepConfig::FloorHand,
         StepConfig::Neither,
         StepConfig::Prefetcher,
         StepConfig::Plan,
@@ -44,7 +52,9 @@ impl StepConfig {
 
     pub fn gather(self) -> GatherPath {
         match self {
-            StepConfig::Floor | StepConfig::FloorPlan => GatherPath::Resident,
+            StepConfig::Floor | StepConfig::FloorPlan | StepConfig::FloorHand => {
+                GatherPath::Resident
+            }
             StepConfig::Neither | StepConfig::Plan => GatherPath::Sync,
             StepConfig::Prefetcher | StepConfig::Both => GatherPath::Prefetch,
         }
@@ -70,6 +80,7 @@ impl StepConfig {
         match self {
             StepConfig::Floor => "floor (rows resident)",
             StepConfig::FloorPlan => "floor + L2 plan",
+            StepConfig::FloorHand => "floor + warmed by hand",
             StepConfig::Neither => "neither",
             StepConfig::Prefetcher => "Engram prefetcher only",
             StepConfig::Plan => "L2 plan only",
@@ -82,6 +93,7 @@ impl StepConfig {
         match self {
             StepConfig::Floor => "floor",
             StepConfig::FloorPlan => "floor_plan",
+            StepConfig::FloorHand => "floor_hand",
             StepConfig::Neither => "neither",
             StepConfig::Prefetcher => "prefetcher",
             StepConfig::Plan => "plan",
@@ -112,6 +124,50 @@ impl StepOutputs {
     }
 }
 
+/// The side branch of [`StepConfig::FloorHand`]: a stream of its own (made before any capture),
+/// forked from the main stream before each window's collective and joined once at the step's
+/// end, as the plan's is.
+struct HandBranch {
+    side: Arc<CudaStream>,
+    fork: CudaEvent,
+    join: CudaEvent,
+}
+
+impl HandBranch {
+    fn new(main: &Arc<CudaStream>) -> Result<HandBranch> {
+        let ctx = main.context();
+        Ok(HandBranch {
+            side: ctx.new_stream().call("cuStreamCreate")?,
+            fork: ctx.new_event(None).call("cuEventCreate")?,
+            join: ctx.new_event(None).call("cuEventCreate")?,
+        })
+    }
+
+    /// Forks the side stream from `main` (before the window's collective).
+    fn fork(&self, main: &CudaStream) -> Result<()> {
+        self.fork.record(main).call("cuEventRecord")?;
+        self.side.wait(&self.fork).call("cuStreamWaitEvent")
+    }
+
+    /// Runs window `w`'s reader shadows on the side stream, in order (launched after the
+    /// window's collective), unlabelled on the device timeline (they are not the window's
+    /// readers).
+    fn warm(&self, kernels: &LabKernels, weights: &DecodeWeights, w: usize) -> Result<()> {
+        kernels.set_timeline_label(NO_LABEL);
+        for (reader, _) in weights.readers(w) {
+            reader.launch_shadow(kernels, &self.side)?;
+        }
+        kernels.set_timeline_label(w as u32);
+        Ok(())
+    }
+
+    /// Joins the side stream back into `main`.
+    fn join(&self, main: &CudaStream) -> Result<()> {
+        self.join.record(&self.side).call("cuEventRecord")?;
+        main.wait(&self.join).call("cuStreamWaitEvent")
+    }
+}
+
 /// A decode step on one stream: the Engram layers, the readers (shared), the L2 plan.
 pub struct DecodeStep {
     kernels: Arc<LabKernels>,
@@ -120,6 +176,7 @@ pub struct DecodeStep {
     weights: Arc<DecodeWeights>,
     engram: EngramLayers,
     plan: L2Plan,
+    hand: HandBranch,
     signature: Signature,
     clock: StepClock,
     /// Spin nanoseconds before each window of a layer (the layer's compute split evenly).
@@ -195,8 +252,10 @@ impl DecodeStep {
             })
             .collect();
         let clock = StepClock::new(&main)?;
+        let hand = HandBranch::new(&main)?;
         main.synchronize().call("cuStreamSynchronize")?;
         Ok(DecodeStep {
+            hand,
             signature: Signature::new(shape.tokens, 17),
             kernels,
             main,
@@ -242,6 +301,7 @@ impl DecodeStep {
         let path = config.gather();
         let n_tokens = self.shape.tokens as usize;
         let plan = config.l2_plan();
+        let hand = config == StepConfig::FloorHand;
         if plan {
             self.plan.begin_forward(self.signature)?;
         }
@@ -267,11 +327,17 @@ impl DecodeStep {
                     };
                     self.plan.collective_of(kind)?;
                 }
+                if hand {
+                    self.hand.fork(&self.main)?;
+                }
                 // SAFETY: no flag is polled.
                 unsafe {
                     self.kernels
                         .launch_collective(s, COLLECTIVE_BLOCKS, window.ns, 0)?
                 };
+                if hand {
+                    self.hand.warm(&self.kernels, &self.weights, w)?;
+                }
                 for (gemv, _) in self.weights.readers(w) {
                     if plan {
                         let (address, bytes) = gemv.weights();
@@ -292,6 +358,9 @@ impl DecodeStep {
         }
         // SAFETY: this step's stream, given to its gathers.
         unsafe { self.engram.finish(path, s)? };
+        if hand {
+            self.hand.join(&self.main)?;
+        }
         self.kernels.set_timeline_label(NO_LABEL);
         if plan {
             self.plan.end_forward()?;

@@ -17,8 +17,19 @@ use super::{DecodeShape, Matrix, WindowRole, WindowSpec};
 /// over weights of its own. Its activations `x` are the step's shared activations of its K, as
 /// every projection after a collective reads that collective's output, so they stay in L2 as
 /// in an engine and the reader waits on DRAM for its weights alone.
+///
+/// Beside it, its shadow: the same GEMV over the same weights and activations into outputs of
+/// its own, which the step runs on a side branch to warm the reader by hand
+/// ([`StepConfig::FloorHand`](super::StepConfig::FloorHand)).
 pub struct Reader {
+    run: ReaderRun,
+    shadow: ReaderRun,
+    /// Read by both runs: dropped after them.
     _w: CudaSlice<u16>,
+}
+
+/// One GEMV launch's outputs and params.
+struct ReaderRun {
     _partial: CudaSlice<f32>,
     /// Zero between launches (the split-K epilogue's arrival counters).
     _counters: CudaSlice<u32>,
@@ -27,9 +38,46 @@ pub struct Reader {
     variant: usize,
 }
 
+impl ReaderRun {
+    /// Outputs on `stream` for the GEMV `variant` with `splits` of `m x k` activations at `x` and
+    /// `n x k` weights at `w`.
+    fn new(
+        stream: &Arc<CudaStream>,
+        GemvLaunch { variant, splits }: GemvLaunch,
+        (x, w): (u64, u64),
+        (m, n, k): (u32, u32, u32),
+    ) -> Result<ReaderRun> {
+        let reduce = LabKernels::gemv_variant_at(variant)?.reduce;
+        let outputs = GemvOutputs::alloc(stream, reduce, m, n, splits)?;
+        let params = outputs.params(stream, x, w, k);
+        let GemvOutputs {
+            partial,
+            counters,
+            y,
+            ..
+        } = outputs;
+        Ok(ReaderRun {
+            _partial: partial,
+            _counters: counters,
+            y,
+            params,
+            variant,
+        })
+    }
+
+    fn launch(&self, kernels: &LabKernels, stream: &CudaStream) -> Result<()> {
+        // SAFETY: w and x are the owning reader's weights and activations, alive while it is;
+        // y, partial and counters are this run's own allocations of the sizes the params name
+        // (as `Gemv` sizes them), written by this run's launches alone, one at a time on the
+        // stream.
+        unsafe { kernels.launch_gemv(stream.cu_stream(), self.variant, self.params, None) }
+    }
+}
+
 impl Reader {
-    /// Copies `w` (`n x k` bf16) to the device on `stream`, with outputs, reading the `m x k`
-    /// activations at `x` (a live device allocation that outlives the reader).
+    /// Copies `w` (`n x k` bf16) to the device on `stream`, with outputs for it and its shadow,
+    /// reading the `m x k` activations at `x` (a live device allocation that outlives the
+    /// reader).
     fn new(
         kernels: &LabKernels,
         stream: &Arc<CudaStream>,
@@ -40,52 +88,41 @@ impl Reader {
     ) -> Result<Reader> {
         let n = u32::try_from(w.len() / k.max(1) as usize)
             .map_err(|_| Error::invalid("reader", format!("{} weights", w.len())))?;
-        let GemvLaunch { variant, splits } = GemvLaunch::default_for(kernels, m, n, k)?;
-        let reduce = LabKernels::gemv_variant_at(variant)?.reduce;
+        let launch = GemvLaunch::default_for(kernels, m, n, k)?;
         let bits: Vec<u16> = w.iter().map(|b| b.to_bits()).collect();
         let w = stream.clone_htod(&bits).call("cuMemcpyHtoD")?;
-        let outputs = GemvOutputs::alloc(stream, reduce, m, n, splits)?;
-        let params = outputs.params(stream, x, w.device_ptr(stream).0, k);
-        let GemvOutputs {
-            partial,
-            counters,
-            y,
-            ..
-        } = outputs;
+        let address = w.device_ptr(stream).0;
         Ok(Reader {
+            run: ReaderRun::new(stream, launch, (x, address), (m, n, k))?,
+            shadow: ReaderRun::new(stream, launch, (x, address), (m, n, k))?,
             _w: w,
-            _partial: partial,
-            _counters: counters,
-            y,
-            params,
-            variant,
         })
     }
 
     /// Device address and bytes of the weights: what the plan learns.
     pub fn weights(&self) -> (u64, u64) {
-        (
-            self.params.w,
-            self.params.n as u64 * self.params.k as u64 * 2,
-        )
+        let p = self.run.params;
+        (p.w, p.n as u64 * p.k as u64 * 2)
     }
 
     pub fn params(&self) -> GemvParams {
-        self.params
+        self.run.params
     }
 
     /// Launches the reader on `stream` (raw addresses, nothing allocated: capturable).
     pub fn launch(&self, kernels: &LabKernels, stream: &CudaStream) -> Result<()> {
-        // SAFETY: w, y, partial and counters are this reader's own allocations of the sizes the
-        // params name (as `Gemv` sizes them), alive while it is; x is its weights' owner's
-        // activations of m x k bf16, alive as long; y, partial and counters are written by this
-        // reader's launches alone, one at a time on the stream.
-        unsafe { kernels.launch_gemv(stream.cu_stream(), self.variant, self.params, None) }
+        self.run.launch(kernels, stream)
+    }
+
+    /// Launches its shadow on `stream`: the same GEMV into outputs of its own, which nothing
+    /// reads, so that it may run beside the reader's own launches on another stream (capturable).
+    pub fn launch_shadow(&self, kernels: &LabKernels, stream: &CudaStream) -> Result<()> {
+        self.shadow.launch(kernels, stream)
     }
 
     /// Copies `y` back (waits for `stream`).
     pub fn read_y(&self, stream: &Arc<CudaStream>) -> Result<Vec<f32>> {
-        let y = stream.clone_dtoh(&self.y).call("cuMemcpyDtoH")?;
+        let y = stream.clone_dtoh(&self.run.y).call("cuMemcpyDtoH")?;
         stream.synchronize().call("cuStreamSynchronize")?;
         Ok(y)
     }
