@@ -12,8 +12,10 @@ Plain Python 3, no third-party packages:
 
 A reader's blocks outside any window (the shadows of the `floor_hand` steps, which warm the
 readers by hand on a side branch) are drawn as "reader by hand". `--window K` draws window K of
-the first step drawn (its first block to its last, 3 us either side) in place of
---from-us/--to-us.
+each step in place of --from-us/--to-us: each panel's time axis starts where the window's spin
+(the compute before its collective) ends, so that what delays the collective and the readers
+lines up across the panels, and runs to the latest panel's last block of the window, 3 us
+either side.
 """
 import argparse
 import json
@@ -104,6 +106,22 @@ def draw(steps, rows, t0, t1, width):
     return head + "".join(out) + "</svg>\n"
 
 
+def window_of(steps, k):
+    """Each step's blocks shifted so that window `k`'s spin ends at 0 (its first other block
+    starts there where it has no spin), and the end of the latest step's window + 3 us."""
+    shifted, end = [], 0.0
+    for name, spans in steps:
+        window = [s for s in spans if s.get("args", {}).get("window") == k]
+        inside = [s for s in window if s.get("cat") != "spin"]
+        if not inside:
+            sys.exit(f"{name} has no block of window {k}")
+        spin = [s["ts"] + s["dur"] for s in window if s.get("cat") == "spin"]
+        zero = max(spin) if spin else min(s["ts"] for s in inside)
+        end = max(end, max(s["ts"] + s["dur"] for s in inside) - zero)
+        shifted.append((name, [dict(s, ts=s["ts"] - zero) for s in spans]))
+    return shifted, end + 3.0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trace")
@@ -128,11 +146,8 @@ def main(argv=None):
     t0 = a.from_us
     t1 = a.to_us if a.to_us is not None else max(s["ts"] + s["dur"] for _, ss in steps for s in ss)
     if a.window is not None:
-        inside = [s for s in steps[0][1] if s.get("args", {}).get("window") == a.window]
-        if not inside:
-            sys.exit(f"{steps[0][0]} has no block of window {a.window}")
-        t0 = min(s["ts"] for s in inside) - 3.0
-        t1 = max(s["ts"] + s["dur"] for s in inside) + 3.0
+        steps, t1 = window_of(steps, a.window)
+        t0 = -3.0
     svg = draw(steps, a.rows, t0, t1, a.width)
     with open(a.out, "w", encoding="utf-8") as f:
         f.write(svg)
