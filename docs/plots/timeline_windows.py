@@ -39,6 +39,25 @@ def spans(events):
     return out
 
 
+# Where a window's time goes: from the spin's start to the last reader's end, split into the
+# spin, the collective's start lag, the collective, the readers' start lag and the readers.
+PARTS = ("spin", "to collective", "collective", "to reader", "readers", "window")
+
+
+def split(v):
+    """A window's spans (`spans`' values) as PARTS, microseconds."""
+    return (v["spin"][1] - v["spin"][0], v["collective"][0] - v["spin"][1],
+            v["collective"][1] - v["collective"][0], v["reader"][0] - v["collective"][1],
+            v["reader"][1] - v["reader"][0], v["reader"][1] - v["spin"][0])
+
+
+def mean_split(by_key, step):
+    """The mean of `split` over a step's windows that have a spin, a collective and readers."""
+    rows = [split(v) for (s, w), v in by_key.items()
+            if s == step and all(k in v for k in ("spin", "collective", "reader"))]
+    return [statistics.mean(x) for x in zip(*rows)] if rows else None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace")
@@ -86,28 +105,13 @@ def main():
         saved = [readers[floor[0]][w] - readers[plan[0]][w] for w in sorted(common)]
         print(f"{mode}: the readers {sum(saved):.1f} us faster over {len(saved)} windows "
               f"({statistics.mean(saved) if saved else 0:.2f} us a window)")
-        # Where a window's time goes, plan against none: from the spin's start to the last
-        # reader's end, split into the spin, the collective's start lag, the collective, the
-        # readers' start lag and the readers.
-        parts = ("spin", "to collective", "collective", "to reader", "readers", "window")
-
-        def split(v):
-            return (v["spin"][1] - v["spin"][0], v["collective"][0] - v["spin"][1],
-                    v["collective"][1] - v["collective"][0], v["reader"][0] - v["collective"][1],
-                    v["reader"][1] - v["reader"][0], v["reader"][1] - v["spin"][0])
-
-        def mean_split(step):
-            rows = [split(v) for (s, w), v in by_key.items()
-                    if s == step and all(k in v for k in ("spin", "collective", "reader"))]
-            return [statistics.mean(x) for x in zip(*rows)] if rows else None
-
-        a = [mean_split(s) for s in floor]
-        b = [mean_split(s) for s in plan]
+        a = [mean_split(by_key, s) for s in floor]
+        b = [mean_split(by_key, s) for s in plan]
         if all(a) and all(b):
             a = [statistics.mean(x) for x in zip(*a)]
             b = [statistics.mean(x) for x in zip(*b)]
             print(f"{mode}, a window's mean us, floor -> {with_}: " + "; ".join(
-                f"{n} {x:.2f} -> {y:.2f} ({y - x:+.2f})" for n, x, y in zip(parts, a, b)))
+                f"{n} {x:.2f} -> {y:.2f} ({y - x:+.2f})" for n, x, y in zip(PARTS, a, b)))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ use fetchahead::prefetch::lookup::MemoryRows;
 use fetchahead::timeline::Trace;
 
 /// The configurations a trace records by default: rows resident, the L2 plan off and on, and the
-/// readers warmed by hand (the ceiling of the plan's branch).
+/// readers warmed by hand on the same kind of branch (the plan's comparison).
 pub const TRACED: [StepConfig; 3] = [
     StepConfig::Floor,
     StepConfig::FloorPlan,

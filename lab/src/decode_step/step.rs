@@ -25,9 +25,9 @@ pub enum StepConfig {
     /// Rows resident, no plan, each window's readers warmed by hand: their shadows (the same
     /// GEMVs into outputs of their own) run on a side branch forked from the main stream before
     /// the window's collective and launched after it (a GEMV fills every SM: launched first, it
-    /// would hold the collective back), joined once at the step's end. What a prefetch that
-    /// left each reader's lines as its own run does would save, its branch included: the
-    /// ceiling of the plan's branch in the step.
+    /// would hold the collective back), joined once at the step's end. What leaving each
+    /// reader's lines as its own run does saves, its branch included: the comparison for the
+    /// plan's branch in the step.
     FloorHand,
     /// Neither feature: each Engram layer looks its rows up synchronously at its gather.
     Neither,
