@@ -169,6 +169,14 @@ fn declared_shapes_are_the_launch_shapes() {
             dequant::Shape::ChunkPass { block_threads: 64 }
         )
     );
+    let d = &dequant::VARIANTS[dequant::find("gather_dequant_rows4_w1").unwrap()];
+    assert_eq!(
+        (d.conversion, d.shape),
+        (
+            dequant::Conversion::Packed,
+            dequant::Shape::RowsTile { rows: 4, warps: 1 }
+        )
+    );
     let p = PrefetchVariant::named("l2_prefetch_evict_last")
         .unwrap()
         .variant();

@@ -36,6 +36,14 @@ pub enum Shape {
     /// chunk's id, 16 weight bytes and scale byte loaded under predicates, two predicated
     /// 16-byte stores. The Triton peer's shape at 1M-4M rows (ROWS = 4 on 2 warps).
     ChunkPass { block_threads: u32 },
+    /// `rows` rows a warp in one pass, `warps` warps a block, lane `l` taking unit `l` (8
+    /// elements; `l + 32 j` too for rows wider than 256) of each of its warp's rows: every
+    /// lane first loads its warp's `rows` ids, from addresses that depend on neither the lane
+    /// nor the row's width, as the Triton peer's tile does, so that no lane picks among them;
+    /// then each row's weights and scale under predicates, `rows` loads in flight a thread,
+    /// one predicated 16-byte store a unit. For decode-size calls, where a call's time is its
+    /// chain of dependent loads.
+    RowsTile { rows: u32, warps: u32 },
 }
 
 impl Shape {
@@ -44,6 +52,7 @@ impl Shape {
         match self {
             Shape::Chunk16 | Shape::ChunkPass { .. } => 16,
             Shape::Units8 { unroll, .. } => 8 * unroll,
+            Shape::RowsTile { rows, .. } => 8 * rows,
         }
     }
 
@@ -55,6 +64,7 @@ impl Shape {
             Shape::Units8 { block_threads, .. } | Shape::ChunkPass { block_threads } => {
                 block_threads
             }
+            Shape::RowsTile { warps, .. } => 32 * warps,
         }
     }
 
@@ -63,7 +73,7 @@ impl Shape {
     pub const fn one_pass(self) -> bool {
         matches!(
             self,
-            Shape::Units8 { one_pass: true, .. } | Shape::ChunkPass { .. }
+            Shape::Units8 { one_pass: true, .. } | Shape::ChunkPass { .. } | Shape::RowsTile { .. }
         )
     }
 
@@ -76,6 +86,10 @@ impl Shape {
             Shape::Units8 { unroll, .. } => {
                 let units = n * (dim / 8) as u64;
                 units.div_ceil(32 * unroll as u64) * 32
+            }
+            // Whole blocks: a warp's rows past the last write nothing.
+            Shape::RowsTile { rows, warps } => {
+                n.div_ceil(rows as u64 * warps as u64) * 32 * warps as u64
             }
         }
     }
@@ -95,7 +109,8 @@ pub const ELEMS_PER_THREAD: u32 = 16;
 /// The row of a variant. `chunk16`: [`Shape::Chunk16`]; `units8`: [`Shape::Units8`] with the
 /// declaration's `unroll` and `one_pass`; `unit_pass`: [`Shape::Units8`], a unit a thread in
 /// one pass (its body is straight-line, every load and store predicated); `chunk_pass`:
-/// [`Shape::ChunkPass`], the same with a chunk of 16 elements a thread.
+/// [`Shape::ChunkPass`], the same with a chunk of 16 elements a thread; `rows_tile`:
+/// [`Shape::RowsTile`].
 macro_rules! dequant_row {
     ($name:expr, $about:expr, chunk16 { conversion: $c:ident, $($rest:tt)* }) => {
         Variant {
@@ -122,6 +137,14 @@ macro_rules! dequant_row {
             name: $name,
             conversion: Conversion::$c,
             shape: Shape::ChunkPass { block_threads: $b },
+            about: $about,
+        }
+    };
+    ($name:expr, $about:expr, rows_tile { conversion: $c:ident, rows: $r:literal, warps: $w:literal }) => {
+        Variant {
+            name: $name,
+            conversion: Conversion::$c,
+            shape: Shape::RowsTile { rows: $r, warps: $w },
             about: $about,
         }
     };
@@ -160,6 +183,9 @@ macro_rules! dequant_body {
     ($p:ident, chunk_pass { conversion: $c:ident, block: $b:literal }) => {
         super::kernels::gather_dequant_chunk_pass::<{ super::Conversion::$c as u8 }>(&$p)
     };
+    ($p:ident, rows_tile { conversion: $c:ident, rows: $r:literal, warps: $w:literal }) => {
+        super::kernels::gather_dequant_rows_tile::<$r, $w, { super::Conversion::$c as u8 }>(&$p)
+    };
     (
         $p:ident,
         units8 {
@@ -193,6 +219,9 @@ macro_rules! dequant_needs {
         $then! { $($pre)* sm_89 }
     };
     ($then:ident!($($pre:tt)*) chunk_pass { conversion: Hardware, $($rest:tt)* }) => {
+        $then! { $($pre)* sm_89 }
+    };
+    ($then:ident!($($pre:tt)*) rows_tile { conversion: Hardware, $($rest:tt)* }) => {
         $then! { $($pre)* sm_89 }
     };
     ($then:ident!($($pre:tt)*) chunk16 { conversion: $c:ident, ahead: true, $($rest:tt)* }) => {
@@ -272,6 +301,12 @@ variants! {
         => "packed, a thread per 16 elements in one pass, predicated, blocks of 128";
     gather_dequant_chunk_pass_cvt_b64: chunk_pass { conversion: Hardware, block: 64 }
         => "hardware conversion, a thread per 16 elements in one pass, blocks of 64";
+    gather_dequant_rows2_w2: rows_tile { conversion: Packed, rows: 2, warps: 2 }
+        => "packed, 2 rows a warp in one pass, the warp's ids loaded first, blocks of 64";
+    gather_dequant_rows4_w1: rows_tile { conversion: Packed, rows: 4, warps: 1 }
+        => "packed, 4 rows a warp in one pass, the warp's ids loaded first, blocks of 32";
+    gather_dequant_rows4_w2: rows_tile { conversion: Packed, rows: 4, warps: 2 }
+        => "packed, 4 rows a warp in one pass, the warp's ids loaded first, blocks of 64";
 }
 
 variant_handle!(DequantVariant, "gather + dequant");
@@ -635,6 +670,90 @@ pub(crate) mod kernels {
         if live && !found && c == 0 {
             // SAFETY: the host passes the address of a live IdStatus.
             unsafe { record_bad_id(p.status, i) };
+        }
+    }
+
+    /// A `rows_tile` variant: warp `w` of block `b` converts rows `ROWS (WARPS b + w) ..`,
+    /// lane `l` unit `l` (8 elements) of each, and units `l + 32 j` of rows wider than 256.
+    /// Every lane loads its warp's `ROWS` ids first, from addresses the same across the warp
+    /// (one L1 line) that wait on no more than the block's and the warp's index; each row's 8
+    /// weight bytes and scale byte are loaded under predicates (a bad or absent row reads
+    /// nothing and converts zero bytes at scale 2^0, a row of +0.0), all `ROWS` rows before any
+    /// is converted, one predicated 16-byte store a unit, the bad-id records last. The host
+    /// launches whole blocks of `32 WARPS` threads over `n` rows, `ROWS` a warp.
+    ///
+    /// The warp's index is in the ids' addresses even with one warp a block (where it is 0):
+    /// with addresses from the block's index alone, ptxas moves the ids to the uniform
+    /// datapath and computes the rows' addresses there, one instruction at a time, between
+    /// the ids' arrival and the rows' loads.
+    #[inline(always)]
+    pub(super) unsafe fn gather_dequant_rows_tile<
+        const ROWS: usize,
+        const WARPS: u32,
+        const CONVERSION: u8,
+    >(
+        p: &DequantParams,
+    ) {
+        let warp = block() * WARPS + thread_in_block() / 32;
+        let first = warp as u64 * ROWS as u64;
+        let mut ids = [0i64; ROWS];
+        for (k, id) in ids.iter_mut().enumerate() {
+            let i = first + k as u64;
+            // SAFETY: read only when i < n, inside the ids array.
+            *id = unsafe { load_i64_if(p.ids + 8 * i, i < p.n) };
+        }
+        let lane = thread_in_block() % 32;
+        let per_row = (p.dim / 8).max(1);
+        let scales_per_row = (p.dim / MX_BLOCK) as u64;
+        // One unsigned compare a row: a negative id reads as above 2^63, past any table. (`&`,
+        // not `&&`, here and below: a short circuit becomes a branch that splits the loads.)
+        let found = |k: usize| (first + (k as u64) < p.n) & ((ids[k] as u64) < p.rows);
+        // Unit `c` of each of the block's rows: loaded, all of them, then converted and stored.
+        let units = |c: u32| {
+            let unit = c < per_row;
+            let mut w = [[0u32; 2]; ROWS];
+            let mut s = [UNIT_SCALE; ROWS];
+            for k in 0..ROWS {
+                let row = ids[k] as u64;
+                let read = unit & found(k);
+                // SAFETY: read only when `read`: row < rows and c < dim / 8, 8 bytes inside
+                // row `row` (8-byte aligned: rows are 16-byte aligned) and its scale byte.
+                unsafe {
+                    w[k] = load_8_if(
+                        p.weights + row.wrapping_mul(p.dim as u64) + 8 * c as u64,
+                        read,
+                    );
+                    s[k] = load_u8_if(
+                        p.scales + row.wrapping_mul(scales_per_row) + (c / 4) as u64,
+                        read,
+                        UNIT_SCALE,
+                    );
+                }
+            }
+            for k in 0..ROWS {
+                let i = first + k as u64;
+                let out = convert_unit::<CONVERSION>(w[k], s[k]);
+                let dest = p.out + 16 * (i * per_row as u64 + c as u64);
+                // SAFETY: written only when row i < n and c < dim / 8: unit c of output row
+                // i, by this thread alone.
+                unsafe { store_16_if(dest, out, unit & (i < p.n)) };
+            }
+        };
+        // Straight-line at dim 256 and below (one unit a lane); wider rows loop over the rest.
+        units(lane);
+        if per_row > 32 {
+            let mut c = lane + 32;
+            while c < per_row {
+                units(c);
+                c += 32;
+            }
+        }
+        for k in 0..ROWS {
+            let i = first + k as u64;
+            if lane == 0 && i < p.n && !found(k) {
+                // SAFETY: the host passes the address of a live IdStatus.
+                unsafe { record_bad_id(p.status, i) };
+            }
         }
     }
 

@@ -818,6 +818,17 @@ mod tests {
         let grid = dequant_grid(shape, 1000, 256);
         assert!(grid.one_pass);
         assert_eq!(grid.threads.div_ceil(grid.block_threads as u64), 250);
+        // A warp per 4 rows, 2 warps a block, whatever the width: 1000 rows are 125 blocks of
+        // 64; 3 rows of 96 one block, its second warp idle.
+        let rows = DequantVariant::named("gather_dequant_rows4_w2").unwrap();
+        let shape = rows.variant().shape;
+        assert_eq!((shape.block_threads(), shape.one_pass()), (64, true));
+        assert_eq!(shape.threads(1000, 256), 8_000);
+        assert_eq!(shape.threads(1000, 1024), 8_000);
+        assert_eq!(shape.threads(3, 96), 64);
+        let grid = dequant_grid(shape, 1001, 256);
+        assert!(grid.one_pass);
+        assert_eq!(grid.threads.div_ceil(grid.block_threads as u64), 126);
     }
 
     #[test]
