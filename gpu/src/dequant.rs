@@ -37,12 +37,11 @@ pub enum Shape {
     /// 16-byte stores. The Triton peer's shape at 1M-4M rows (ROWS = 4 on 2 warps).
     ChunkPass { block_threads: u32 },
     /// `rows` rows a warp in one pass, `warps` warps a block, lane `l` taking unit `l` (8
-    /// elements; `l + 32 j` too for rows wider than 256) of each of its warp's rows: every
-    /// lane first loads its warp's `rows` ids, from addresses that depend on neither the lane
-    /// nor the row's width, as the Triton peer's tile does, so that no lane picks among them;
-    /// then each row's weights and scale under predicates, `rows` loads in flight a thread,
-    /// one predicated 16-byte store a unit. For decode-size calls, where a call's time is its
-    /// chain of dependent loads.
+    /// elements; `l + 32 j` too for rows wider than 256) of each of its warp's rows, as the
+    /// Triton peer's tile takes its rows: the warp's ids in one load shared by shuffles, with
+    /// no arithmetic on the row's width before it; then each row's weights and scale under
+    /// predicates, `rows` rows in flight a thread, one predicated 16-byte store a unit. For
+    /// decode-size calls, where a call's time is its chain of dependent loads.
     RowsTile { rows: u32, warps: u32 },
 }
 
@@ -302,11 +301,11 @@ variants! {
     gather_dequant_chunk_pass_cvt_b64: chunk_pass { conversion: Hardware, block: 64 }
         => "hardware conversion, a thread per 16 elements in one pass, blocks of 64";
     gather_dequant_rows2_w2: rows_tile { conversion: Packed, rows: 2, warps: 2 }
-        => "packed, 2 rows a warp in one pass, the warp's ids loaded first, blocks of 64";
+        => "packed, 2 rows a warp in one pass, the warp's ids in one load, blocks of 64";
     gather_dequant_rows4_w1: rows_tile { conversion: Packed, rows: 4, warps: 1 }
-        => "packed, 4 rows a warp in one pass, the warp's ids loaded first, blocks of 32";
+        => "packed, 4 rows a warp in one pass, the warp's ids in one load, blocks of 32";
     gather_dequant_rows4_w2: rows_tile { conversion: Packed, rows: 4, warps: 2 }
-        => "packed, 4 rows a warp in one pass, the warp's ids loaded first, blocks of 64";
+        => "packed, 4 rows a warp in one pass, the warp's ids in one load, blocks of 64";
 }
 
 variant_handle!(DequantVariant, "gather + dequant");
@@ -318,7 +317,7 @@ pub(crate) mod kernels {
         block, e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads,
         load_8_if, load_16_if, load_hinted_8, load_hinted_16, load_i64, load_i64_early,
         load_i64_if, load_u8, load_u8_if, mul_bf16x2, permute_bytes, prefetch_l2, prefetch_line_l2,
-        record_bad_id, store_16, store_16_if, store_16_streaming, thread_in_block,
+        record_bad_id, shuffle_i64, store_16, store_16_if, store_16_streaming, thread_in_block,
         threads_in_block,
     };
     use crate::mxfp8::{BF16_NAN, E8M0_NAN};
@@ -675,17 +674,17 @@ pub(crate) mod kernels {
 
     /// A `rows_tile` variant: warp `w` of block `b` converts rows `ROWS (WARPS b + w) ..`,
     /// lane `l` unit `l` (8 elements) of each, and units `l + 32 j` of rows wider than 256.
-    /// Every lane loads its warp's `ROWS` ids first, from addresses the same across the warp
-    /// (one L1 line) that wait on no more than the block's and the warp's index; each row's 8
-    /// weight bytes and scale byte are loaded under predicates (a bad or absent row reads
-    /// nothing and converts zero bytes at scale 2^0, a row of +0.0), all `ROWS` rows before any
-    /// is converted, one predicated 16-byte store a unit, the bad-id records last. The host
-    /// launches whole blocks of `32 WARPS` threads over `n` rows, `ROWS` a warp.
+    /// The warp's `ROWS` ids come in one load (lane `l` loads id `l % ROWS`) and reach every
+    /// lane by shuffles: one round trip, however many rows. Each row's 8 weight bytes and scale
+    /// byte are then loaded under predicates (a bad or absent row reads nothing and converts
+    /// zero bytes at scale 2^0, a row of +0.0), all `ROWS` rows before any is converted, one
+    /// predicated 16-byte store a unit, the bad-id records last. The host launches whole
+    /// blocks of `32 WARPS` threads over `n` rows, `ROWS` a warp.
     ///
-    /// The warp's index is in the ids' addresses even with one warp a block (where it is 0):
-    /// with addresses from the block's index alone, ptxas moves the ids to the uniform
-    /// datapath and computes the rows' addresses there, one instruction at a time, between
-    /// the ids' arrival and the rows' loads.
+    /// (Loaded by every lane from the same addresses instead, the ids went to the uniform
+    /// datapath, where ptxas computed the rows' addresses one instruction at a time, or, with
+    /// the warp's index in the addresses, ptxas issued the later rows' ids after the first
+    /// rows' stores: two round trips.)
     #[inline(always)]
     pub(super) unsafe fn gather_dequant_rows_tile<
         const ROWS: usize,
@@ -696,13 +695,14 @@ pub(crate) mod kernels {
     ) {
         let warp = block() * WARPS + thread_in_block() / 32;
         let first = warp as u64 * ROWS as u64;
+        let lane = thread_in_block() % 32;
+        let mine = first + (lane as usize % ROWS) as u64;
+        // SAFETY: read only when mine < n, inside the ids array.
+        let my_id = unsafe { load_i64_if(p.ids + 8 * mine, mine < p.n) };
         let mut ids = [0i64; ROWS];
         for (k, id) in ids.iter_mut().enumerate() {
-            let i = first + k as u64;
-            // SAFETY: read only when i < n, inside the ids array.
-            *id = unsafe { load_i64_if(p.ids + 8 * i, i < p.n) };
+            *id = shuffle_i64(my_id, k as u32);
         }
-        let lane = thread_in_block() % 32;
         let per_row = (p.dim / 8).max(1);
         let scales_per_row = (p.dim / MX_BLOCK) as u64;
         // One unsigned compare a row: a negative id reads as above 2^63, past any table. (`&`,
