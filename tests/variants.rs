@@ -139,6 +139,10 @@ fn declared_shapes_are_the_launch_shapes() {
         g("gather_words8_pass"),
         gather::Shape::WordsOnePass { word_bytes: 8 }
     );
+    assert_eq!(
+        g("gather_rows2_w2"),
+        gather::Shape::RowsTile { rows: 2, warps: 2 }
+    );
     // Rows are whole 16-byte chunks, so a words variant's rows are whole words.
     for v in gather::VARIANTS {
         if let gather::Shape::WordsOnePass { word_bytes } = v.shape {

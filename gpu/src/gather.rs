@@ -42,13 +42,22 @@ pub enum Shape {
     /// so that the first load waits on nothing but the thread's own index (the shape of the
     /// Triton peer's gather, ahead at decode sizes).
     WordsOnePass { word_bytes: u32 },
+    /// `rows` rows a warp in one pass, `warps` warps a block, lane `l` copying 8-byte word `l`
+    /// (and `l + 32 j` of rows wider than 256 bytes) of each of its warp's rows, as the Triton
+    /// peer's tile takes its rows: the warp's ids in one load shared by shuffles, with no
+    /// arithmetic on the row's width before it, then every row's word loaded before any is
+    /// stored. For decode-size calls, where a call's time is its chain of dependent loads.
+    RowsTile { rows: u32, warps: u32 },
 }
 
 impl Shape {
     /// Whether the grid covers the call once (a block per tile), rather than being capped at
     /// what fits on the device and striding.
     pub const fn one_pass(self) -> bool {
-        matches!(self, Shape::ChunkTile { .. } | Shape::WordsOnePass { .. })
+        matches!(
+            self,
+            Shape::ChunkTile { .. } | Shape::WordsOnePass { .. } | Shape::RowsTile { .. }
+        )
     }
 
     /// Threads per block of a launch of this shape.
@@ -56,6 +65,7 @@ impl Shape {
         match self {
             Shape::TilePerBlock { block_threads, .. }
             | Shape::ChunkPerThread { block_threads, .. } => block_threads,
+            Shape::RowsTile { warps, .. } => 32 * warps,
             _ => BLOCK_THREADS,
         }
     }
@@ -304,6 +314,12 @@ variants! {
     /// Per thread: 16 bytes of one row, one pass over the call, predicated loads.
     gather_words16_pass: custom { shape: Shape::WordsOnePass { word_bytes: 16 }, body: words16_pass }
         => "a thread per 16 bytes, one pass, 32-bit indices, predicated loads";
+    /// Per warp: 2 rows, 8 bytes of each a lane, the ids in one load (decode sizes).
+    gather_rows2_w2: custom { shape: Shape::RowsTile { rows: 2, warps: 2 }, body: rows2_tile }
+        => "a warp per 2 rows, 8 bytes of each a lane, the warp's ids in one load, blocks of 64";
+    /// Per warp: 2 rows, 8 bytes of each a lane, the ids in one load, a warp a block.
+    gather_rows2_w1: custom { shape: Shape::RowsTile { rows: 2, warps: 1 }, body: rows2_tile_w1 }
+        => "a warp per 2 rows, 8 bytes of each a lane, the warp's ids in one load, blocks of 32";
     /// Per thread: one unhinted chunk, blocks of 128 threads.
     gather_chunk16_nohint_b128: chunk { unroll: 1, streaming: false, hint: PLAIN, block: 128 }
         => "a thread per 16-byte chunk, unhinted loads, blocks of 128 threads";
@@ -365,6 +381,77 @@ mod kernels {
             // SAFETY: the host passes the address of a live IdStatus.
             unsafe { record_bad_id(p.status, i) };
         }
+    }
+
+    /// [`Shape::RowsTile`](super::Shape::RowsTile): warp `w` of block `b` copies rows
+    /// `ROWS (WARPS b + w) ..`, lane `l` 8-byte word `l` of each (and `l + 32 j` of rows wider
+    /// than 256 bytes). The warp's ids come in one load (lane `l` loads id `l % ROWS`) and
+    /// reach every lane by shuffles: one round trip, however many rows. Every row's word is
+    /// loaded under a predicate before any is stored; a bad id's row is written as zeros and
+    /// recorded by lane 0. The host launches whole blocks of `32 WARPS` threads over `n` rows.
+    #[inline(always)]
+    unsafe fn rows_tile<const ROWS: usize, const WARPS: u32>(p: &GatherParams) {
+        let warp = block() * WARPS + thread_in_block() / 32;
+        let first = warp as u64 * ROWS as u64;
+        let lane = thread_in_block() % 32;
+        let mine = first + (lane as usize % ROWS) as u64;
+        // SAFETY: read only when mine < n, inside the ids array.
+        let my_id = unsafe { load_i64_if(p.ids + 8 * mine, mine < p.n) };
+        let mut ids = [0i64; ROWS];
+        for (k, id) in ids.iter_mut().enumerate() {
+            *id = shuffle_i64(my_id, k as u32);
+        }
+        let words = p.row_bytes / 8;
+        let row_bytes = p.row_bytes as u64;
+        // One unsigned compare a row: a negative id reads as above 2^63, past any table.
+        // (`&`, not `&&`: a short circuit becomes a branch that splits the loads.)
+        let found = |k: usize| (first + (k as u64) < p.n) & ((ids[k] as u64) < p.rows);
+        // Word `w` of each of the warp's rows: loaded, all of them, then stored.
+        let copy = |w: u32| {
+            let word = w < words;
+            let offset = 8 * w as u64;
+            let mut v = [[0u32; 2]; ROWS];
+            for (k, v) in v.iter_mut().enumerate() {
+                let src = p.table + (ids[k] as u64).wrapping_mul(row_bytes) + offset;
+                // SAFETY: read only when word w of row ids[k] < rows exists: 8 bytes inside
+                // the table, 8-byte aligned (rows are whole 16-byte chunks).
+                *v = unsafe { load_8_if(src, word & found(k)) };
+            }
+            for (k, v) in v.iter().enumerate() {
+                let i = first + k as u64;
+                // SAFETY: written only when row i < n and word w exists: word w of output row
+                // i, by this thread alone.
+                unsafe { store_8_if(p.out + i * row_bytes + offset, *v, word & (i < p.n)) };
+            }
+        };
+        // Straight-line at 256 bytes and below (a word a lane); wider rows loop over the rest.
+        copy(lane);
+        if words > 32 {
+            let mut w = lane + 32;
+            while w < words {
+                copy(w);
+                w += 32;
+            }
+        }
+        for k in 0..ROWS {
+            let i = first + k as u64;
+            if lane == 0 && i < p.n && !found(k) {
+                // SAFETY: the host passes the address of a live IdStatus.
+                unsafe { record_bad_id(p.status, i) };
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub(super) unsafe fn rows2_tile(p: &GatherParams) {
+        // SAFETY: the caller's launch of this shape.
+        unsafe { rows_tile::<2, 2>(p) }
+    }
+
+    #[inline(always)]
+    pub(super) unsafe fn rows2_tile_w1(p: &GatherParams) {
+        // SAFETY: the caller's launch of this shape.
+        unsafe { rows_tile::<2, 1>(p) }
     }
 
     #[inline(always)]

@@ -676,6 +676,10 @@ fn gather_grid(variant: GatherVariant, p: &GatherParams, sms: u32) -> Result<Gri
             block_threads,
             tile_bytes,
         } => (p.n * p.row_bytes as u64).div_ceil(tile_bytes as u64) * block_threads as u64,
+        // Whole blocks: a warp's rows past the last write nothing.
+        gather::Shape::RowsTile { rows, warps } => {
+            p.n.div_ceil(rows as u64 * warps as u64) * 32 * warps as u64
+        }
         gather::Shape::WordsOnePass { word_bytes } => {
             // Rows are whole 16-byte chunks (checked above), so whole words (`word_bytes`
             // divides CHUNK_BYTES: tests/variants.rs). The kernel indexes its threads in u32,
@@ -829,6 +833,20 @@ mod tests {
         let grid = dequant_grid(shape, 1001, 256);
         assert!(grid.one_pass);
         assert_eq!(grid.threads.div_ceil(grid.block_threads as u64), 126);
+    }
+
+    #[test]
+    fn a_rows_tile_gather_gets_a_warp_per_its_rows_in_whole_blocks() {
+        // 1000 rows of 256 bytes, 2 a warp, 2 warps a block: 250 blocks of 64, in one pass.
+        let p = thousand_rows();
+        let v = GatherVariant::named("gather_rows2_w2").unwrap();
+        let grid = gather_grid(v, &p, 132).unwrap();
+        assert!(grid.one_pass);
+        assert_eq!(grid.block_threads, 64);
+        assert_eq!(grid.threads, 250 * 64);
+        // 1001 rows: one block more, its last three warps' rows past the end.
+        let p = GatherParams { n: 1001, ..p };
+        assert_eq!(gather_grid(v, &p, 132).unwrap().threads, 251 * 64);
     }
 
     #[test]
