@@ -317,11 +317,12 @@ pub(crate) mod kernels {
         block, e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads,
         load_8_if, load_16_if, load_hinted_8, load_hinted_16, load_i64, load_i64_early,
         load_i64_if, load_u8, load_u8_if, mul_bf16x2, permute_bytes, prefetch_l2, prefetch_line_l2,
-        record_bad_id, shuffle_i64, store_16, store_16_if, store_16_streaming, thread_in_block,
+        record_bad_id, store_16, store_16_if, store_16_streaming, thread_in_block,
         threads_in_block,
     };
     use crate::mxfp8::{BF16_NAN, E8M0_NAN};
     use crate::params::{DequantParams, MX_BLOCK};
+    use crate::warp_rows::WarpRows;
 
     // `Conversion` as const-generic values.
     const PACKED: u8 = Conversion::Packed as u8;
@@ -672,19 +673,12 @@ pub(crate) mod kernels {
         }
     }
 
-    /// A `rows_tile` variant: warp `w` of block `b` converts rows `ROWS (WARPS b + w) ..`,
-    /// lane `l` unit `l` (8 elements) of each, and units `l + 32 j` of rows wider than 256.
-    /// The warp's `ROWS` ids come in one load (lane `l` loads id `l % ROWS`) and reach every
-    /// lane by shuffles: one round trip, however many rows. Each row's 8 weight bytes and scale
-    /// byte are then loaded under predicates (a bad or absent row reads nothing and converts
-    /// zero bytes at scale 2^0, a row of +0.0), all `ROWS` rows before any is converted, one
-    /// predicated 16-byte store a unit, the bad-id records last. The host launches whole
-    /// blocks of `32 WARPS` threads over `n` rows, `ROWS` a warp.
-    ///
-    /// (Loaded by every lane from the same addresses instead, the ids went to the uniform
-    /// datapath, where ptxas computed the rows' addresses one instruction at a time, or, with
-    /// the warp's index in the addresses, ptxas issued the later rows' ids after the first
-    /// rows' stores: two round trips.)
+    /// A `rows_tile` variant ([`WarpRows`]): each lane converts unit `c` (8 elements) of each
+    /// of its warp's `ROWS` rows, `c = lane` (and `lane + 32 j` for rows wider than 256). Each
+    /// row's 8 weight bytes and scale byte are loaded under predicates (a bad or absent row
+    /// reads nothing and converts zero bytes at scale 2^0, a row of +0.0), all `ROWS` rows
+    /// before any is converted, one predicated 16-byte store a unit, the bad-id records last.
+    /// The host launches whole blocks of `32 WARPS` threads over `n` rows, `ROWS` a warp.
     #[inline(always)]
     pub(super) unsafe fn gather_dequant_rows_tile<
         const ROWS: usize,
@@ -693,29 +687,17 @@ pub(crate) mod kernels {
     >(
         p: &DequantParams,
     ) {
-        let warp = block() * WARPS + thread_in_block() / 32;
-        let first = warp as u64 * ROWS as u64;
-        let lane = thread_in_block() % 32;
-        let mine = first + (lane as usize % ROWS) as u64;
-        // SAFETY: read only when mine < n, inside the ids array.
-        let my_id = unsafe { load_i64_if(p.ids + 8 * mine, mine < p.n) };
-        let mut ids = [0i64; ROWS];
-        for (k, id) in ids.iter_mut().enumerate() {
-            *id = shuffle_i64(my_id, k as u32);
-        }
+        // SAFETY: the host passes n ids at p.ids.
+        let tile = unsafe { WarpRows::<ROWS>::load::<WARPS>(p.ids, p.n, p.rows) };
         let per_row = (p.dim / 8).max(1);
         let scales_per_row = (p.dim / MX_BLOCK) as u64;
-        // One unsigned compare a row: a negative id reads as above 2^63, past any table. (`&`,
-        // not `&&`, here and below: a short circuit becomes a branch that splits the loads.)
-        let found = |k: usize| (first + (k as u64) < p.n) & ((ids[k] as u64) < p.rows);
-        // Unit `c` of each of the block's rows: loaded, all of them, then converted and stored.
-        let units = |c: u32| {
+        tile.each_part(per_row, |c| {
             let unit = c < per_row;
             let mut w = [[0u32; 2]; ROWS];
             let mut s = [UNIT_SCALE; ROWS];
             for k in 0..ROWS {
-                let row = ids[k] as u64;
-                let read = unit & found(k);
+                let row = tile.ids[k] as u64;
+                let read = unit & tile.found(k);
                 // SAFETY: read only when `read`: row < rows and c < dim / 8, 8 bytes inside
                 // row `row` (8-byte aligned: rows are 16-byte aligned) and its scale byte.
                 unsafe {
@@ -731,30 +713,16 @@ pub(crate) mod kernels {
                 }
             }
             for k in 0..ROWS {
-                let i = first + k as u64;
+                let i = tile.first + k as u64;
                 let out = convert_unit::<CONVERSION>(w[k], s[k]);
                 let dest = p.out + 16 * (i * per_row as u64 + c as u64);
                 // SAFETY: written only when row i < n and c < dim / 8: unit c of output row
                 // i, by this thread alone.
-                unsafe { store_16_if(dest, out, unit & (i < p.n)) };
+                unsafe { store_16_if(dest, out, unit & tile.live(k)) };
             }
-        };
-        // Straight-line at dim 256 and below (one unit a lane); wider rows loop over the rest.
-        units(lane);
-        if per_row > 32 {
-            let mut c = lane + 32;
-            while c < per_row {
-                units(c);
-                c += 32;
-            }
-        }
-        for k in 0..ROWS {
-            let i = first + k as u64;
-            if lane == 0 && i < p.n && !found(k) {
-                // SAFETY: the host passes the address of a live IdStatus.
-                unsafe { record_bad_id(p.status, i) };
-            }
-        }
+        });
+        // SAFETY: the host passes the address of a live IdStatus.
+        unsafe { tile.record_bad_ids(p.status) };
     }
 
     #[inline(always)]

@@ -352,6 +352,7 @@ mod kernels {
         mbarrier_expect_tx, mbarrier_init, mbarrier_wait, shared_buffer, store_shared_16,
         wait_async, wait_async_oldest,
     };
+    use crate::warp_rows::WarpRows;
 
     /// [`Shape::WordsOnePass`](super::Shape::WordsOnePass) of `W`-byte words (8 or 16): thread
     /// `t` copies word `t % (row_bytes / W)` of output row `t / (row_bytes / W)`; the host
@@ -383,63 +384,36 @@ mod kernels {
         }
     }
 
-    /// [`Shape::RowsTile`](super::Shape::RowsTile): warp `w` of block `b` copies rows
-    /// `ROWS (WARPS b + w) ..`, lane `l` 8-byte word `l` of each (and `l + 32 j` of rows wider
-    /// than 256 bytes). The warp's ids come in one load (lane `l` loads id `l % ROWS`) and
-    /// reach every lane by shuffles: one round trip, however many rows. Every row's word is
-    /// loaded under a predicate before any is stored; a bad id's row is written as zeros and
-    /// recorded by lane 0. The host launches whole blocks of `32 WARPS` threads over `n` rows.
+    /// [`Shape::RowsTile`](super::Shape::RowsTile) ([`WarpRows`]): each lane copies 8-byte
+    /// word `w` of each of its warp's `ROWS` rows, `w = lane` (and `lane + 32 j` for rows wider
+    /// than 256 bytes), every row's word loaded under a predicate before any is stored; a bad
+    /// id's row is written as zeros and recorded by lane 0. The host launches whole blocks of
+    /// `32 WARPS` threads over `n` rows, `ROWS` a warp.
     #[inline(always)]
     unsafe fn rows_tile<const ROWS: usize, const WARPS: u32>(p: &GatherParams) {
-        let warp = block() * WARPS + thread_in_block() / 32;
-        let first = warp as u64 * ROWS as u64;
-        let lane = thread_in_block() % 32;
-        let mine = first + (lane as usize % ROWS) as u64;
-        // SAFETY: read only when mine < n, inside the ids array.
-        let my_id = unsafe { load_i64_if(p.ids + 8 * mine, mine < p.n) };
-        let mut ids = [0i64; ROWS];
-        for (k, id) in ids.iter_mut().enumerate() {
-            *id = shuffle_i64(my_id, k as u32);
-        }
+        // SAFETY: the host passes n ids at p.ids.
+        let tile = unsafe { WarpRows::<ROWS>::load::<WARPS>(p.ids, p.n, p.rows) };
         let words = p.row_bytes / 8;
         let row_bytes = p.row_bytes as u64;
-        // One unsigned compare a row: a negative id reads as above 2^63, past any table.
-        // (`&`, not `&&`: a short circuit becomes a branch that splits the loads.)
-        let found = |k: usize| (first + (k as u64) < p.n) & ((ids[k] as u64) < p.rows);
-        // Word `w` of each of the warp's rows: loaded, all of them, then stored.
-        let copy = |w: u32| {
+        tile.each_part(words, |w| {
             let word = w < words;
             let offset = 8 * w as u64;
             let mut v = [[0u32; 2]; ROWS];
             for (k, v) in v.iter_mut().enumerate() {
-                let src = p.table + (ids[k] as u64).wrapping_mul(row_bytes) + offset;
+                let src = p.table + (tile.ids[k] as u64).wrapping_mul(row_bytes) + offset;
                 // SAFETY: read only when word w of row ids[k] < rows exists: 8 bytes inside
                 // the table, 8-byte aligned (rows are whole 16-byte chunks).
-                *v = unsafe { load_8_if(src, word & found(k)) };
+                *v = unsafe { load_8_if(src, word & tile.found(k)) };
             }
             for (k, v) in v.iter().enumerate() {
-                let i = first + k as u64;
+                let i = tile.first + k as u64;
                 // SAFETY: written only when row i < n and word w exists: word w of output row
                 // i, by this thread alone.
-                unsafe { store_8_if(p.out + i * row_bytes + offset, *v, word & (i < p.n)) };
+                unsafe { store_8_if(p.out + i * row_bytes + offset, *v, word & tile.live(k)) };
             }
-        };
-        // Straight-line at 256 bytes and below (a word a lane); wider rows loop over the rest.
-        copy(lane);
-        if words > 32 {
-            let mut w = lane + 32;
-            while w < words {
-                copy(w);
-                w += 32;
-            }
-        }
-        for k in 0..ROWS {
-            let i = first + k as u64;
-            if lane == 0 && i < p.n && !found(k) {
-                // SAFETY: the host passes the address of a live IdStatus.
-                unsafe { record_bad_id(p.status, i) };
-            }
-        }
+        });
+        // SAFETY: the host passes the address of a live IdStatus.
+        unsafe { tile.record_bad_ids(p.status) };
     }
 
     #[inline(always)]
