@@ -86,10 +86,7 @@ impl Shape {
                 let units = n * (dim / 8) as u64;
                 units.div_ceil(32 * unroll as u64) * 32
             }
-            // Whole blocks: a warp's rows past the last write nothing.
-            Shape::RowsTile { rows, warps } => {
-                n.div_ceil(rows as u64 * warps as u64) * 32 * warps as u64
-            }
+            Shape::RowsTile { rows, warps } => crate::warp_rows::threads(n, rows, warps),
         }
     }
 }

@@ -288,8 +288,8 @@ mod cluster;
 mod device;
 #[cfg(target_arch = "nvptx64")]
 mod smem;
-#[cfg(all(target_arch = "nvptx64", not(fetchahead_lab)))]
-mod warp_rows;
+#[cfg(not(all(target_arch = "nvptx64", fetchahead_lab)))]
+pub mod warp_rows;
 
 /// The PTX module a kernel is compiled into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

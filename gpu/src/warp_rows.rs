@@ -8,9 +8,17 @@
 //! where ptxas computed the rows' addresses one instruction at a time; or, with the warp's index
 //! in the addresses, ptxas issued the later rows' ids after the first rows' stores: two round
 //! trips.)
+#[cfg(target_arch = "nvptx64")]
 use crate::device::{block, load_i64_if, record_bad_id, shuffle_i64, thread_in_block};
 
+/// Threads a rows-tile launch over `n` rows needs: whole blocks of `warps` warps, `rows` rows a
+/// warp (a warp's rows past the last write nothing). The host sizes both families' grids with it.
+pub const fn threads(n: u64, rows: u32, warps: u32) -> u64 {
+    n.div_ceil(rows as u64 * warps as u64) * 32 * warps as u64
+}
+
 /// The ids of one warp's rows and what the warp may read and write of them.
+#[cfg(target_arch = "nvptx64")]
 #[derive(Clone, Copy)]
 pub(crate) struct WarpRows<const ROWS: usize> {
     /// The warp's first row (output position).
@@ -25,6 +33,7 @@ pub(crate) struct WarpRows<const ROWS: usize> {
     rows: u64,
 }
 
+#[cfg(target_arch = "nvptx64")]
 impl<const ROWS: usize> WarpRows<ROWS> {
     /// The calling warp's rows of a launch of `WARPS` warps a block over `n` ids at `ids`, in a
     /// table of `rows` rows. Every lane of the warp calls it (the shuffles need them all).
@@ -72,6 +81,8 @@ impl<const ROWS: usize> WarpRows<ROWS> {
     #[inline(always)]
     pub(crate) fn each_part(&self, per_row: u32, mut part: impl FnMut(u32)) {
         part(self.lane);
+        // The guard is the row's width, the same in every lane; without it ptxas laid the first
+        // pass out otherwise.
         if per_row > 32 {
             let mut c = self.lane + 32;
             while c < per_row {

@@ -676,9 +676,8 @@ fn gather_grid(variant: GatherVariant, p: &GatherParams, sms: u32) -> Result<Gri
             block_threads,
             tile_bytes,
         } => (p.n * p.row_bytes as u64).div_ceil(tile_bytes as u64) * block_threads as u64,
-        // Whole blocks: a warp's rows past the last write nothing.
         gather::Shape::RowsTile { rows, warps } => {
-            p.n.div_ceil(rows as u64 * warps as u64) * 32 * warps as u64
+            fetchahead_gpu::warp_rows::threads(p.n, rows, warps)
         }
         gather::Shape::WordsOnePass { word_bytes } => {
             // Rows are whole 16-byte chunks (checked above), so whole words (`word_bytes`
