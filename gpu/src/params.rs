@@ -269,13 +269,19 @@ pub const GEMV_ROWS_PER_WARP: u32 = 16;
 pub const GEMV_K_STEP: u32 = 32;
 
 /// A stand-in for a communication collective: `blocks` CTAs whose thread 0 polls `flag` until
-/// `ns` nanoseconds of the global timer have passed, leaving the rest of the GPU idle.
+/// `ns` nanoseconds of the global timer have passed, leaving the rest of the GPU idle; then,
+/// as an all-reduce ends by writing its result where the next kernel reads it, every thread
+/// rewrites its share of `out_bytes` at `out` in place (same values).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CollectiveParams {
     pub ns: u64,
     /// `*const u32` polled every iteration (0: poll nothing, just the timer).
     pub flag: u64,
+    /// The collective's output (16-byte aligned; 0 with `out_bytes` 0: nothing written).
+    pub out: u64,
+    /// A multiple of 16.
+    pub out_bytes: u64,
     /// The device timeline (`TimelineParams::OFF`: not recorded).
     pub timeline: TimelineParams,
 }

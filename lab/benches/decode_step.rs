@@ -21,7 +21,9 @@
 //! steps per configuration, default 20), FETCHAHEAD_BENCH_LOOKUPS and FETCHAHEAD_BENCH_CONFIGS
 //! (comma lists narrowing the run: `cold,warm`; configuration ids such as `floor,floor_plan`),
 //! FETCHAHEAD_BENCH_TIMELINE (a file: the step recorded on the device timeline, rows resident,
-//! plan off and on, eager and replayed, as a Chrome trace).
+//! plan off and on, eager and replayed, as a Chrome trace), FETCHAHEAD_BENCH_COLLECTIVE_WRITES
+//! (0: the simulated collectives leave the readers' activations unwritten; default 1, each
+//! writes them as a real all-reduce or all-gather writes its result).
 mod common;
 
 use std::path::Path;
@@ -184,7 +186,12 @@ fn summary(
 }
 
 fn decode_step(c: &mut Criterion) {
-    let shape = DecodeShape::deepseek();
+    // Whether each collective ends by writing its readers' activations, as a real one does
+    // (the default; 0 leaves them where the last reader of their K left them).
+    let shape = DecodeShape {
+        collective_writes: knob("FETCHAHEAD_BENCH_COLLECTIVE_WRITES", 1) != 0,
+        ..DecodeShape::deepseek()
+    };
     let windows = shape.schedule().expect("the DeepSeek shape's schedule");
     for line in shape.describe(&windows) {
         println!("{line}");
@@ -242,7 +249,14 @@ fn decode_step(c: &mut Criterion) {
         weights.windows().len(),
         t.elapsed().as_secs_f64()
     );
-    let times = reader_times(&kernels, &setup, &weights, READER_REPS).expect("reader times");
+    let times = reader_times(
+        &kernels,
+        &setup,
+        &weights,
+        shape.collective_writes,
+        READER_REPS,
+    )
+    .expect("reader times");
 
     let mut rng = SmallRng::seed_from_u64(7);
     let check_tokens = tokens(&mut rng, shape.tokens);

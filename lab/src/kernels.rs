@@ -255,7 +255,7 @@ impl LabKernels {
     }
 
     /// Launches the simulated collective: `blocks` (1..=8) CTAs polling `flag` (0: none) for
-    /// `ns` nanoseconds.
+    /// `ns` nanoseconds, writing nothing.
     ///
     /// # Safety
     /// `flag` is 0 or the address of a live, 4-byte aligned u32 in device memory.
@@ -265,6 +265,25 @@ impl LabKernels {
         blocks: u32,
         ns: u64,
         flag: u64,
+    ) -> Result<()> {
+        // SAFETY: the caller's flag; no output.
+        unsafe { self.launch_collective_writing(stream, blocks, ns, flag, (0, 0)) }
+    }
+
+    /// As [`LabKernels::launch_collective`], then writing its result as an all-reduce does:
+    /// `output` (device address, bytes) rewritten in place, so that the next kernel finds its
+    /// activations freshly written in L2 (`(0, 0)`: nothing written).
+    ///
+    /// # Safety
+    /// `flag` as above; `output` is `(0, 0)` or a live device allocation of that many bytes
+    /// that nothing else uses while the collective runs.
+    pub unsafe fn launch_collective_writing(
+        &self,
+        stream: sys::CUstream,
+        blocks: u32,
+        ns: u64,
+        flag: u64,
+        output: (u64, u64),
     ) -> Result<()> {
         if blocks == 0 || blocks > collective::MAX_BLOCKS {
             return Err(Error::invalid(
@@ -278,13 +297,25 @@ impl LabKernels {
                 format!("{flag:#x} is not 4-byte aligned"),
             ));
         }
+        let (out, out_bytes) = output;
+        if !out.is_multiple_of(16)
+            || !out_bytes.is_multiple_of(16)
+            || (out == 0) != (out_bytes == 0)
+        {
+            return Err(Error::invalid(
+                "collective output",
+                format!("{out_bytes} bytes at {out:#x}: want both 0, or 16-byte aligned"),
+            ));
+        }
         let p = CollectiveParams {
             ns,
             flag,
+            out,
+            out_bytes,
             timeline: self.timeline_params(&self.collective),
         };
         let threads = collective::BLOCK_THREADS;
-        // SAFETY: the caller guarantees `flag`; the checks above bound the launch.
+        // SAFETY: the caller guarantees `flag` and `output`; the checks above bound the launch.
         unsafe { self.launch_grid(&self.collective, &p.timeline, blocks, threads, stream, p) }
     }
 }

@@ -6,6 +6,7 @@ mod counting_alloc;
 use std::sync::Arc;
 
 use counting_alloc::allocations;
+use cudarc::driver::DevicePtr;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::l2_plan::default_budget;
 use fetchahead::prefetch::lookup::MemoryRows;
@@ -235,36 +236,99 @@ fn a_small_steps_outputs_are_bit_identical_across_configurations() -> Result<()>
     let tables: Vec<Arc<dyn LayerTable>> = (0..2)
         .map(|seed| Ok(Arc::new(MemoryRows::generate(4096, 256, seed)?) as Arc<dyn LayerTable>))
         .collect::<Result<_>>()?;
-    let mut step = DecodeStep::new(kernels.clone(), stream, &tables, shape, weights)?;
-    step.warm_plan()?;
     let tokens = [3, 1, 4, 1];
-    let sweep = sweep(&mut step, StepConfig::ALL, &tokens, &mut None, |case| {
-        let name = case.name();
-        let mut first: Option<StepOutputs> = None;
-        for run in 0..2 {
-            let got = case.checked(&tokens)?;
-            assert!(
-                got.readers.iter().all(|y| y.iter().all(|&v| v != u32::MAX)),
-                "{name} run {run}: a reader output was not written"
-            );
-            assert!(
-                got.engram.iter().all(|r| r.iter().all(|&v| v != u16::MAX)),
-                "{name} run {run}: an Engram row was not written"
-            );
-            match &first {
-                None => first = Some(got),
-                Some(want) => assert_eq!(want.first_difference(&got), None, "{name} run {run}"),
-            }
-        }
-        Ok(Run::default())
-    });
-    assert!(sweep.failures.is_empty(), "{:?}", sweep.failures);
-    assert!(sweep.differences.is_empty(), "{:?}", sweep.differences);
-    assert_eq!(sweep.runs.len(), 2 * StepConfig::ALL.len());
-    let counters = step.plan().counters();
-    assert!(counters.windows_prefetched > 0, "{counters:?}");
-    assert_eq!(counters.mismatches_at_capture, 0, "{counters:?}");
-    assert_eq!(step.engram_stats().lookup_errors, 0);
+    // The same outputs whether or not the collectives write their readers' activations.
+    let mut reference = None;
+    for collective_writes in [true, false] {
+        let shape = DecodeShape {
+            collective_writes,
+            ..shape.clone()
+        };
+        let mut step = DecodeStep::new(
+            kernels.clone(),
+            stream.clone(),
+            &tables,
+            shape,
+            weights.clone(),
+        )?;
+        step.warm_plan()?;
+        let sweep = sweep(
+            &mut step,
+            StepConfig::ALL,
+            &tokens,
+            &mut reference,
+            |case| {
+                let name = case.name();
+                let mut first: Option<StepOutputs> = None;
+                for run in 0..2 {
+                    let got = case.checked(&tokens)?;
+                    assert!(
+                        got.readers.iter().all(|y| y.iter().all(|&v| v != u32::MAX)),
+                        "{name} run {run}: a reader output was not written"
+                    );
+                    assert!(
+                        got.engram.iter().all(|r| r.iter().all(|&v| v != u16::MAX)),
+                        "{name} run {run}: an Engram row was not written"
+                    );
+                    match &first {
+                        None => first = Some(got),
+                        Some(want) => {
+                            assert_eq!(want.first_difference(&got), None, "{name} run {run}")
+                        }
+                    }
+                }
+                Ok(Run::default())
+            },
+        );
+        assert!(sweep.failures.is_empty(), "{:?}", sweep.failures);
+        assert!(
+            sweep.differences.is_empty(),
+            "collective writes {collective_writes}: {:?}",
+            sweep.differences
+        );
+        assert_eq!(sweep.runs.len(), 2 * StepConfig::ALL.len());
+        let counters = step.plan().counters();
+        assert!(counters.windows_prefetched > 0, "{counters:?}");
+        assert_eq!(counters.mismatches_at_capture, 0, "{counters:?}");
+        assert_eq!(step.engram_stats().lookup_errors, 0);
+    }
+    Ok(())
+}
+
+/// The simulated collective's write of its result (the readers' activations, rewritten in
+/// place) leaves every byte as it was, over 1-8 blocks and outputs from one word to more than
+/// the grid covers in one pass; an output it cannot write is refused before any launch.
+fn a_collectives_write_leaves_its_output_as_it_was() -> Result<()> {
+    let Some(gpu) = Gpu::for_test("a_collectives_write_leaves_its_output_as_it_was")? else {
+        return Ok(());
+    };
+    let kernels = LabKernels::load(&gpu)?;
+    let cuda = |call: &'static str| move |source| Error::Cuda { call, source };
+    let stream = gpu.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
+    let bytes: Vec<u8> = (0..300_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let buffer = stream.clone_htod(&bytes).map_err(cuda("cuMemcpyHtoD"))?;
+    let at = buffer.device_ptr(&stream).0;
+    let s = stream.cu_stream();
+    for (blocks, len) in [
+        (1, 16),
+        (4, 112 << 10),
+        (3, 4096 + 16),
+        (8, 300_000 - 300_000 % 16),
+    ] {
+        // SAFETY: `buffer` is this test's own allocation of 300,000 bytes, used by nothing else
+        // until the copy back below, on the same stream.
+        unsafe { kernels.launch_collective_writing(s, blocks, 1_000, 0, (at, len)) }?;
+    }
+    let back = stream.clone_dtoh(&buffer).map_err(cuda("cuMemcpyDtoH"))?;
+    stream.synchronize().map_err(cuda("cuStreamSynchronize"))?;
+    assert!(back == bytes, "the collective changed its output");
+    for bad in [(at + 8, 64), (at, 24), (0, 16), (at, 0)] {
+        // SAFETY: refused before any launch (the assertion checks it).
+        let launched = unsafe { kernels.launch_collective_writing(s, 2, 1_000, 0, bad) };
+        assert!(launched.is_err(), "{bad:?} was accepted");
+    }
     Ok(())
 }
 
@@ -395,5 +459,6 @@ common::harness::tests! {
     gpu: [
         a_small_steps_outputs_are_bit_identical_across_configurations,
         a_warm_steps_enqueue_allocates_nothing,
+        a_collectives_write_leaves_its_output_as_it_was,
     ],
 }

@@ -64,6 +64,11 @@ pub struct DecodeShape {
     pub all_gathers: u32,
     /// Microseconds the step spends inside collectives, all windows together.
     pub collectives_us: u64,
+    /// Whether each collective ends by writing its result, the activations its window's readers
+    /// read, into L2, as a real all-reduce or all-gather does. Off, the activations sit wherever
+    /// the last reader of their K left them, so that traffic between (a prefetch's) can evict
+    /// them.
+    pub collective_writes: bool,
     /// Each window's length is its role's mean times a factor drawn uniformly from this range
     /// (then all are scaled to `collectives_us`).
     pub spread: (f64, f64),
@@ -103,6 +108,7 @@ impl DecodeShape {
             all_reduces: 89,
             all_gathers: 49,
             collectives_us: 3600,
+            collective_writes: true,
             spread: (0.5, 1.5),
             compute_us: 680,
             tokens: 8,

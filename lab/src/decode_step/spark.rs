@@ -277,27 +277,40 @@ const REPLAY_LEAD_IN_US: u64 = 60;
 /// lines, as a decode step's earlier readers leave it (after the write alone the cold reader
 /// also paid the write-back of the lines it displaced: on the H200 that doubled its cold - warm
 /// difference), and the activations read back into L2 (every reader of the step reads them).
-/// Warm: right after the same launch. Each launch follows a 20 us idle collective. Replayed:
-/// the collective and the reader captured as one graph, timed around its launch, less the same
-/// graph without the reader.
+/// Warm: right after the same launch. Each launch follows a 20 us idle collective, which ends
+/// by rewriting the reader's activations when `collective_writes` (as the step's collectives
+/// do with [`DecodeShape::collective_writes`](super::DecodeShape::collective_writes)).
+/// Replayed: the collective and the reader captured as one graph, timed around its launch, less
+/// the same graph without the reader.
 pub fn reader_times(
     kernels: &LabKernels,
     stream: &Arc<CudaStream>,
     weights: &DecodeWeights,
+    collective_writes: bool,
     reps: usize,
 ) -> Result<Vec<ReaderTime>> {
     let flush = CleanFlush::new(kernels, stream)?;
     let prefetch = PlanPrefetch::new(kernels, stream)?;
     let clock = StepClock::new(stream)?;
     let s = stream.cu_stream();
-    let collective = || -> Result<()> {
-        // SAFETY: this function's stream; no flag is polled.
-        unsafe { kernels.launch_collective(s, 1, 20_000, 0) }
+    // The collective before `gemv`, writing its activations or nothing.
+    let collective = |gemv: &Reader| -> Result<()> {
+        let output = if collective_writes {
+            gemv.activations()
+        } else {
+            (0, 0)
+        };
+        // SAFETY: this function's stream; no flag is polled; the output is the reader's own
+        // activations, which nothing else uses meanwhile.
+        unsafe { kernels.launch_collective_writing(s, 1, 20_000, 0, output) }
     };
-    let capture = |with_reader: Option<&Reader>| -> Result<CudaGraph> {
+    let capture = |gemv: &Reader, with_reader: bool| -> Result<CudaGraph> {
         capture_graph(stream, || {
-            collective()?;
-            with_reader.map_or(Ok(()), |gemv| gemv.launch(kernels, stream))
+            collective(gemv)?;
+            if with_reader {
+                gemv.launch(kernels, stream)?;
+            }
+            Ok(())
         })
     };
     // Each replay starts behind a spin long enough to cover the graph's launch on the host: the
@@ -320,12 +333,6 @@ pub fn reader_times(
             format!("a graph's launch outlasted its {REPLAY_LEAD_IN_US} us lead-in four times"),
         ))
     };
-    let idle = capture(None)?;
-    let mut idle_us = Vec::new();
-    for _ in 0..reps.max(1) {
-        idle_us.push(replay_us(&idle, &|| Ok(()))?);
-    }
-    let idle_us = percentile(&mut idle_us, 0.5);
     let mut times: Vec<ReaderTime> = Vec::new();
     for w in 0..weights.windows().len() {
         for (gemv, matrix) in weights.readers(w) {
@@ -334,16 +341,23 @@ pub fn reader_times(
             }
             let p = gemv.params();
             let activations = (p.x, p.m as usize * p.k as usize * 2);
+            // The collective alone (its output's write included), taken from each replay.
+            let idle = capture(gemv, false)?;
+            let mut idle_us = Vec::new();
+            for _ in 0..reps.max(1) {
+                idle_us.push(replay_us(&idle, &|| Ok(()))?);
+            }
+            let idle_us = percentile(&mut idle_us, 0.5);
             let eager = |cold: bool| -> Result<f64> {
                 if cold {
                     flush.run(activations)?;
                 }
-                collective()?;
+                collective(gemv)?;
                 let started = clock.begin(kernels, stream, 0)?;
                 gemv.launch(kernels, stream)?;
                 Ok(clock.finish(stream, started)?.gpu_ms * 1e3)
             };
-            let graph = capture(Some(gemv))?;
+            let graph = capture(gemv, true)?;
             let weights_table = prefetch.table_of(gemv.weights())?;
             let replayed = |l2: L2Before| -> Result<f64> {
                 let before = || -> Result<()> {

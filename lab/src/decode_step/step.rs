@@ -330,10 +330,21 @@ impl DecodeStep {
                 if hand {
                     self.hand.fork(&self.main)?;
                 }
-                // SAFETY: no flag is polled.
+                let output = match self.weights.readers(w).next() {
+                    Some((first, _)) if self.shape.collective_writes => first.activations(),
+                    _ => (0, 0),
+                };
+                // SAFETY: no flag is polled; the output is the window's readers' activations,
+                // alive with the weights; the collective writes back the values it reads, so
+                // the hand's shadows, which may read them meanwhile, see the same bytes.
                 unsafe {
-                    self.kernels
-                        .launch_collective(s, COLLECTIVE_BLOCKS, window.ns, 0)?
+                    self.kernels.launch_collective_writing(
+                        s,
+                        COLLECTIVE_BLOCKS,
+                        window.ns,
+                        0,
+                        output,
+                    )?
                 };
                 if hand {
                     self.hand.warm(&self.kernels, &self.weights, w)?;

@@ -109,6 +109,13 @@ impl Reader {
         self.run.params
     }
 
+    /// Device address and bytes of the activations it reads (`m x k` bf16), shared with the
+    /// step's other readers of its K: what a window's collective writes.
+    pub fn activations(&self) -> (u64, u64) {
+        let p = self.run.params;
+        (p.x, p.m as u64 * p.k as u64 * 2)
+    }
+
     /// Launches the reader on `stream` (raw addresses, nothing allocated: capturable).
     pub fn launch(&self, kernels: &LabKernels, stream: &CudaStream) -> Result<()> {
         self.run.launch(kernels, stream)

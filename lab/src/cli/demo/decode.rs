@@ -100,7 +100,13 @@ pub fn run(
         args.steps,
         DECODE_LEAD_IN_US / 1000
     );
-    let times = reader_times(kernels, &setup, &weights, READER_REPS)?;
+    let times = reader_times(
+        kernels,
+        &setup,
+        &weights,
+        shape.collective_writes,
+        READER_REPS,
+    )?;
     let main = gpu.ctx.new_stream().map_err(cuda("cuStreamCreate"))?;
     let mut step = match DecodeStep::new(kernels.clone(), main, tables, shape.clone(), weights) {
         Ok(step) => step,
