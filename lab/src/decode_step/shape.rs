@@ -296,10 +296,15 @@ impl DecodeShape {
             format!(
                 "readers (bf16 GEMV, weights of DeepSeek-V3 shapes per rank of 8; each window's \
                  weights its own, {:.2} GiB a step, so every read is cold without the plan; the \
-                 activations one buffer per K, read by every reader, so they stay in L2 as a \
-                 collective's output would): after an all-gather: {}; after a layer's first \
-                 all-reduce: {}; after a further all-reduce: {}",
+                 activations one buffer per K, read by every reader of that K, {}): after an \
+                 all-gather: {}; after a layer's first all-reduce: {}; after a further \
+                 all-reduce: {}",
                 bytes as f64 / (MIB * 1024.0),
+                if self.collective_writes {
+                    "rewritten by each window's collective as a real one writes its result"
+                } else {
+                    "left unwritten by the collectives (FETCHAHEAD_BENCH_COLLECTIVE_WRITES=0)"
+                },
                 readers(WindowRole::Gather),
                 readers(WindowRole::Attention),
                 readers(WindowRole::Moe)
