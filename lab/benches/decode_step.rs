@@ -152,14 +152,17 @@ fn summary(
         "\nreaders on this device (median of {READER_REPS}, event-timed behind a 20 us idle \
          collective): cold with L2 full of other, clean lines / warm right after the same \
          launch; eager, and replayed from a graph, also after the plan's prefetch kernel read \
-         its weights in (the share: of cold - warm, what that prefetch gives it)"
+         its weights in (the share: of cold - warm, what that prefetch gives it); a replayed \
+         reader is its graph less the collective's alone after the same set-up of L2 (the \
+         collective's times in brackets, cold / warm / prefetched)"
     );
     for t in times {
         let share = (t.replay_cold_us - t.replay_prefetched_us)
             / (t.replay_cold_us - t.replay_warm_us).max(1e-9);
         println!(
             "  {:<20} [{} x {}] {:>6.1} MiB: eager cold {:.2} us, warm {:.2} us; replayed cold \
-             {:.2} us, warm {:.2} us, prefetched {:.2} us (share {share:.2})",
+             {:.2} us, warm {:.2} us, prefetched {:.2} us (share {share:.2}) [{:.2} / {:.2} / \
+             {:.2} us]",
             t.matrix.name,
             t.matrix.rows,
             t.matrix.k,
@@ -169,6 +172,9 @@ fn summary(
             t.replay_cold_us,
             t.replay_warm_us,
             t.replay_prefetched_us,
+            t.replay_collective_us[0],
+            t.replay_collective_us[1],
+            t.replay_collective_us[2],
         );
     }
     println!();

@@ -114,6 +114,7 @@ fn the_spark_projection_follows_its_model() {
         replay_cold_us: 8.0,
         replay_warm_us: 6.0,
         replay_prefetched_us: 6.5,
+        replay_collective_us: [20.0; 3],
     }];
     // Two 30 us windows; 4 MiB of each warmed here.
     let windows: Vec<ModelWindow> = (0..2)
@@ -395,6 +396,7 @@ fn the_report_reads_every_configuration() {
         replay_cold_us: 8.0,
         replay_warm_us: 6.0,
         replay_prefetched_us: 6.5,
+        replay_collective_us: [20.0; 3],
     }];
     let windows = [ModelWindow {
         ns: 30_000,

@@ -44,13 +44,19 @@ pub struct ReaderTime {
     pub matrix: Matrix,
     pub cold_us: f64,
     pub warm_us: f64,
-    /// Replayed from a graph: the graph's time less the same graph without the reader.
+    /// Replayed from a graph: the graph's time less the same graph without the reader, the two
+    /// timed with L2 set up the same way (so that what the collective itself loses to a cold
+    /// L2, its code, its launch's parameters and its output's lines, is not counted as the
+    /// reader's).
     pub replay_cold_us: f64,
     pub replay_warm_us: f64,
     /// Replayed as for `replay_cold_us`, its weights read into L2 after the flush by the plan's
     /// own prefetch (`l2_prefetch_loads`, from both L2 partitions where the device has two, on
     /// the SMs the plan uses): what the plan can give this reader at best.
     pub replay_prefetched_us: f64,
+    /// The graph without the reader (the idle collective alone), replayed cold, warm and
+    /// prefetched as above: what was taken off each of the three.
+    pub replay_collective_us: [f64; 3],
 }
 
 impl ReaderTime {
@@ -281,7 +287,9 @@ const REPLAY_LEAD_IN_US: u64 = 60;
 /// by rewriting the reader's activations when `collective_writes` (as the step's collectives
 /// do with [`DecodeShape::collective_writes`](super::DecodeShape::collective_writes)).
 /// Replayed: the collective and the reader captured as one graph, timed around its launch, less
-/// the same graph without the reader.
+/// the same graph without the reader timed after the same set-up of L2 (cold, warm or
+/// prefetched). Taking off a collective timed warm instead counted what the collective itself
+/// loses after a flush as the reader's cold time.
 pub fn reader_times(
     kernels: &LabKernels,
     stream: &Arc<CudaStream>,
@@ -341,13 +349,6 @@ pub fn reader_times(
             }
             let p = gemv.params();
             let activations = (p.x, p.m as usize * p.k as usize * 2);
-            // The collective alone (its output's write included), taken from each replay.
-            let idle = capture(gemv, false)?;
-            let mut idle_us = Vec::new();
-            for _ in 0..reps.max(1) {
-                idle_us.push(replay_us(&idle, &|| Ok(()))?);
-            }
-            let idle_us = percentile(&mut idle_us, 0.5);
             let eager = |cold: bool| -> Result<f64> {
                 if cold {
                     flush.run(activations)?;
@@ -357,13 +358,15 @@ pub fn reader_times(
                 gemv.launch(kernels, stream)?;
                 Ok(clock.finish(stream, started)?.gpu_ms * 1e3)
             };
+            // The collective alone (its output's write included), and the same with the reader.
+            let idle = capture(gemv, false)?;
             let graph = capture(gemv, true)?;
             let weights_table = prefetch.table_of(gemv.weights())?;
-            let replayed = |l2: L2Before| -> Result<f64> {
+            let replayed = |l2: L2Before, timed: &CudaGraph| -> Result<f64> {
                 let before = || -> Result<()> {
                     match l2 {
                         L2Before::Cold => flush.run(activations),
-                        // The graph's own launch warms its reader.
+                        // The whole graph's launch warms its reader (and its collective).
                         L2Before::Warm => graph.launch().call("cuGraphLaunch"),
                         L2Before::Prefetched => {
                             flush.run(activations)?;
@@ -371,15 +374,17 @@ pub fn reader_times(
                         }
                     }
                 };
-                Ok(replay_us(&graph, &before)? - idle_us)
+                replay_us(timed, &before)
             };
-            let mut t = [(); 5].map(|_| Vec::new());
+            const STATES: [L2Before; 3] = [L2Before::Cold, L2Before::Warm, L2Before::Prefetched];
+            let mut t = [(); 8].map(|_| Vec::new());
             for _ in 0..reps.max(1) {
                 t[0].push(eager(true)?);
                 t[1].push(eager(false)?);
-                t[2].push(replayed(L2Before::Cold)?);
-                t[3].push(replayed(L2Before::Warm)?);
-                t[4].push(replayed(L2Before::Prefetched)?);
+                for (i, l2) in STATES.into_iter().enumerate() {
+                    t[2 + i].push(replayed(l2, &graph)?);
+                    t[5 + i].push(replayed(l2, &idle)?);
+                }
             }
             let [
                 cold_us,
@@ -387,14 +392,18 @@ pub fn reader_times(
                 replay_cold_us,
                 replay_warm_us,
                 replay_prefetched_us,
+                idle_cold_us,
+                idle_warm_us,
+                idle_prefetched_us,
             ] = t.map(|mut v| percentile(&mut v, 0.5));
             times.push(ReaderTime {
                 matrix: *matrix,
                 cold_us,
                 warm_us,
-                replay_cold_us,
-                replay_warm_us,
-                replay_prefetched_us,
+                replay_cold_us: replay_cold_us - idle_cold_us,
+                replay_warm_us: replay_warm_us - idle_warm_us,
+                replay_prefetched_us: replay_prefetched_us - idle_prefetched_us,
+                replay_collective_us: [idle_cold_us, idle_warm_us, idle_prefetched_us],
             });
         }
     }
