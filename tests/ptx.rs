@@ -184,8 +184,8 @@ fn kernels_declare_at_most_one_shared_buffer() {
 }
 
 /// The L2 prefetches and the gathers record the device timeline; the empty gather, the check
-/// comparison and the partition probe do not. The partition probe and the loads prefetch (whose
-/// blocks pick their L2 partition's jobs) read `%smid` for their own work.
+/// comparison and the partition probe do not. The partition probe and the loads and copies
+/// prefetches (whose blocks pick their L2 partition's jobs) read `%smid` for their own work.
 #[test]
 fn timed_twins_declare_their_timeline_word_once_and_plain_kernels_none() {
     ptx_checks::timed_twins_declare_their_timeline_word_once(
@@ -196,6 +196,8 @@ fn timed_twins_declare_their_timeline_word_once_and_plain_kernels_none() {
             "l2_partition_probe",
             "l2_prefetch_loads",
             "l2_prefetch_loads_timed",
+            "l2_prefetch_copies",
+            "l2_prefetch_copies_timed",
         ],
     );
 }

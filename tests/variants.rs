@@ -191,7 +191,7 @@ fn declared_shapes_are_the_launch_shapes() {
 }
 
 /// Each variant's `NEEDS` comes from its declaration's tokens: the hardware FP8 conversion needs
-/// sm_89, bulk copies and prefetches and clusters sm_90, everything else the sm_80 baseline;
+/// sm_89, bulk copies and prefetches (the prefetch by bulk copies too) and clusters sm_90, everything else the sm_80 baseline;
 /// every kernel entry (twins included) carries its variant's.
 #[test]
 fn each_variant_needs_the_arch_its_declaration_implies() {
@@ -218,7 +218,10 @@ fn each_variant_needs_the_arch_its_declaration_implies() {
         assert_eq!(needs, want, "{}", v.name);
     }
     for (v, &needs) in l2_prefetch::VARIANTS.iter().zip(l2_prefetch::NEEDS) {
-        let want = if v.method == l2_prefetch::Method::Bulk {
+        let want = if matches!(
+            v.method,
+            l2_prefetch::Method::Bulk | l2_prefetch::Method::Copies
+        ) {
             90
         } else {
             BASELINE_SM

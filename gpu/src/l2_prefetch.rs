@@ -38,6 +38,10 @@ pub enum Method {
     Lines,
     /// Every 16-byte word loaded (and dropped); `chunk` is unused.
     Loads,
+    /// Every byte copied into shared memory by bulk copies (`cp.async.bulk`, [`COPY_BYTES`]
+    /// each, [`COPY_SLOTS`] in flight a block of one warp) and dropped: read as `Loads` reads,
+    /// without a register per byte in flight; `chunk` is unused.
+    Copies,
 }
 
 /// 16-byte loads a thread of `l2_prefetch_loads` has in flight.
@@ -48,6 +52,18 @@ pub const LOADS_THREADS: u32 = 1024;
 /// Blocks of `l2_prefetch_loads` the host launches per segment (up to one block an SM): a
 /// 512 KiB piece is then one round of loads.
 pub const LOADS_BLOCKS_PER_SEGMENT: u32 = 4;
+/// Bytes of one bulk copy of `l2_prefetch_copies`.
+pub const COPY_BYTES: u32 = 8 << 10;
+/// Bulk copies a block of `l2_prefetch_copies` keeps in flight: its shared buffer, 40 KiB (a
+/// static buffer holds at most 48 KiB, the timeline's and the mbarriers' words included).
+pub const COPY_SLOTS: u32 = 5;
+/// Threads per block of `l2_prefetch_copies`: one warp, whose first lane issues every copy.
+pub const COPIES_THREADS: u32 = 32;
+/// Blocks of `l2_prefetch_copies` the host launches per SM it may use.
+pub const COPIES_BLOCKS_PER_SM: u32 = 2;
+/// Jobs of [`LOADS_JOB`] bytes in a segment of at most 512 KiB, as the partitioned reads count
+/// them (job `j` is segment `j / JOBS_PER_SEGMENT`, part `j % JOBS_PER_SEGMENT`).
+pub const JOBS_PER_SEGMENT: u64 = 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {
@@ -83,6 +99,14 @@ macro_rules! l2_row {
             about: $about,
         }
     };
+    ($name:expr, $about:expr, copies {}) => {
+        Variant {
+            name: $name,
+            priority: Priority::Normal,
+            method: Method::Copies,
+            about: $about,
+        }
+    };
 }
 
 /// The body of a variant, from the same tokens as its row.
@@ -103,12 +127,18 @@ macro_rules! l2_body {
     ($p:ident, loads {}) => {
         super::kernels::read_segments(&$p)
     };
+    ($p:ident, copies {}) => {
+        super::kernels::copy_segments(&$p)
+    };
 }
 
-/// The arch tier a variant's instructions need: `cp.async.bulk.prefetch.L2` needs sm_90; line
-/// prefetches and loads sm_80.
+/// The arch tier a variant's instructions need: `cp.async.bulk.prefetch.L2` and bulk copies
+/// need sm_90; line prefetches and loads sm_80.
 macro_rules! l2_needs {
     ($then:ident!($($pre:tt)*) bulk { $($arg:tt)* }) => {
+        $then! { $($pre)* sm_90 }
+    };
+    ($then:ident!($($pre:tt)*) copies { $($arg:tt)* }) => {
         $then! { $($pre)* sm_90 }
     };
     ($then:ident!($($pre:tt)*) $($kind:tt)*) => {
@@ -125,6 +155,8 @@ variants! {
         => "L2 prefetch of each 128-byte line (prefetch.global.L2), normal priority";
     l2_prefetch_loads: loads {}
         => "every 16-byte word read by the SMs and dropped (lines enter L2 as a read's)";
+    l2_prefetch_copies: copies {}
+        => "every byte bulk-copied into shared memory by one-warp blocks and dropped (lines enter L2 as a read's)";
 }
 
 variant_handle!(PrefetchVariant, "l2_prefetch");
@@ -140,13 +172,18 @@ pub const LOADS_JOB: u64 = LOADS_THREADS as u64 * 16 * LOADS_IN_FLIGHT as u64;
 pub const BULK_VARIANT: PrefetchVariant = PrefetchVariant::must("l2_prefetch");
 /// The SMs' read, `l2_prefetch_loads`.
 pub const LOADS_VARIANT: PrefetchVariant = PrefetchVariant::must("l2_prefetch_loads");
+/// The SMs' read by bulk copies, `l2_prefetch_copies`.
+pub const COPIES_VARIANT: PrefetchVariant = PrefetchVariant::must("l2_prefetch_copies");
 const _: () = assert!(matches!(BULK_VARIANT.variant().method, Method::Bulk));
 const _: () = assert!(matches!(LOADS_VARIANT.variant().method, Method::Loads));
+const _: () = assert!(matches!(COPIES_VARIANT.variant().method, Method::Copies));
 
 /// Blocks and threads of a launch of `variant` over `segments` segments on a device of
 /// `sms` multiprocessors. The loads variant holds its bytes in registers until they land: blocks
-/// of [`LOADS_THREADS`], [`LOADS_BLOCKS_PER_SEGMENT`] a segment, up to one an SM. The others hold
-/// nothing: `min(segments, max_blocks)` blocks of `threads`, as configured.
+/// of [`LOADS_THREADS`], [`LOADS_BLOCKS_PER_SEGMENT`] a segment, up to one an SM. The copies
+/// variant holds them in shared memory: blocks of [`COPIES_THREADS`], one a job, up to
+/// [`COPIES_BLOCKS_PER_SM`] an SM. The others hold nothing: `min(segments, max_blocks)` blocks
+/// of `threads`, as configured.
 pub fn launch_shape(
     variant: PrefetchVariant,
     segments: u32,
@@ -159,6 +196,12 @@ pub fn launch_shape(
             segments.saturating_mul(LOADS_BLOCKS_PER_SEGMENT).min(sms),
             LOADS_THREADS,
         ),
+        Method::Copies => (
+            segments
+                .saturating_mul(JOBS_PER_SEGMENT as u32)
+                .min(sms.saturating_mul(COPIES_BLOCKS_PER_SM)),
+            COPIES_THREADS,
+        ),
         _ => (segments.min(max_blocks), threads),
     }
 }
@@ -167,14 +210,17 @@ pub fn launch_shape(
 mod kernels {
     use core::num::NonZeroU64;
 
-    use super::{LOADS_IN_FLIGHT, LOADS_JOB};
+    use super::{COPY_BYTES, COPY_SLOTS, JOBS_PER_SEGMENT, LOADS_IN_FLIGHT, LOADS_JOB};
     use crate::device::{
         atomic_add_u32, atomic_exch_u32, block, block_sync, blocks, evict_last_policy, fence_gpu,
         load_16, load_i64, load_l2_8, load_u8, prefetch_l2, prefetch_l2_evict_last,
         prefetch_line_l2, sm_id, store_v2_u32, thread_in_block, threads_in_block,
     };
     use crate::params::{MAX_SMS, PROBE_LINE_STRIDE, PartitionProbeParams, PrefetchParams};
-    use crate::smem::{load_shared_16, shared_buffer, store_shared_16};
+    use crate::smem::{
+        bulk_load, fence_mbarrier_init, load_shared_16, mbarrier_arrive, mbarrier_expect_tx,
+        mbarrier_init, mbarrier_wait, shared_buffer, store_shared_16,
+    };
 
     /// Bytes between the `prefetch.global.L2` of `l2_prefetch_lines`: one L2 line.
     const LINE: u64 = 128;
@@ -291,18 +337,14 @@ mod kernels {
         let sm = (sm_id() as usize).min(MAX_SMS - 1) as u64;
         // SAFETY: the map holds MAX_SMS bytes.
         let part = (unsafe { load_u8(p.partitions + sm) } & 1) as u64;
-        let jobs = p.n * 4;
+        let jobs = p.n * JOBS_PER_SEGMENT;
         // Jobs below `twice` are read by each partition's blocks, the rest by one block only.
         let twice = jobs - (p.once_jobs as u64).min(jobs);
         let mut fold = [0u32; 4];
         loop {
             if thread_in_block() == 0 {
-                // SAFETY: the claims are writable and 4-byte aligned (the host's).
-                let mut job = unsafe { atomic_add_u32(p.claims + 4 * part, 1) };
-                if job as u64 >= twice {
-                    // SAFETY: as above; the fourth word counts the jobs read once.
-                    job = twice as u32 + unsafe { atomic_add_u32(p.claims + 12, 1) };
-                }
+                // SAFETY: the caller's claims, as `claim` requires.
+                let job = unsafe { claim(p, part, twice) };
                 // SAFETY: the block's slot after the sink.
                 unsafe { store_shared_16(slot, [job, 0, 0, 0]) };
             }
@@ -313,7 +355,7 @@ mod kernels {
             if job >= jobs {
                 break;
             }
-            let s = job / 4;
+            let s = job / JOBS_PER_SEGMENT;
             // SAFETY: s < n, so segment s lies in the table the host validated.
             let (address, bytes) = unsafe {
                 (
@@ -321,7 +363,7 @@ mod kernels {
                     load_i64(p.segments + 16 * s + 8) as u64,
                 )
             };
-            let lo = (job % 4) * LOADS_JOB;
+            let lo = (job % JOBS_PER_SEGMENT) * LOADS_JOB;
             let hi = bytes.min(lo + LOADS_JOB);
             let stride = threads_in_block() as u64 * 16;
             let mut at = lo + thread_in_block() as u64 * 16;
@@ -346,16 +388,132 @@ mod kernels {
         // SAFETY: this thread's own 16-byte slot of the sink.
         unsafe { store_shared_16(sink + thread_in_block() * 16, fold) };
         if thread_in_block() == 0 {
-            fence_gpu();
-            // SAFETY: the claims, as above; only the last block to finish writes them back.
-            unsafe {
-                if atomic_add_u32(p.claims + 8, 1) == blocks() - 1 {
-                    atomic_exch_u32(p.claims, 0);
-                    atomic_exch_u32(p.claims + 4, 0);
-                    atomic_exch_u32(p.claims + 8, 0);
-                    atomic_exch_u32(p.claims + 12, 0);
-                }
+            // SAFETY: the caller's claims, once a block, after its last claim.
+            unsafe { release_claims(p) };
+        }
+    }
+
+    /// The next job of partition `part`'s blocks: below `twice` from the partition's own
+    /// counter, then from the shared counter of the jobs read once.
+    ///
+    /// # Safety
+    /// `p.claims` is the launch's writable, 4-byte aligned `PrefetchClaims`.
+    #[inline(always)]
+    unsafe fn claim(p: &PrefetchParams, part: u64, twice: u64) -> u32 {
+        // SAFETY: the caller's claims.
+        let job = unsafe { atomic_add_u32(p.claims + 4 * part, 1) };
+        if (job as u64) < twice {
+            return job;
+        }
+        // SAFETY: as above; the fourth word counts the jobs read once.
+        twice as u32 + unsafe { atomic_add_u32(p.claims + 12, 1) }
+    }
+
+    /// Counts this block done; the launch's last block zeroes the claims for the next launch.
+    ///
+    /// # Safety
+    /// As [`claim`]; called once by one thread of each block, after the block's last claim.
+    #[inline(always)]
+    unsafe fn release_claims(p: &PrefetchParams) {
+        fence_gpu();
+        // SAFETY: the caller's claims; only the last block to finish writes them back.
+        unsafe {
+            if atomic_add_u32(p.claims + 8, 1) == blocks() - 1 {
+                atomic_exch_u32(p.claims, 0);
+                atomic_exch_u32(p.claims + 4, 0);
+                atomic_exch_u32(p.claims + 8, 0);
+                atomic_exch_u32(p.claims + 12, 0);
             }
+        }
+    }
+
+    /// Bulk-copies every byte of every segment into the block's shared buffer and drops it, the
+    /// first thread issuing each copy, [`COPY_SLOTS`] in flight, an mbarrier a slot. With a
+    /// partition map, jobs as in `read_by_partition` (claimed by each partition's blocks); else
+    /// block b copies segments b, b + blocks, ... whole.
+    ///
+    /// # Safety
+    /// As `read_segments`; with `p.partitions`, as `read_by_partition`.
+    #[inline(always)]
+    pub(super) unsafe fn copy_segments(p: &PrefetchParams) {
+        const SLOT_BYTES: u32 = COPY_SLOTS * COPY_BYTES;
+        let buf = shared_buffer::<{ SLOT_BYTES + 8 * COPY_SLOTS }>();
+        if thread_in_block() != 0 {
+            return;
+        }
+        let bars = buf + SLOT_BYTES;
+        for s in 0..COPY_SLOTS {
+            // SAFETY: the slot's own 8-byte word after the copies' slots, used by this thread
+            // alone.
+            unsafe { mbarrier_init(bars + 8 * s, 1) };
+        }
+        fence_mbarrier_init();
+        let jobs = p.n * JOBS_PER_SEGMENT;
+        let partitioned = p.partitions != 0;
+        let part = if partitioned {
+            let sm = (sm_id() as usize).min(MAX_SMS - 1) as u64;
+            // SAFETY: the map holds MAX_SMS bytes.
+            (unsafe { load_u8(p.partitions + sm) } & 1) as u64
+        } else {
+            0
+        };
+        let twice = jobs - (p.once_jobs as u64).min(jobs);
+        let mut next = block() as u64;
+        let mut issued = 0u32;
+        loop {
+            // Partitioned: a job of `LOADS_JOB` bytes claimed by the partition's blocks (the
+            // plan's segments are at most 512 KiB). Else a whole segment of any size, block b
+            // taking segments b, b + blocks, ...
+            let (s, mut at, end) = if partitioned {
+                // SAFETY: the host's claims, as this function requires.
+                let job = unsafe { claim(p, part, twice) as u64 };
+                if job >= jobs {
+                    break;
+                }
+                let lo = (job % JOBS_PER_SEGMENT) * LOADS_JOB;
+                (job / JOBS_PER_SEGMENT, lo, lo + LOADS_JOB)
+            } else {
+                if next >= p.n {
+                    break;
+                }
+                next += blocks() as u64;
+                (next - blocks() as u64, 0, u64::MAX)
+            };
+            // SAFETY: s < n, so segment s lies in the table the host validated.
+            let (address, bytes) = unsafe {
+                (
+                    load_i64(p.segments + 16 * s) as u64,
+                    load_i64(p.segments + 16 * s + 8) as u64,
+                )
+            };
+            let end = bytes.min(end);
+            while at < end {
+                let size = (end - at).min(COPY_BYTES as u64) as u32;
+                let slot = issued % COPY_SLOTS;
+                let bar = bars + 8 * slot;
+                // SAFETY: the slot's mbarrier and bytes: its previous copy (phase
+                // issued / COPY_SLOTS - 1) is awaited before the slot is reused; the segment
+                // is 16-byte aligned and sized (the host's), so are `at` and `size`.
+                unsafe {
+                    if issued >= COPY_SLOTS {
+                        mbarrier_wait(bar, (issued / COPY_SLOTS - 1) % 2);
+                    }
+                    mbarrier_expect_tx(bar, size);
+                    bulk_load(buf + slot * COPY_BYTES, address + at, size, bar);
+                    mbarrier_arrive(bar);
+                }
+                issued += 1;
+                at += size as u64;
+            }
+        }
+        // The copies still in flight land before the block (and its shared buffer) ends.
+        for k in issued.saturating_sub(COPY_SLOTS)..issued {
+            // SAFETY: the phase of slot k % COPY_SLOTS that copy k completes.
+            unsafe { mbarrier_wait(bars + 8 * (k % COPY_SLOTS), (k / COPY_SLOTS) % 2) };
+        }
+        if partitioned {
+            // SAFETY: the host's claims; this block's last claim is behind it.
+            unsafe { release_claims(p) };
         }
     }
 

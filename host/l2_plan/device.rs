@@ -341,7 +341,7 @@ impl L2Plan {
             self.config.threads,
         );
         let (partitions, claims) = match variant.variant().method {
-            l2_prefetch::Method::Loads => table.partitioned(),
+            l2_prefetch::Method::Loads | l2_prefetch::Method::Copies => table.partitioned(),
             _ => (0, 0),
         };
         let measure = (!captured && measuring).then_some(Measure {

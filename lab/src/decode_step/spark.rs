@@ -421,21 +421,31 @@ enum L2Before {
     Prefetched,
 }
 
-/// The plan's prefetch as a window launches it (`l2_prefetch_loads`, each byte from both L2
-/// partitions when the device has two, on the SMs `PlanConfig::for_l2` leaves it), over one
-/// reader's weights.
+/// The plan's prefetch as a window launches it (the SMs' read the plan's configuration picks,
+/// `l2_prefetch_loads` or `l2_prefetch_copies`, each byte from both L2 partitions when the
+/// device has two, on the SMs the configuration leaves it), over one reader's weights.
 struct PlanPrefetch<'a> {
     kernels: &'a LabKernels,
     stream: &'a Arc<CudaStream>,
     partitions: Option<fetchahead::l2_plan::partitions::Partitions>,
     blocks_sms: u32,
+    variant: l2_prefetch::PrefetchVariant,
 }
 
 impl<'a> PlanPrefetch<'a> {
     fn new(kernels: &'a LabKernels, stream: &'a Arc<CudaStream>) -> Result<Self> {
         let map = fetchahead::l2_plan::partitions::Partitions::measure(kernels.product(), stream)?;
-        let config = fetchahead::l2_plan::PlanConfig::for_l2(kernels.gpu().l2_bytes);
+        let config = fetchahead::l2_plan::PlanConfig::from_env(kernels.gpu().l2_bytes)?;
+        let variant = match config.replay {
+            fetchahead::l2_plan::Replay::Prefetch { variant }
+                if variant.variant().method == l2_prefetch::Method::Copies =>
+            {
+                variant
+            }
+            _ => fetchahead::l2_plan::auto_variant(0, kernels.gpu().l2_bytes),
+        };
         Ok(PlanPrefetch {
+            variant,
             kernels,
             stream,
             partitions: map.two.then_some(map),
@@ -459,7 +469,15 @@ impl<'a> PlanPrefetch<'a> {
     fn run(&self, table: &SegmentTable) -> Result<()> {
         // SAFETY: the tables of `table_of` hold live weights of a reader of this step (and,
         // when partitioned, the map and the claims the kernel counts its jobs in).
-        unsafe { read_in(self.kernels, self.stream, table, self.blocks_sms) }
+        unsafe {
+            read_in(
+                self.kernels,
+                self.stream,
+                table,
+                self.blocks_sms,
+                self.variant,
+            )
+        }
     }
 }
 
@@ -474,7 +492,8 @@ fn pieces(address: u64, bytes: u64) -> Vec<Segment> {
         .collect()
 }
 
-/// `l2_prefetch_loads` over `table` on at most `sms` SMs' worth of blocks.
+/// The SMs' read `variant` (`l2_prefetch_loads` or `_copies`) over `table` on at most `sms`
+/// SMs' worth of blocks.
 ///
 /// # Safety
 /// `table`'s segments must be live device memory for the launch (and its partition map and
@@ -484,10 +503,11 @@ unsafe fn read_in(
     stream: &Arc<CudaStream>,
     table: &SegmentTable,
     sms: u32,
+    variant: l2_prefetch::PrefetchVariant,
 ) -> Result<()> {
     let n = table.len() as u32;
     let (blocks, threads) = l2_prefetch::launch_shape(
-        l2_prefetch::LOADS_VARIANT,
+        variant,
         n,
         sms,
         l2_prefetch::DEFAULT_MAX_BLOCKS,
@@ -509,15 +529,7 @@ unsafe fn read_in(
         timeline: fetchahead_gpu::params::TimelineParams::OFF,
     };
     // SAFETY: the caller's table, as this function requires.
-    unsafe {
-        kernels.launch_l2_prefetch(
-            stream.cu_stream(),
-            l2_prefetch::LOADS_VARIANT,
-            params,
-            blocks,
-            threads,
-        )
-    }
+    unsafe { kernels.launch_l2_prefetch(stream.cu_stream(), variant, params, blocks, threads) }
 }
 
 /// Leaves L2 full of clean lines of a buffer of its own (twice the L2 size, 64-512 MiB): a write
@@ -554,7 +566,15 @@ impl<'a> CleanFlush<'a> {
         unsafe { fetchahead::driver::memory::memset_d8_async(base, 0x5A, bytes, s) }?;
         let sms = self.kernels.gpu().multiprocessors;
         // SAFETY: the table holds the flush buffer's pieces, live while this flush lives.
-        unsafe { read_in(self.kernels, self.stream, &self.table, sms) }?;
+        unsafe {
+            read_in(
+                self.kernels,
+                self.stream,
+                &self.table,
+                sms,
+                l2_prefetch::LOADS_VARIANT,
+            )
+        }?;
         // SAFETY: x is a reader's live activations of `x_bytes`; the flush buffer, at least
         // 64 MiB, holds them and does not overlap them. The copy's writes are the activations'
         // bytes again, as a collective's output would leave them in L2.
