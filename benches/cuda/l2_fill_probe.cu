@@ -26,52 +26,12 @@
 #include <string>
 #include <vector>
 
-#include "probe.h"
-
-__device__ uint32_t smid() {
-  uint32_t s;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-  return s;
-}
+#include "l2_probe.h"
 
 __device__ uint64_t now_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
-}
-
-// The block on SM `target` chases the chain once, then (if `timed`) again, timing the second.
-__global__ void chase(const uint64_t* chain, uint32_t hops, uint32_t target, int timed,
-                      double* cycles, int* found) {
-  if (smid() != target || threadIdx.x != 0) return;
-  if (atomicCAS(found, 0, 1) != 0) return;
-  uint64_t i = 0;
-  long long t0 = clock64();
-  for (uint32_t h = 0; h < hops; ++h) {
-    uint64_t next;
-    asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(next) : "l"(chain + i));
-    i = next;
-  }
-  long long t1 = clock64();
-  if (timed) cycles[0] = (double)(t1 - t0) / hops + (i == 0xFFFFFFFFFFull ? 1 : 0);
-}
-
-// Streams n uint4, block b slice b, 4 loads in flight a thread.
-__global__ void reader(const uint4* __restrict__ w, uint64_t n, uint32_t* out) {
-  uint64_t per = (n + gridDim.x - 1) / gridDim.x;
-  uint64_t lo = blockIdx.x * per, hi = min(n, lo + per);
-  uint32_t acc = 0;
-  for (uint64_t i = lo + threadIdx.x; i < hi; i += 4 * blockDim.x) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      uint64_t j = i + u * blockDim.x;
-      v[u] = j < hi ? w[j] : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
 // Per-partition claims: [0..2) job counters, [2..4) blocks admitted, [4] blocks done.
@@ -244,10 +204,6 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&flush, flush_bytes));
   uint32_t* out;
   CK(cudaMalloc(&out, 1 << 20));
-  double* cycles;
-  CK(cudaMallocManaged(&cycles, 8));
-  int* found;
-  CK(cudaMallocManaged(&found, 4));
   const int grid = sms * 2, threads = 512;
   auto flush_l2 = [&](cudaStream_t s) {
     CK(cudaMemsetAsync(flush, 3, flush_bytes, s));
@@ -255,32 +211,9 @@ int main(int argc, char** argv) {
   };
 
   // Part 1.
-  const uint32_t lines = 2048, hops = 2048;
-  const size_t stride = 1024 / 8;
-  std::vector<uint64_t> host(lines * stride, 0);
-  std::vector<uint32_t> order(lines);
-  for (uint32_t i = 0; i < lines; ++i) order[i] = i;
-  srand(7);
-  for (uint32_t i = lines - 1; i > 0; --i) std::swap(order[i], order[rand() % (i + 1)]);
-  for (uint32_t i = 0; i < lines; ++i) host[order[i] * stride] = order[(i + 1) % lines] * stride;
-  uint64_t* chain;
-  CK(cudaMalloc(&chain, host.size() * 8));
-  CK(cudaMemcpy(chain, host.data(), host.size() * 8, cudaMemcpyHostToDevice));
+  ChaseTimer chains(2048, sms);
   std::vector<double> by0(sms);
-  for (int r = 0; r < sms; ++r) {
-    for (;;) {
-      flush_l2(0);
-      *found = 0;
-      chase<<<sms * 4, 32>>>(chain, hops, 0, 0, cycles, found);
-      CK(cudaDeviceSynchronize());
-      if (!*found) continue;
-      *found = 0;
-      chase<<<sms * 4, 32>>>(chain, hops, r, 1, cycles, found);
-      CK(cudaDeviceSynchronize());
-      if (*found) break;
-    }
-    by0[r] = *cycles;
-  }
+  for (int r = 0; r < sms; ++r) by0[r] = chains.time(0, r, [&] { flush_l2(0); });
   double lo = *std::min_element(by0.begin(), by0.end());
   double hi = *std::max_element(by0.begin(), by0.end());
   std::vector<uint8_t> far(sms);

@@ -15,72 +15,12 @@
 //   loads-both   every line read by one near SM and one far SM
 // On the GPU machine:
 //   nvcc -O3 -arch=sm_90 -std=c++17 benches/cuda/l2_partition_probe.cu -o /tmp/lp && /tmp/lp 24
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                      \
-  do {                                                             \
-    cudaError_t e = (x);                                           \
-    if (e) {                                                       \
-      printf("err %s line %d\n", cudaGetErrorString(e), __LINE__); \
-      exit(1);                                                     \
-    }                                                              \
-  } while (0)
-
-__device__ uint32_t smid() {
-  uint32_t s;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-  return s;
-}
-
-// The block that runs on SM `target` (if any) chases the chain once (reading its lines in),
-// then, if `timed`, again, and writes the mean cycles a hop of the second chase.
-__global__ void chase(const uint64_t* chain, uint32_t hops, uint32_t target, int timed,
-                      double* cycles, int* found) {
-  if (smid() != target || threadIdx.x != 0) return;
-  if (atomicCAS(found, 0, 1) != 0) return;  // one block of the SM chases
-  uint64_t i = 0;
-  if (!timed) {
-    for (uint32_t h = 0; h < hops; ++h) {
-      uint64_t next;
-      asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(next) : "l"(chain + i));
-      i = next;
-    }
-    if (i == 0xFFFFFFFFFFull) cycles[0] = i;
-    return;
-  }
-  long long t0 = clock64();
-  for (uint32_t h = 0; h < hops; ++h) {
-    uint64_t next;
-    asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(next) : "l"(chain + i));
-    i = next;
-  }
-  long long t1 = clock64();
-  cycles[0] = (double)(t1 - t0) / hops + (i == 0xFFFFFFFFFFull ? 1 : 0);
-}
-
-// Streams n uint4, block b slice b, 4 loads in flight a thread.
-__global__ void reader(const uint4* __restrict__ w, uint64_t n, uint32_t* out) {
-  uint64_t per = (n + gridDim.x - 1) / gridDim.x;
-  uint64_t lo = blockIdx.x * per, hi = min(n, lo + per);
-  uint32_t acc = 0;
-  for (uint64_t i = lo + threadIdx.x; i < hi; i += 4 * blockDim.x) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      uint64_t j = i + u * blockDim.x;
-      v[u] = j < hi ? w[j] : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  if (acc == 0x12345678u) out[blockIdx.x] = acc;
-}
+#include "l2_probe.h"
 
 // Blocks on SMs whose `allowed[smid]` is set take 64 KiB jobs from `counter` until none is
 // left; every word read with ld.global.nc and folded so that ptxas keeps the loads.
@@ -119,10 +59,6 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&flush, flush_bytes));
   uint32_t* out;
   CK(cudaMalloc(&out, 1 << 20));
-  double* cycles;
-  CK(cudaMallocManaged(&cycles, 8));
-  int* found;
-  CK(cudaMallocManaged(&found, 4));
   const int grid = sms * 2, threads = 512;
   auto flush_l2 = [&]() {
     CK(cudaMemset(flush, 3, flush_bytes));
@@ -130,31 +66,8 @@ int main(int argc, char** argv) {
   };
 
   // Part 1: a chain of 4096 lines, 1 KiB apart, in a random order.
-  const uint32_t lines = 4096, hops = 4096;
-  const size_t stride = 1024 / 8;
-  std::vector<uint64_t> host(lines * stride, 0);
-  std::vector<uint32_t> order(lines);
-  for (uint32_t i = 0; i < lines; ++i) order[i] = i;
-  srand(7);
-  for (uint32_t i = lines - 1; i > 0; --i) std::swap(order[i], order[rand() % (i + 1)]);
-  for (uint32_t i = 0; i < lines; ++i)
-    host[order[i] * stride] = order[(i + 1) % lines] * stride;
-  uint64_t* chain;
-  CK(cudaMalloc(&chain, host.size() * 8));
-  CK(cudaMemcpy(chain, host.data(), host.size() * 8, cudaMemcpyHostToDevice));
-  auto timed_chase = [&](uint32_t toucher, uint32_t r) -> double {
-    for (;;) {
-      flush_l2();
-      *found = 0;
-      chase<<<sms * 4, 32>>>(chain, hops, toucher, 0, cycles, found);
-      CK(cudaDeviceSynchronize());
-      if (!*found) continue;
-      *found = 0;
-      chase<<<sms * 4, 32>>>(chain, hops, r, 1, cycles, found);
-      CK(cudaDeviceSynchronize());
-      if (*found) return *cycles;
-    }
-  };
+  ChaseTimer chains(4096, sms);
+  auto timed_chase = [&](uint32_t toucher, uint32_t r) { return chains.time(toucher, r, flush_l2); };
   std::vector<double> by0(sms), self(sms);
   for (int r = 0; r < sms; ++r) {
     by0[r] = timed_chase(0, r);
