@@ -51,19 +51,10 @@ __global__ void loads(const uint4* __restrict__ w, uint64_t n, const uint8_t* al
 int main(int argc, char** argv) {
   size_t mib = argc > 1 ? atoi(argv[1]) : 24;
   int reps = argc > 2 ? atoi(argv[2]) : 15;
-  int sms, l2;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
-  size_t flush_bytes = (size_t)l2 * 4;
-  uint4* flush;
-  CK(cudaMalloc(&flush, flush_bytes));
-  uint32_t* out;
-  CK(cudaMalloc(&out, 1 << 20));
-  const int grid = sms * 2, threads = 512;
-  auto flush_l2 = [&]() {
-    CK(cudaMemset(flush, 3, flush_bytes));
-    reader<<<grid, threads>>>(flush, flush_bytes / 16, out);
-  };
+  L2Setup dev;
+  const int sms = dev.sms, l2 = dev.l2, grid = dev.grid, threads = L2Setup::threads;
+  uint32_t* out = dev.out;
+  auto flush_l2 = [&]() { dev.flush_l2(); };
 
   // Part 1: a chain of 4096 lines, 1 KiB apart, in a random order.
   ChaseTimer chains(4096, sms);

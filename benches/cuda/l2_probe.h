@@ -92,3 +92,28 @@ struct ChaseTimer {
     }
   }
 };
+
+// The device's SMs and L2, and a flush that leaves L2 full of clean lines of a buffer four
+// times its size (written, then read by `reader` on `grid` x `threads`).
+struct L2Setup {
+  int sms = 0, l2 = 0;
+  size_t flush_bytes = 0;
+  uint4* flush = nullptr;
+  uint32_t* out = nullptr;
+  int grid = 0;
+  static constexpr int threads = 512;
+
+  L2Setup() {
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+    flush_bytes = (size_t)l2 * 4;
+    CK(cudaMalloc(&flush, flush_bytes));
+    CK(cudaMalloc(&out, 1 << 20));
+    grid = sms * 2;
+  }
+
+  void flush_l2(cudaStream_t s = 0) const {
+    CK(cudaMemsetAsync(flush, 3, flush_bytes, s));
+    reader<<<grid, threads, 0, s>>>(flush, flush_bytes / 16, out);
+  }
+};
