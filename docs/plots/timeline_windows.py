@@ -17,19 +17,27 @@ import statistics
 from collections import defaultdict
 
 
+def kind_of(kernel):
+    """The part of a window a kernel's block is, or None."""
+    return ("reader" if kernel.startswith("gemv") else "prefetch" if kernel.startswith("l2_prefetch")
+            else "collective" if kernel.startswith("collective")
+            else "spin" if kernel.startswith("spin") else None)
+
+
+def process_names(events):
+    return {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+
+
 def spans(events):
     """{(process name, window): {kind: (first start, last end)}} of the trace's blocks."""
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    names = process_names(events)
     out = defaultdict(dict)
     for e in events:
         # Blocks outside a window (unlabelled: the hand-warming shadows, the Engram head) are
         # not a window's.
         if e.get("ph") != "X" or e.get("args", {}).get("window") is None:
             continue
-        kernel = e["args"]["kernel"]
-        kind = ("reader" if kernel.startswith("gemv") else "prefetch" if kernel.startswith("l2_prefetch")
-                else "collective" if kernel.startswith("collective")
-                else "spin" if kernel.startswith("spin") else None)
+        kind = kind_of(e["args"]["kernel"])
         if kind is None:
             continue
         key = (names.get(e["pid"], str(e["pid"])), e["args"]["window"])
@@ -49,6 +57,31 @@ def split(v):
     return (v["spin"][1] - v["spin"][0], v["collective"][0] - v["spin"][1],
             v["collective"][1] - v["collective"][0], v["reader"][0] - v["collective"][1],
             v["reader"][1] - v["reader"][0], v["reader"][1] - v["spin"][0])
+
+
+def prefetch_blocks(events):
+    """{(process name, window): blocks of the window's prefetch}."""
+    names = process_names(events)
+    out = defaultdict(int)
+    for e in events:
+        if (e.get("ph") == "X" and e.get("args", {}).get("window") is not None
+                and kind_of(e["args"]["kernel"]) == "prefetch"):
+            out[(names.get(e["pid"], str(e["pid"])), e["args"]["window"])] += 1
+    return out
+
+
+def by_grid(by_key, blocks, floor, plan):
+    """{prefetch blocks: [(collective start lag, collective length) with the plan less without]}
+    over the windows of steps `floor` and `plan` that have a spin and a collective in both."""
+    out = defaultdict(list)
+    for (s, w), v in by_key.items():
+        f = by_key.get((floor, w))
+        if s != plan or not f or not all(k in x for x in (v, f) for k in ("spin", "collective")):
+            continue
+        lag = (v["collective"][0] - v["spin"][1]) - (f["collective"][0] - f["spin"][1])
+        length = (v["collective"][1] - v["collective"][0]) - (f["collective"][1] - f["collective"][0])
+        out[blocks.get((s, w), 0)].append((lag, length))
+    return out
 
 
 def mean_split(by_key, step):
@@ -112,6 +145,12 @@ def main():
             b = [statistics.mean(x) for x in zip(*b)]
             print(f"{mode}, a window's mean us, floor -> {with_}: " + "; ".join(
                 f"{n} {x:.2f} -> {y:.2f} ({y - x:+.2f})" for n, x, y in zip(PARTS, a, b)))
+        if with_ == "floor_plan":
+            grids = by_grid(by_key, prefetch_blocks(events), floor[0], plan[0])
+            for n, g in sorted(grids.items()):
+                print(f"{mode}, windows whose prefetch ran {n} blocks ({len(g)}): the collective "
+                      f"starts {statistics.mean(x[0] for x in g):+.3f} us later and runs "
+                      f"{statistics.mean(x[1] for x in g):+.3f} us longer")
 
 
 if __name__ == "__main__":
