@@ -597,7 +597,6 @@ fn dequant_shape(variant: DequantVariant) -> Result<dequant::Shape> {
     Ok(variant.variant().shape)
 }
 
-/// The gather + dequant variant `name`, or an error naming it.
 /// The L2 prefetch variant named `name`, or an error that lists the names.
 pub fn prefetch_variant_named(name: &str) -> Result<PrefetchVariant> {
     PrefetchVariant::named(name).ok_or_else(|| {
