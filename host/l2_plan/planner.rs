@@ -24,6 +24,8 @@ impl Signature {
 /// The largest segment a window holds: a tensor is cut into pieces of this size so that one
 /// large weight still spreads its prefetch over several blocks (blocks stride over segments).
 pub const SEGMENT_PIECE: u64 = 512 << 10;
+// The partitioned reads (loads and copies) count a piece as this many jobs.
+const _: () = assert!(SEGMENT_PIECE == l2_prefetch::JOBS_PER_SEGMENT * l2_prefetch::LOADS_JOB);
 
 /// The default cap on what one window warms: half of L2 (30 MiB of the H200's 60 MiB, 12 MiB of
 /// the DGX Spark's 24 MiB). It is a cap, not the amount: each window's bytes are then cut to

@@ -51,8 +51,8 @@ pub struct ReaderTime {
     pub replay_cold_us: f64,
     pub replay_warm_us: f64,
     /// Replayed as for `replay_cold_us`, its weights read into L2 after the flush by the plan's
-    /// own prefetch (`l2_prefetch_loads`, from both L2 partitions where the device has two, on
-    /// the SMs the plan uses): what the plan can give this reader at best.
+    /// own prefetch (the SMs' read its configuration picks, from both L2 partitions where the
+    /// device has two, on the SMs the plan uses): what the plan can give this reader at best.
     pub replay_prefetched_us: f64,
     /// The graph without the reader (the idle collective alone), replayed cold, warm and
     /// prefetched as above: what was taken off each of the three.
@@ -442,7 +442,8 @@ impl<'a> PlanPrefetch<'a> {
             {
                 variant
             }
-            _ => fetchahead::l2_plan::auto_variant(0, kernels.gpu().l2_bytes),
+            // What `Replay::Auto` reads a window within the default cap with.
+            _ => l2_prefetch::LOADS_VARIANT,
         };
         Ok(PlanPrefetch {
             variant,
