@@ -232,12 +232,7 @@ mod kernels {
         let mut s = block() as u64;
         while s < p.n {
             // SAFETY: s < n, so segment s lies in the table the host validated.
-            let (address, bytes) = unsafe {
-                (
-                    load_i64(p.segments + 16 * s) as u64,
-                    load_i64(p.segments + 16 * s + 8) as u64,
-                )
-            };
+            let (address, bytes) = unsafe { segment(p, s) };
             let mut offset = thread_in_block() as u64 * chunk;
             while offset < bytes {
                 let size = if bytes - offset < chunk {
@@ -291,12 +286,7 @@ mod kernels {
         while job < p.n * parts.get() {
             let (s, part) = (job / parts, job % parts);
             // SAFETY: s < n, so segment s lies in the table the host validated.
-            let (address, bytes) = unsafe {
-                (
-                    load_i64(p.segments + 16 * s) as u64,
-                    load_i64(p.segments + 16 * s + 8) as u64,
-                )
-            };
+            let (address, bytes) = unsafe { segment(p, s) };
             let mut base = (part * threads_in_block() as u64 + thread_in_block() as u64) * word;
             // Whole rounds: every load unconditional, so all are in flight before the fold.
             while base + (LOADS_IN_FLIGHT as u64 - 1) * stride < bytes {
@@ -334,9 +324,8 @@ mod kernels {
     #[inline(always)]
     unsafe fn read_by_partition(p: &PrefetchParams, sink: u32) {
         let slot = sink + 1024 * 16;
-        let sm = (sm_id() as usize).min(MAX_SMS - 1) as u64;
-        // SAFETY: the map holds MAX_SMS bytes.
-        let part = (unsafe { load_u8(p.partitions + sm) } & 1) as u64;
+        // SAFETY: the host's map, as this function requires.
+        let part = unsafe { partition(p) };
         let jobs = p.n * JOBS_PER_SEGMENT;
         // Jobs below `twice` are read by each partition's blocks, the rest by one block only.
         let twice = jobs - (p.once_jobs as u64).min(jobs);
@@ -357,12 +346,7 @@ mod kernels {
             }
             let s = job / JOBS_PER_SEGMENT;
             // SAFETY: s < n, so segment s lies in the table the host validated.
-            let (address, bytes) = unsafe {
-                (
-                    load_i64(p.segments + 16 * s) as u64,
-                    load_i64(p.segments + 16 * s + 8) as u64,
-                )
-            };
+            let (address, bytes) = unsafe { segment(p, s) };
             let lo = (job % JOBS_PER_SEGMENT) * LOADS_JOB;
             let hi = bytes.min(lo + LOADS_JOB);
             let stride = threads_in_block() as u64 * 16;
@@ -391,6 +375,32 @@ mod kernels {
             // SAFETY: the caller's claims, once a block, after its last claim.
             unsafe { release_claims(p) };
         }
+    }
+
+    /// Segment `s` of the table: its address and bytes.
+    ///
+    /// # Safety
+    /// `s < p.n`, inside the table the host validated.
+    #[inline(always)]
+    unsafe fn segment(p: &PrefetchParams, s: u64) -> (u64, u64) {
+        // SAFETY: the caller's segment, 16 bytes of the table.
+        unsafe {
+            (
+                load_i64(p.segments + 16 * s) as u64,
+                load_i64(p.segments + 16 * s + 8) as u64,
+            )
+        }
+    }
+
+    /// The L2 partition (0 or 1) of the SM this block runs on, from the host's map.
+    ///
+    /// # Safety
+    /// `p.partitions` is the host's map of `MAX_SMS` bytes.
+    #[inline(always)]
+    unsafe fn partition(p: &PrefetchParams) -> u64 {
+        let sm = (sm_id() as usize).min(MAX_SMS - 1) as u64;
+        // SAFETY: the map holds MAX_SMS bytes.
+        (unsafe { load_u8(p.partitions + sm) } & 1) as u64
     }
 
     /// The next job of partition `part`'s blocks: below `twice` from the partition's own
@@ -451,9 +461,8 @@ mod kernels {
         let jobs = p.n * JOBS_PER_SEGMENT;
         let partitioned = p.partitions != 0;
         let part = if partitioned {
-            let sm = (sm_id() as usize).min(MAX_SMS - 1) as u64;
-            // SAFETY: the map holds MAX_SMS bytes.
-            (unsafe { load_u8(p.partitions + sm) } & 1) as u64
+            // SAFETY: the host's map, as this function requires.
+            unsafe { partition(p) }
         } else {
             0
         };
@@ -480,12 +489,7 @@ mod kernels {
                 (next - blocks() as u64, 0, u64::MAX)
             };
             // SAFETY: s < n, so segment s lies in the table the host validated.
-            let (address, bytes) = unsafe {
-                (
-                    load_i64(p.segments + 16 * s) as u64,
-                    load_i64(p.segments + 16 * s + 8) as u64,
-                )
-            };
+            let (address, bytes) = unsafe { segment(p, s) };
             let end = bytes.min(end);
             while at < end {
                 let size = (end - at).min(COPY_BYTES as u64) as u32;
