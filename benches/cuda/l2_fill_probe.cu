@@ -266,11 +266,11 @@ int main(int argc, char** argv) {
       flush_l2(0);
       CK(cudaEventRecord(a));
       if (i == 1)
-        reader<<<grid, threads>>>(w, n, out);
+        reader<<<grid, threads>>>(w, n, 0, out);
       else
         launch_fill(fills[i], 0);
       CK(cudaEventRecord(b));
-      reader<<<grid, threads>>>(w, n, out);
+      reader<<<grid, threads>>>(w, n, 0, out);
       CK(cudaEventRecord(c));
       CK(cudaEventSynchronize(c));
       float ms1, ms2;
@@ -324,7 +324,7 @@ int main(int argc, char** argv) {
         launch_fill(f, side);
       }
       collective<<<1, 32, 0, main_s>>>(stamps + 2 * k + 1);
-      reader<<<grid, threads, 0, main_s>>>(w, n, out);
+      reader<<<grid, threads, 0, main_s>>>(w, n, 0, out);
     }
     if (f.kind != 0) {
       CK(cudaEventRecord(joined, side));

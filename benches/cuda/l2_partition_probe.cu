@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
     for (int c = 0; c < cases; ++c) {
       flush_l2();
       switch (c) {
-        case 1: reader<<<grid, threads>>>(w, n, out); break;
+        case 1: reader<<<grid, threads>>>(w, n, 0, out); break;
         case 2: run_loads(d_all); break;
         case 3: run_loads(d_near); break;
         case 4: run_loads(d_far); break;
@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
           break;
       }
       CK(cudaEventRecord(a));
-      reader<<<grid, threads>>>(w, n, out);
+      reader<<<grid, threads>>>(w, n, 0, out);
       CK(cudaEventRecord(b));
       CK(cudaEventSynchronize(b));
       float ms;

@@ -1,6 +1,7 @@
-// What the L2 placement probes share (`l2_partition_probe.cu`, `l2_fill_probe.cu`): the SM a
-// thread runs on, a streaming reader, and the pointer chase that times one SM's L2 hits on lines
-// another SM read in, from which the two L2 partitions are told apart.
+// What the L2 placement probes share (`l2_partition_probe.cu`, `l2_fill_probe.cu`,
+// `l2_warm_probe.cu`): the SM a thread runs on, a streaming reader, the pointer chase that times
+// one SM's L2 hits on lines another SM read in (from which the two L2 partitions are told apart),
+// and the device's set-up with its flush.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -16,10 +17,12 @@ __device__ inline uint32_t smid() {
   return s;
 }
 
-// Streams n uint4, block b slice b, 4 loads in flight a thread.
-__global__ void reader(const uint4* __restrict__ w, uint64_t n, uint32_t* out) {
+// Block b (shifted by `shift` modulo the grid) streams slice b of n uint4, 4 loads in flight a
+// thread.
+__global__ void reader(const uint4* __restrict__ w, uint64_t n, uint32_t shift, uint32_t* out) {
+  uint32_t b = (blockIdx.x + shift) % gridDim.x;
   uint64_t per = (n + gridDim.x - 1) / gridDim.x;
-  uint64_t lo = blockIdx.x * per, hi = min(n, lo + per);
+  uint64_t lo = b * per, hi = min(n, lo + per);
   uint32_t acc = 0;
   for (uint64_t i = lo + threadIdx.x; i < hi; i += 4 * blockDim.x) {
     uint4 v[4];
@@ -114,6 +117,6 @@ struct L2Setup {
 
   void flush_l2(cudaStream_t s = 0) const {
     CK(cudaMemsetAsync(flush, 3, flush_bytes, s));
-    reader<<<grid, threads, 0, s>>>(flush, flush_bytes / 16, out);
+    reader<<<grid, threads, 0, s>>>(flush, flush_bytes / 16, 0, out);
   }
 };

@@ -14,41 +14,13 @@
 //               full of clean lines, as a decode step's earlier readers leave it)
 // On the GPU machine:
 //   nvcc -O3 -arch=sm_90 -std=c++17 benches/cuda/l2_warm_probe.cu -o /tmp/lw && /tmp/lw
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                      \
-  do {                                                             \
-    cudaError_t e = (x);                                           \
-    if (e) {                                                       \
-      printf("err %s line %d\n", cudaGetErrorString(e), __LINE__); \
-      exit(1);                                                     \
-    }                                                              \
-  } while (0)
-
-// Block b (shifted by `shift` modulo the grid) streams slice b of n uint4, 4 loads in flight.
-__global__ void reader(const uint4* __restrict__ w, uint64_t n, uint32_t shift, uint32_t* out) {
-  uint32_t b = (blockIdx.x + shift) % gridDim.x;
-  uint64_t per = (n + gridDim.x - 1) / gridDim.x;
-  uint64_t lo = b * per, hi = min(n, lo + per);
-  uint32_t acc = 0;
-  for (uint64_t i = lo + threadIdx.x; i < hi; i += 4 * blockDim.x) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      uint64_t j = i + u * blockDim.x;
-      v[u] = j < hi ? w[j] : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  if (acc == 0x12345678u) out[blockIdx.x] = acc;
-}
+#include "l2_probe.h"
 
 // ld.global.nc reads of slice (b or reversed b), 8 in flight a thread; the values folded into a
 // word stored only if it matches a magic number, so that ptxas keeps every load.
