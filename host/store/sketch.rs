@@ -61,8 +61,8 @@ impl FrequencySketch {
     }
 
     /// Counts `n` requests for `key` at once: the estimate rises by `n` (saturating), and no
-    /// counter rises above it (conservative update).
-    pub fn record_times(&self, key: u64, n: u8) {
+    /// counter rises above it (conservative update). Returns the estimate before.
+    pub fn record_times(&self, key: u64, n: u8) -> u8 {
         let (block, at) = self.slots(key);
         let counts = at.map(|i| block.0[i].load(Ordering::Relaxed));
         let least = counts.iter().copied().min().unwrap_or(0);
@@ -72,6 +72,7 @@ impl FrequencySketch {
                 block.0[i].store(raised, Ordering::Relaxed);
             }
         }
+        least
     }
 
     /// Requests for `key` since the sketch began, halved at each aging (saturating at 255).
