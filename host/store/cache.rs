@@ -536,8 +536,10 @@ impl RowCache {
             std::array::from_fn(|r| self.region_repeats[r].load(Ordering::Relaxed));
         let (n, h): (u64, u64) = (asks.iter().sum(), repeats.iter().sum());
         for r in 0..REGIONS {
-            let p = 128 * (repeats[r] + 1) * (n + 2) / ((asks[r] + 2) * (h + 1));
-            self.region_prior[r].store(p.min(255) as u8, Ordering::Relaxed);
+            // In f64: the counts of a cache of many millions of rows overflow a u64 product.
+            let p = 128.0 * (repeats[r] + 1) as f64 * (n + 2) as f64
+                / ((asks[r] + 2) as f64 * (h + 1) as f64);
+            self.region_prior[r].store(p.min(255.0) as u8, Ordering::Relaxed);
         }
         if n > 16 * self.rows.max(1024) as u64 {
             for r in 0..REGIONS {
