@@ -1053,6 +1053,23 @@ mod tests {
     }
 
     #[test]
+    fn region_priors_hold_for_counts_of_a_long_replay_over_a_large_cache() {
+        let c = RowCache::new(bytes_for_rows(64, 9, false), 9, 1, false);
+        // Past where a u64 product overflows (about 3e9 asks in all, which a cache of 200M rows
+        // reaches before they halve): every region asked 4e9 times, half of them repeats, one
+        // region all repeats.
+        for r in 0..REGIONS {
+            c.region_asks[r].store(4_000_000_000, Ordering::Relaxed);
+            c.region_repeats[r].store(2_000_000_000, Ordering::Relaxed);
+        }
+        c.region_repeats[5].store(4_000_000_000, Ordering::Relaxed);
+        c.refresh_priors();
+        let prior = |r: usize| c.region_prior[r].load(Ordering::Relaxed);
+        // 128 x the region's repeat share over all regions' (0.5 and 1 against 32.5 / 64).
+        assert_eq!((prior(0), prior(5)), (126, 252));
+    }
+
+    #[test]
     fn the_climber_steps_on_while_the_hit_rate_rises_and_back_when_it_falls() {
         let mut shard = Shard::new(1000, 2048, 0, 9, 1);
         shard.target = 100;
