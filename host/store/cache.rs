@@ -40,6 +40,8 @@ use super::sketch::FrequencySketch;
 const SHARDS: usize = 16;
 /// Rows a shard should hold at least before the cache uses more than one.
 const MIN_SHARD_ROWS: usize = 1024;
+/// A cache key's bits for the row; the layer's index takes the bits above.
+const ROW_BITS: u32 = 48;
 /// Equal regions the row space (up to the largest row asked) is split into for the reuse prior.
 const REGIONS: usize = 64;
 /// The hill climber's period, in a shard's rows of requests; its first step (a share of the
@@ -509,12 +511,17 @@ impl RowCache {
 
     /// Rows are below 2^48 (safetensors files of 2^48 rows do not exist); layers get the top bits.
     fn key(layer_index: usize, row: u64) -> u64 {
-        ((layer_index as u64) << 48) | (row & ((1 << 48) - 1))
+        ((layer_index as u64) << ROW_BITS) | Self::row_of(row)
+    }
+
+    /// The row of `key`: its low [`ROW_BITS`] (a row below 2^48 passes unchanged).
+    fn row_of(key: u64) -> u64 {
+        key & ((1 << ROW_BITS) - 1)
     }
 
     /// The region of the row space `key`'s row lies in.
     fn region(&self, key: u64) -> usize {
-        let row = key & ((1 << 48) - 1);
+        let row = Self::row_of(key);
         let max = self.max_row.load(Ordering::Relaxed);
         ((u128::from(row) * REGIONS as u128 / (u128::from(max) + 1)) as usize).min(REGIONS - 1)
     }
@@ -587,7 +594,7 @@ impl RowCache {
         rows.sort_unstable();
         if let Some(&last) = rows.last() {
             self.max_row
-                .fetch_max(last & ((1 << 48) - 1), Ordering::Relaxed);
+                .fetch_max(Self::row_of(last), Ordering::Relaxed);
         }
         for run in rows.chunk_by(|a, b| a == b) {
             let times = 1 + run.len().ilog2();
