@@ -15,7 +15,7 @@ use crate::l2_plan::pace::HostPace;
 use crate::l2_plan::partitions::Partitions;
 use crate::l2_plan::planner::{
     CollectiveKind, Counters, ForwardSummary, Learned, PlanConfig, Planner, Replay, Signature,
-    Span, auto_variant, no_forward,
+    Span, no_forward, prefetch_choice,
 };
 use crate::l2_plan::segments::{SEGMENT_ALIGN, SegmentTable};
 use crate::l2_plan::window_fit::WindowFit;
@@ -328,15 +328,18 @@ impl L2Plan {
         };
         let issued = window[..n].iter().map(|s| s.bytes).sum();
         let floor = first.bytes;
-        let variant = match self.config.replay {
-            Replay::Prefetch { variant } => variant,
-            _ => auto_variant(issued, self.kernels.gpu().l2_bytes),
-        };
-        let sms = self.kernels.gpu().multiprocessors;
+        let gpu = self.kernels.gpu();
+        let (variant, sms) = prefetch_choice(
+            &self.config,
+            captured,
+            issued,
+            (gpu.l2_bytes, gpu.multiprocessors),
+            self.kernels.holds(l2_prefetch::COPIES_VARIANT.name()),
+        );
         let (blocks, threads) = l2_prefetch::launch_shape(
             variant,
             n as u32,
-            sms.saturating_sub(self.config.free_sms).max(1),
+            sms,
             self.config.max_blocks,
             self.config.threads,
         );

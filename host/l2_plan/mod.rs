@@ -42,6 +42,6 @@ pub use device::{ForwardOutcome, L2Plan};
 pub use planner::{
     CollectiveKind, Counters, DEFAULT_FREE_SMS, DEFAULT_TWICE_FIT, ForwardSummary, Learned,
     PLAN_ENV_SETTINGS, PlanConfig, Planner, PrefetchLaunch, Replay, SEGMENT_PIECE, Signature,
-    Windows, auto_variant, default_budget, once_jobs, read_limit,
+    Windows, auto_variant, default_budget, graph_sms, once_jobs, prefetch_choice, read_limit,
 };
 pub use segments::{SEGMENT_ALIGN, SegmentTable, aligned_segment, check_segment};

@@ -60,6 +60,39 @@ pub fn auto_variant(bytes: u64, l2_bytes: u64) -> PrefetchVariant {
     }
 }
 
+/// The variant a window's prefetch of `issued` bytes runs and the SMs it may use, on a device
+/// of `(l2_bytes, multiprocessors)` whose loaded PTX holds `l2_prefetch_copies` or not: the
+/// variant [`PlanConfig::replay`] names or [`auto_variant`]'s on all SMs but
+/// [`PlanConfig::free_sms`], except that under [`Replay::Auto`] a `captured` window the loads
+/// would read goes to the copies on [`PlanConfig::graph_sms`] SMs.
+pub fn prefetch_choice(
+    config: &PlanConfig,
+    captured: bool,
+    issued: u64,
+    (l2_bytes, multiprocessors): (u64, u32),
+    copies_loaded: bool,
+) -> (PrefetchVariant, u32) {
+    let variant = match config.replay {
+        Replay::Prefetch { variant } => variant,
+        _ => auto_variant(issued, l2_bytes),
+    };
+    let graph = config
+        .graph_sms
+        .unwrap_or_else(|| graph_sms(multiprocessors))
+        .min(multiprocessors);
+    if captured
+        && graph > 0
+        && config.replay == Replay::Auto
+        && variant == l2_prefetch::LOADS_VARIANT
+        && copies_loaded
+    {
+        (l2_prefetch::COPIES_VARIANT, graph)
+    } else {
+        let sms = multiprocessors.saturating_sub(config.free_sms).max(1);
+        (variant, sms)
+    }
+}
+
 /// The jobs of a partitioned `l2_prefetch_loads` read of `issued` bytes that one partition's
 /// blocks read alone (`PrefetchParams::once_jobs`, counted from the window's end), so that two
 /// copies of the rest and one of these fit in `twice_fit` x `l2_bytes`. A window that fits twice
@@ -81,7 +114,9 @@ pub const DEFAULT_TWICE_FIT: f64 = 0.8;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Replay {
     /// The default: a window of at most [`read_limit`] bytes (half of L2) is read in by the SMs
-    /// (`l2_prefetch_loads`), a larger one bulk-prefetched (`l2_prefetch`), on a side stream.
+    /// (`l2_prefetch_loads`; in a captured forward on sm_90 and newer, bulk copies on
+    /// [`PlanConfig::graph_sms`] SMs), a larger one bulk-prefetched (`l2_prefetch`), on a side
+    /// stream ([`prefetch_choice`]).
     Auto,
     /// One prefetch variant on a side stream, named once (`PrefetchVariant::named("l2_prefetch")`,
     /// or `l2_prefetch::BULK_VARIANT` / `LOADS_VARIANT`).
@@ -163,6 +198,16 @@ pub struct PlanConfig {
     /// kv_a, 28.9 MiB of the H200's 60 MiB) would evict its own first lines with its last, so
     /// its tail is read by one partition only ([`once_jobs`]).
     pub twice_fit: f64,
+    /// SMs a captured forward's windows are warmed from by bulk copies (`l2_prefetch_copies`,
+    /// two one-warp blocks an SM) under [`Replay::Auto`] on sm_90 and newer, where eager ones
+    /// use the loads: `None` (the default) a third of the device's SMs ([`graph_sms`]),
+    /// `Some(0)` the loads as eagerly. Replayed, a window's branch node is dispatched beside its
+    /// collective, whose start waits for the prefetch's grid; a grid of small blocks is
+    /// dispatched sooner. On an H100 (2026-12-05, the decode-step bench, two runs each) the
+    /// replayed collective then started 0.26-0.38 us after its compute instead of 0.49 us, and
+    /// the plan saved 0.448 ms a step on 32 or 48 SMs against the loads' 0.441 ms (66 SMs:
+    /// 0.444-0.445).
+    pub graph_sms: Option<u32>,
 }
 
 /// What kind of collective a window runs, as the caller announces it
@@ -207,8 +252,15 @@ impl CollectiveKind {
 /// [`PlanConfig::free_sms`] by default.
 pub const DEFAULT_FREE_SMS: u32 = 16;
 
+/// The SMs a captured forward's copies prefetch runs on when [`PlanConfig::graph_sms`] is
+/// `None`: a third of the device's `multiprocessors` (44 of the H100's or H200's 132, 16 of the
+/// GB10's 48), at least one.
+pub fn graph_sms(multiprocessors: u32) -> u32 {
+    multiprocessors.div_ceil(3).max(1)
+}
+
 /// The `FETCHAHEAD_L2_*` settings [`PlanConfig::from_env`] reads, each with what it takes.
-pub const PLAN_ENV_SETTINGS: [(&str, &str); 8] = [
+pub const PLAN_ENV_SETTINGS: [(&str, &str); 9] = [
     (
         "FETCHAHEAD_L2_BUDGET_MB",
         "budget_per_window: MiB a window may warm at most (a decimal number, > 0)",
@@ -237,6 +289,10 @@ pub const PLAN_ENV_SETTINGS: [(&str, &str); 8] = [
     (
         "FETCHAHEAD_L2_FREE_SMS",
         "free_sms: multiprocessors the loads prefetch leaves free for the collective (a whole number)",
+    ),
+    (
+        "FETCHAHEAD_L2_GRAPH_SMS",
+        "graph_sms: auto (the default: a third of the SMs), 0 (captured forwards warm as eager ones) or the SMs a captured forward's copies prefetch runs on",
     ),
 ];
 
@@ -291,6 +347,7 @@ impl PlanConfig {
             host_pace: true,
             free_sms: DEFAULT_FREE_SMS,
             twice_fit: DEFAULT_TWICE_FIT,
+            graph_sms: None,
         }
     }
 
@@ -316,6 +373,7 @@ impl PlanConfig {
             partitions,
             host_pace,
             free_sms,
+            graph_sms,
         ] = PLAN_ENV_SETTINGS.map(|(name, _)| name);
         if let Some(v) = var(budget) {
             let mib: f64 = v
@@ -360,6 +418,18 @@ impl PlanConfig {
                 .trim()
                 .parse()
                 .map_err(|_| bad(free_sms, &v, "a whole number of SMs, e.g. 8"))?;
+        }
+        if let Some(v) = var(graph_sms) {
+            config.graph_sms = match v.trim() {
+                "auto" => None,
+                n => Some(n.parse().map_err(|_| {
+                    bad(
+                        graph_sms,
+                        &v,
+                        "auto, 0 (as eager) or a whole number of SMs, e.g. 32",
+                    )
+                })?),
+            };
         }
         Ok(config)
     }

@@ -15,7 +15,7 @@ use fetchahead::l2_plan::pace::PROBE_LAG;
 use fetchahead::l2_plan::segments::{SegmentTable, aligned_segment, check_segment};
 use fetchahead::l2_plan::{
     DEFAULT_TWICE_FIT, L2Plan, Learned, PlanConfig, Planner, PrefetchLaunch, Replay, SEGMENT_PIECE,
-    Signature, auto_variant, default_budget, once_jobs, read_limit,
+    Signature, auto_variant, default_budget, graph_sms, once_jobs, prefetch_choice, read_limit,
 };
 use fetchahead::{Error, Result};
 use fetchahead_lab::LabKernels;
@@ -325,6 +325,67 @@ fn loads_launch_four_blocks_a_segment_up_to_one_an_sm() {
         l2_prefetch::launch_shape(evict_last, 64, 132, 32, 256),
         (32, 256)
     );
+}
+
+/// Captured windows the loads would read go to the copies on a third of the SMs by default;
+/// eager ones, named variants, windows for the bulk prefetch, `graph_sms` 0 and PTX without the
+/// copies keep the eager choice.
+fn captured_windows_take_the_copies_on_a_third_of_the_sms() {
+    let h200 = (60 * MIB, 132);
+    let (loads, copies, bulk) = (
+        l2_prefetch::LOADS_VARIANT,
+        l2_prefetch::COPIES_VARIANT,
+        l2_prefetch::BULK_VARIANT,
+    );
+    let auto = PlanConfig::for_l2(h200.0);
+    let small = 6 * MIB;
+    let eager_sms = 132 - auto.free_sms;
+    assert_eq!(
+        prefetch_choice(&auto, false, small, h200, true),
+        (loads, eager_sms)
+    );
+    assert_eq!(
+        prefetch_choice(&auto, true, small, h200, true),
+        (copies, 44)
+    );
+    assert_eq!(
+        prefetch_choice(&auto, true, small, (24 * MIB, 48), true),
+        (copies, 16)
+    );
+    // Without the copies in the loaded PTX (the sm_80 baseline), the loads as eagerly.
+    assert_eq!(
+        prefetch_choice(&auto, true, small, h200, false),
+        (loads, eager_sms)
+    );
+    // A window past the read limit is bulk-prefetched, captured or not.
+    let large = read_limit(h200.0) + MIB;
+    assert_eq!(auto_variant(large, h200.0), bulk);
+    assert_eq!(
+        prefetch_choice(&auto, true, large, h200, true),
+        (bulk, eager_sms)
+    );
+    let mut config = auto;
+    config.graph_sms = Some(0);
+    assert_eq!(
+        prefetch_choice(&config, true, small, h200, true),
+        (loads, eager_sms)
+    );
+    config.graph_sms = Some(500);
+    assert_eq!(
+        prefetch_choice(&config, true, small, h200, true),
+        (copies, 132)
+    );
+    config.graph_sms = Some(8);
+    assert_eq!(
+        prefetch_choice(&config, true, small, h200, true),
+        (copies, 8)
+    );
+    config.replay = Replay::Prefetch { variant: loads };
+    assert_eq!(
+        prefetch_choice(&config, true, small, h200, true),
+        (loads, eager_sms)
+    );
+    assert_eq!(graph_sms(132), 44);
 }
 
 // ---- On the GPU ----
@@ -813,9 +874,16 @@ fn forward_is_bit_identical_with_prefetch_in_a_graph() -> Result<()> {
     layers.run(&kernels, &stream, None, SIG)?;
     let want = bits(&layers.outputs(&stream)?);
 
-    for variant in PrefetchVariant::all() {
+    // Each variant by name (`Replay::Prefetch`: eager and captured alike), then `Replay::Auto`
+    // with captured forwards on the copies prefetch (`graph_sms`: 8 SMs), then on the loads.
+    let variants = PrefetchVariant::all().map(|v| (Some(v), 0));
+    for (variant, graph_sms) in variants.chain([(None, 8), (None, 0)]) {
         let mut config = PlanConfig::for_l2(kernels.gpu().l2_bytes);
-        config.replay = Replay::Prefetch { variant };
+        match variant {
+            Some(variant) => config.replay = Replay::Prefetch { variant },
+            None => config.graph_sms = Some(graph_sms),
+        }
+        let variant = variant.map_or(format!("auto, graph_sms {graph_sms}"), |v| v.to_string());
         let mut plan = L2Plan::new(kernels.product().clone(), stream.clone(), config)?;
         // One forward learns, two more time the windows (2 us each): the capture bakes in
         // windows cut to fit.
@@ -963,6 +1031,7 @@ fn reads_its_settings_from_the_environment() {
             ("FETCHAHEAD_L2_FIT", "0"),
             ("FETCHAHEAD_L2_HOST_PACE", "0"),
             ("FETCHAHEAD_L2_FREE_SMS", " 24 "),
+            ("FETCHAHEAD_L2_GRAPH_SMS", "32"),
         ]),
     )
     .unwrap();
@@ -970,6 +1039,10 @@ fn reads_its_settings_from_the_environment() {
     assert!(!set.host_pace);
     assert_eq!(none.free_sms, fetchahead::l2_plan::DEFAULT_FREE_SMS);
     assert_eq!(set.free_sms, 24);
+    assert_eq!(none.graph_sms, None);
+    assert_eq!(set.graph_sms, Some(32));
+    assert_eq!(graph_sms(48), 16);
+    assert_eq!(graph_sms(1), 1);
     assert_eq!(set.budget_per_window, 5 * MIB / 2);
     assert_eq!(
         set.replay,
@@ -989,6 +1062,7 @@ fn reads_its_settings_from_the_environment() {
         ("FETCHAHEAD_L2_HOST_PACE", "2"),
         ("FETCHAHEAD_L2_FREE_SMS", "-1"),
         ("FETCHAHEAD_L2_FREE_SMS", "a few"),
+        ("FETCHAHEAD_L2_GRAPH_SMS", "1.5"),
     ] {
         let pairs: &'static [(&'static str, &'static str)] =
             Box::leak(vec![(name, value)].into_boxed_slice());
@@ -1242,6 +1316,7 @@ common::harness::tests! {
         default_budget_follows_the_l2_size,
         reads_windows_in_up_to_a_third_of_l2_by_default,
         loads_launch_four_blocks_a_segment_up_to_one_an_sm,
+        captured_windows_take_the_copies_on_a_third_of_the_sms,
         reads_the_tail_of_a_window_too_large_for_two_copies_once,
     ],
     gpu: [
