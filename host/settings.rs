@@ -150,6 +150,11 @@ pub fn in_effect(l2_bytes: Option<u64>) -> Vec<InEffect> {
             PLAN_ENV_SETTINGS[7].1,
         ),
         (
+            PLAN_ENV_SETTINGS[8].0,
+            plan.graph_sms.map_or("auto".to_string(), |n| n.to_string()),
+            PLAN_ENV_SETTINGS[8].1,
+        ),
+        (
             crate::kernels::ptx::PTX_ARCH_ENV,
             "the device's own choice".to_string(),
             "the embedded PTX to load by arch name (sm_80, sm_90, ...)",
