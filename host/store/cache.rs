@@ -615,17 +615,6 @@ impl RowCache {
         }
     }
 
-    /// Where a missed row of layer `layer_index` goes in its lookup's insertion order: a
-    /// lookup inserts its misses by this key, lowest first, so that when it misses more rows
-    /// than the window holds, the window (which keeps the rows inserted last) keeps those the
-    /// sketch and the region prior rank highest rather than the highest row ids. On the
-    /// reference trace and three more, against the ids' order: +0.0005 to +0.003 x Belady at
-    /// 1% and 5% of the distinct rows and 1% of R, 5% of R within 0.0006.
-    pub fn insert_rank(&self, layer_index: usize, row: u64) -> u32 {
-        let key = Self::key(layer_index, row);
-        self.rank(key, self.sketch.estimate(key))
-    }
-
     /// Whether the cache keeps room for future references.
     pub fn looks_ahead(&self) -> bool {
         self.lookahead
@@ -842,24 +831,6 @@ mod tests {
             // The bookkeeping (key, index, sketch) is at most 0.3 of a large budget.
             assert!(budget < (1 << 20) || rows as f64 * 264.0 >= 0.7 * budget as f64);
         }
-    }
-
-    #[test]
-    fn a_lookups_misses_go_in_lowest_ranked_first() {
-        let c = RowCache::new(bytes_for_rows(64, 9, false), 9, 1, false);
-        // Row 7 asked in three lookups, row 3 in two, row 5 in one; in the ids' order they
-        // would go in 3, 5, 7.
-        for mut asks in [vec![7, 3, 5], vec![7, 3], vec![7]] {
-            c.asked(0, &mut asks);
-        }
-        let mut missed = vec![3u64, 5, 7];
-        missed.sort_by_cached_key(|&r| c.insert_rank(0, r));
-        assert_eq!(missed, [5, 3, 7]);
-        assert!(c.insert_rank(0, 7) > c.insert_rank(0, 3));
-        // Rows never asked tie, and keep their order.
-        let mut fresh = vec![40u64, 20, 30];
-        fresh.sort_by_cached_key(|&r| c.insert_rank(0, r));
-        assert_eq!(fresh, [40, 20, 30]);
     }
 
     #[test]

@@ -1107,7 +1107,6 @@ fn replay_on(
         cache.asked(0, &mut asked);
         missed.sort_unstable();
         missed.dedup();
-        missed.sort_by_cached_key(|&id| cache.insert_rank(0, id as u64));
         for &id in &missed {
             cache.insert(0, id as u64, w, s);
         }
@@ -1771,10 +1770,7 @@ impl Inner {
     ) {
         let (dim, sdim) = (self.layout.dim, self.layout.dim / MX_BLOCK);
         let row_bytes = dim + sdim;
-        let mut order: Vec<usize> = (0..plan.uniques.len()).collect();
-        order.sort_by_cached_key(|&u| cache.insert_rank(li, plan.uniques[u].row));
-        for u in order {
-            let unique = &plan.uniques[u];
+        for (u, unique) in plan.uniques.iter().enumerate() {
             let Some(row) = fill.get(u * row_bytes..(u + 1) * row_bytes) else {
                 continue;
             };
