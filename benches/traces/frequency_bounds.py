@@ -38,16 +38,17 @@ def main():
     half = len(steps) // 2
     cut = int(starts[half])
 
+    # Each step's distinct rows, once.
+    step_rows = [np.unique(ids[s:e]) for s, e in zip(starts, ends)]
     # A row counted once per warm-up step that asks for it.
-    warm = np.concatenate([np.unique(ids[s:e]) for s, e in zip(starts[:half], ends[:half])])
-    past_rows, past_steps = np.unique(warm, return_counts=True)
+    past_rows, past_steps = np.unique(np.concatenate(step_rows[:half]), return_counts=True)
     future_rows, future_asks = np.unique(ids[cut:], return_counts=True)
     total = future_asks.sum()
 
     # Seen before: an ask hits when its row was asked in an earlier step.
     first_step = {}
-    for s in range(len(steps)):
-        for row in np.unique(ids[starts[s]:ends[s]]).tolist():
+    for s, rows in enumerate(step_rows):
+        for row in rows.tolist():
             first_step.setdefault(row, s)
     counted = ids[cut:]
     step_of = np.repeat(np.arange(half, len(steps)), (ends - starts)[half:])
