@@ -219,6 +219,9 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&claims, sizeof(Claims)));
   CK(cudaMemset(claims, 0, sizeof(Claims)));
   CK(cudaFuncSetAttribute(fill_tma<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 8 * CHUNK));
+  // 3 slots are the default 48 KiB of dynamic shared memory, but the block's static barriers
+  // come on top, so the launch needs the attribute as well.
+  CK(cudaFuncSetAttribute(fill_tma<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, 3 * CHUNK));
 
   // Part 2.
   size_t bytes = mib << 20;
