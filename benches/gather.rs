@@ -503,11 +503,10 @@ fn dequant_params(
         scales: table.1,
         ids,
         out,
-        status: check.address(),
-        n,
         rows: table.2,
+        n: n as u32,
         dim: DIM as u32,
-        _pad: 0,
+        status: check.address(),
         timeline: fetchahead::device_abi::params::TimelineParams::OFF,
     }
 }

@@ -199,9 +199,9 @@ __global__ void __launch_bounds__(64) units_x2(const uint8_t* __restrict__ w, co
 
 // fetchahead's DequantParams (gpu/src/params.rs), the timeline off.
 struct FaDequantParams {
-  uint64_t weights, scales, ids, out, status, n, rows;
-  uint32_t dim, pad;
-  uint64_t ring;
+  uint64_t weights, scales, ids, out, rows;
+  uint32_t n, dim;
+  uint64_t status, ring;
   uint32_t kernel, label;
 };
 
@@ -323,8 +323,9 @@ int main(int argc, char** argv) {
              units_x2<<<(unsigned)((n * 32 / 64 * 32 + 63) / 64), 64>>>(w, sc, ids, out, n);
            }));
     for (auto& entry : entries) {
-      FaDequantParams p = {(uint64_t)w, (uint64_t)sc, (uint64_t)ids, (uint64_t)out, (uint64_t)status,
-                           n, rows, 256, 0, 0, 0, 0xFFFFFFFFu};
+      FaDequantParams p = {(uint64_t)w,   (uint64_t)sc,     (uint64_t)ids, (uint64_t)out,
+                           rows,          (uint32_t)n, 256, (uint64_t)status, 0,
+                           0,             0xFFFFFFFFu};
       uint64_t threads = (n * 256 / entry.elems + 31) / 32 * 32;
       unsigned blocks = (unsigned)((threads + entry.block - 1) / entry.block);
       if (entry.loop) {

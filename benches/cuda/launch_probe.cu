@@ -145,18 +145,19 @@ extern "C" __global__ void probe_dequant(DqParams p) {
   }
 }
 
+// fetchahead's DequantParams (gpu/src/params.rs), timeline off.
 struct FaDequantParams {
-  uint64_t weights, scales, ids, out, status, n, rows;
-  uint32_t dim, pad;
-  uint64_t ring;
+  uint64_t weights, scales, ids, out, rows;
+  uint32_t n, dim;
+  uint64_t status, ring;
   uint32_t kernel, label;
 };
 
 // fetchahead's GatherParams (gpu/src/params.rs), timeline off.
 struct FaGatherParams {
-  uint64_t table, ids, out, status, n, rows;
+  uint64_t table, ids, out, n, rows;
   uint32_t row_bytes, pad;
-  uint64_t ring;
+  uint64_t status, ring;
   uint32_t kernel, label;
 };
 
@@ -234,11 +235,11 @@ int main(int argc, char** argv) {
   for (uint64_t n : {72ull, 4096ull}) {
     unsigned blocks = (n * 16 + 255) / 256;
     Params p{table, ids, out, n, rows};
-    FaGatherParams fp{(uint64_t)table, (uint64_t)ids, (uint64_t)out, (uint64_t)status, n, rows,
-                      256, 0, 0, 0, 0xffffffffu};
+    FaGatherParams fp{(uint64_t)table, (uint64_t)ids, (uint64_t)out, n, rows, 256, 0,
+                      (uint64_t)status, 0, 0, 0xffffffffu};
     DqParams dp{(const uint8_t*)table, scales, ids, out, n, rows};
-    FaDequantParams fdp{(uint64_t)table, (uint64_t)scales, (uint64_t)ids, (uint64_t)out,
-                        (uint64_t)status, n, rows, 256, 0, 0, 0, 0xffffffffu};
+    FaDequantParams fdp{(uint64_t)table, (uint64_t)scales, (uint64_t)ids, (uint64_t)out, rows,
+                        (uint32_t)n, 256, (uint64_t)status, 0, 0, 0xffffffffu};
     unsigned dq_blocks = (n * 32 + 255) / 256, dq2_blocks = (n * 16 + 255) / 256;
     auto drv_grid = [&](CUfunction f, void* params, unsigned grid) {
       return [=](cudaStream_t st) {

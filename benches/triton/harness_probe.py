@@ -97,8 +97,8 @@ def main() -> int:
         blocks = (n * 16 + 255) // 256
         # fetchahead's GatherParams (gpu/src/params.rs), timeline off; the probe's Params.
         fa_params = struct.pack(
-            "<QQQQQQIIQII", table.data_ptr(), ids.data_ptr(), out.data_ptr(),
-            status.data_ptr(), n, rows, 256, 0, 0, 0, 0xFFFFFFFF,
+            "<QQQQQIIQQII", table.data_ptr(), ids.data_ptr(), out.data_ptr(), n, rows,
+            256, 0, status.data_ptr(), 0, 0, 0xFFFFFFFF,
         )
         probe_params = struct.pack("<QQQQQ", table.data_ptr(), ids.data_ptr(), out.data_ptr(), n, rows)
         grid = (triton.cdiv(n, peer_rows),)

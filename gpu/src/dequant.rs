@@ -320,6 +320,7 @@ pub(crate) mod kernels {
     use crate::mxfp8::{BF16_NAN, E8M0_NAN};
     use crate::params::{DequantParams, MX_BLOCK};
     use crate::warp_rows::WarpRows;
+    use core::num::NonZeroU32;
 
     // `Conversion` as const-generic values.
     const PACKED: u8 = Conversion::Packed as u8;
@@ -548,7 +549,7 @@ pub(crate) mod kernels {
     ) {
         let valid = |id: i64| id >= 0 && (id as u64) < p.rows;
         unit_tiles! {
-            unroll: UNROLL, conversion: CONVERSION, dim: p.dim, n: p.n,
+            unroll: UNROLL, conversion: CONVERSION, dim: p.dim, n: p.n as u64,
             names: [split, scales_per_row, total, u, j, i, c, w, s],
             keys: ids = [-1i64] {
                 // SAFETY: u < total, so its row is below n and inside the ids array.
@@ -591,7 +592,7 @@ pub(crate) mod kernels {
     pub(super) unsafe fn gather_dequant_unit_pass<const CONVERSION: u8>(p: &DequantParams) {
         let units = Units::new(p.dim);
         let t = block() * threads_in_block() + thread_in_block();
-        let live = (t as u64) < p.n * units.per_row as u64;
+        let live = (t as u64) < p.n as u64 * units.per_row as u64;
         let (i, c) = units.split(t as u64);
         // SAFETY: read only when `live`: i < n, inside the ids array.
         let id = unsafe { load_i64_if(p.ids + 8 * i, live) };
@@ -632,7 +633,7 @@ pub(crate) mod kernels {
         // At least 2 (the host refuses rows narrower than 32), so the divisions cannot trap.
         let chunks = Units::with_per_row((p.dim / ELEMS_PER_THREAD).max(1));
         let t = block() * threads_in_block() + thread_in_block();
-        let live = (t as u64) < p.n * chunks.per_row as u64;
+        let live = (t as u64) < p.n as u64 * chunks.per_row as u64;
         let (i, c) = chunks.split(t as u64);
         // SAFETY: read only when `live`: i < n, inside the ids array.
         let id = unsafe { load_i64_if(p.ids + 8 * i, live) };
@@ -685,7 +686,7 @@ pub(crate) mod kernels {
         p: &DequantParams,
     ) {
         // SAFETY: the host passes n ids at p.ids.
-        let tile = unsafe { WarpRows::<ROWS>::load::<WARPS>(p.ids, p.n, p.rows) };
+        let tile = unsafe { WarpRows::<ROWS>::load::<WARPS>(p.ids, p.n as u64, p.rows) };
         let per_row = (p.dim / 8).max(1);
         let scales_per_row = (p.dim / MX_BLOCK) as u64;
         tile.each_part(per_row, |c| {
@@ -726,10 +727,11 @@ pub(crate) mod kernels {
     pub(super) unsafe fn gather_dequant<const CONVERSION: u8, const AHEAD: bool, const HINT: u8>(
         p: &DequantParams,
     ) {
-        // At least 1 (the host refuses narrower rows), so the divisions below cannot trap.
-        let chunks = (p.dim / ELEMS_PER_THREAD).max(1);
+        // At least 1 (the host refuses narrower rows), as a type whose divisions need no zero
+        // check (with `max(1)` LLVM kept a trap for sm_121a once `n` and `dim` shared a word).
+        let chunks = NonZeroU32::new(p.dim / ELEMS_PER_THREAD).unwrap_or(NonZeroU32::MIN);
         let scales_per_row = (p.dim / MX_BLOCK) as u64;
-        let total = p.n * chunks as u64;
+        let total = p.n as u64 * chunks.get() as u64;
         let stride = grid_threads();
         // t < n * chunks < 2^32, checked on the host.
         let split = |t: u64| ((t as u32 / chunks) as u64, t as u32 % chunks);

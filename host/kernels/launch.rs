@@ -317,7 +317,7 @@ impl Kernels {
             _pad: 0,
             timeline: fetchahead_gpu::params::TimelineParams::OFF,
         };
-        let grid = dequant_grid(shape, p.n, p.dim);
+        let grid = dequant_grid(shape, p.n as u64, p.dim);
         // SAFETY: the empty kernel touches no memory.
         unsafe { self.launch_sized(&empty, &TimelineParams::OFF, grid, stream, unused) }
     }
@@ -333,13 +333,14 @@ impl Kernels {
         variant: DequantVariant,
         p: DequantParams,
     ) -> Result<()> {
-        if !check_dequant(p.dim, p.n, [p.weights, p.out, p.scales, p.ids, p.status])? {
+        let n = p.n as u64;
+        if !check_dequant(p.dim, n, [p.weights, p.out, p.scales, p.ids, p.status])? {
             return Ok(()); // nothing to write: the addresses of empty buffers may be null
         }
         let shape = dequant_shape(variant)?;
         // The kernels index 8-element units in u32.
-        check_chunk_count(p.n * (p.dim / 8) as u64)?;
-        let grid = dequant_grid(shape, p.n, p.dim);
+        check_chunk_count(n * (p.dim / 8) as u64)?;
+        let grid = dequant_grid(shape, n, p.dim);
         let kernel = self.pick(&self.dequant, variant.index(), "gather_dequant")?;
         let p = DequantParams {
             timeline: self.timeline.params(kernel.id),
@@ -703,6 +704,18 @@ fn check_chunk_count(chunks: u64) -> Result<()> {
     Ok(())
 }
 
+/// `n` rows of one gather + dequant launch as [`DequantParams::n`] holds them: an error for 2^32
+/// rows or more (the kernels index 8-element units in 32 bits, so such a call could not run
+/// anyway).
+pub fn dequant_rows(n: u64) -> Result<u32> {
+    u32::try_from(n).map_err(|_| {
+        Error::invalid(
+            "batch",
+            format!("{n} rows in one gather + dequant launch; split it below 2^32"),
+        )
+    })
+}
+
 /// An error naming `what` unless `address` is a non-null, 16-byte aligned device address.
 pub fn check_aligned(what: &'static str, address: u64) -> Result<()> {
     check_aligned_to(what, address, 16)
@@ -743,6 +756,46 @@ pub fn check_aligned_to(what: &'static str, address: u64, align: u64) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::mem::offset_of;
+
+    /// A kernel's parameters start 16 bytes into a 64-byte line of its constant bank; what a
+    /// gather reads before its first row must fit that line's 48 bytes, and what it reads only
+    /// for a bad id or on the timeline comes after.
+    #[test]
+    fn the_fields_read_before_the_first_row_fit_one_constant_line() {
+        const LINE: usize = 48;
+        let gather_hot = [
+            offset_of!(GatherParams, table) + 8,
+            offset_of!(GatherParams, ids) + 8,
+            offset_of!(GatherParams, out) + 8,
+            offset_of!(GatherParams, n) + 8,
+            offset_of!(GatherParams, rows) + 8,
+            offset_of!(GatherParams, row_bytes) + 4,
+        ];
+        assert!(gather_hot.iter().all(|&end| end <= LINE), "{gather_hot:?}");
+        assert!(offset_of!(GatherParams, status) >= LINE);
+        let dequant_hot = [
+            offset_of!(DequantParams, weights) + 8,
+            offset_of!(DequantParams, scales) + 8,
+            offset_of!(DequantParams, ids) + 8,
+            offset_of!(DequantParams, out) + 8,
+            offset_of!(DequantParams, rows) + 8,
+            offset_of!(DequantParams, n) + 4,
+            offset_of!(DequantParams, dim) + 4,
+        ];
+        assert!(
+            dequant_hot.iter().all(|&end| end <= LINE),
+            "{dequant_hot:?}"
+        );
+        assert!(offset_of!(DequantParams, status) >= LINE);
+    }
+
+    #[test]
+    fn a_dequant_launch_of_2_to_the_32_rows_is_refused() {
+        assert_eq!(dequant_rows(u32::MAX as u64).unwrap(), u32::MAX);
+        let refused = dequant_rows(1 << 32).unwrap_err().to_string();
+        assert!(refused.contains("4294967296 rows") && refused.contains("split it below 2^32"));
+    }
 
     /// The threads and block size of gather `variant`'s grid for `p` on `sms` SMs.
     fn gather_threads(variant: GatherVariant, p: &GatherParams, sms: u32) -> Result<(u64, u32)> {

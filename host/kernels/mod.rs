@@ -21,8 +21,8 @@ pub mod ptx;
 pub use gpu::Gpu;
 pub use id_check::IdCheck;
 pub use launch::{
-    Kernels, LoadedKernel, Slot, check_aligned, check_aligned_to, dequant_variant_named,
-    gather_variant_named, prefetch_variant_named,
+    Kernels, LoadedKernel, Slot, check_aligned, check_aligned_to, dequant_rows,
+    dequant_variant_named, gather_variant_named, prefetch_variant_named,
 };
 pub use module::KernelModule;
 pub use ptx::BuiltPtx;

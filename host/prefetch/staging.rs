@@ -221,11 +221,11 @@ impl StagingBuffers {
             scales: self.device.scales,
             ids: self.device.arange,
             out,
-            status: self.device.status,
-            n: count as u64,
             rows: self.layout.capacity as u64,
+            // count <= capacity <= 2^24 (`StagingLayout::MAX_CAPACITY`), so it fits.
+            n: count as u32,
             dim: self.layout.dim as u32,
-            _pad: 0,
+            status: self.device.status,
             timeline: fetchahead_gpu::params::TimelineParams::OFF,
         }
     }

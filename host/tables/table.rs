@@ -227,11 +227,10 @@ impl Mxfp8Table {
             scales: self.scales.address(stream),
             ids: ids_address,
             out: out_address,
-            status: check.address(),
-            n,
+            n: crate::kernels::dequant_rows(n)?,
             rows: self.rows,
             dim: self.dim,
-            _pad: 0,
+            status: check.address(),
             timeline: fetchahead_gpu::params::TimelineParams::OFF,
         };
         // SAFETY: every address belongs to an allocation of the size the kernel reads or writes.

@@ -430,14 +430,13 @@ impl EngramLayers {
                     scales: layer.resident_at.1,
                     ids: layer.ids_at,
                     out: layer.resident_out_at,
-                    status: self.id_check.address(),
-                    n: n as u64,
                     rows: self.rows,
+                    n: fetchahead::kernels::dequant_rows(n as u64)?,
                     dim: self.dim as u32,
-                    _pad: 0,
+                    status: self.id_check.address(),
                     timeline: fetchahead_gpu::params::TimelineParams::OFF,
                 };
-                let variant = self.kernels.dequant_variant(None, p.n)?;
+                let variant = self.kernels.dequant_variant(None, p.n as u64)?;
                 // SAFETY: the layer's resident table holds `rows` rows, `ids` n ids, `out` n
                 // rows.
                 unsafe { self.kernels.launch_gather_dequant(s, variant, p) }
