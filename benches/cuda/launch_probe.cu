@@ -46,15 +46,7 @@ struct Params {
   uint64_t rows;
 };
 
-extern "C" __global__ void probe_gather_ld(Params p) {
-  uint64_t t = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
-  uint64_t total = p.n * 16;
-  for (; t < total; t += (uint64_t)gridDim.x * blockDim.x) {
-    uint64_t i = t >> 4, c = t & 15;
-    int64_t id = p.ids[i];
-    if (id >= 0 && (uint64_t)id < p.rows) p.out[t] = p.table[id * 16 + c];
-  }
-}
+extern "C" __global__ void probe_gather_ld(Params p) { gather_chunks(p); }
 
 // The same with W-byte words (W = 4, 8): 256 / W threads a row.
 template <typename Word>

@@ -36,15 +36,9 @@ struct Params<0> {
   uint64_t rows;
 };
 
-template <int PAD>
-__global__ void gather(Params<PAD> p) {
-  uint64_t t = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
-  uint64_t total = p.n * 16;
-  for (; t < total; t += (uint64_t)gridDim.x * blockDim.x) {
-    uint64_t i = t >> 4, c = t & 15;
-    int64_t id = p.ids[i];
-    if (id >= 0 && (uint64_t)id < p.rows) p.out[t] = p.table[id * 16 + c];
-  }
+template <typename P>
+__global__ void gather(P p) {
+  gather_chunks(p);
 }
 
 template <int PAD>
@@ -74,19 +68,9 @@ struct Spread {
   uint64_t rows;
 };
 
+// base's fields in a struct of type P, its padding zero.
 template <typename P>
-__global__ void gather_late(P p) {
-  uint64_t t = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
-  uint64_t total = p.n * 16;
-  for (; t < total; t += (uint64_t)gridDim.x * blockDim.x) {
-    uint64_t i = t >> 4, c = t & 15;
-    int64_t id = p.ids[i];
-    if (id >= 0 && (uint64_t)id < p.rows) p.out[t] = p.table[id * 16 + c];
-  }
-}
-
-template <typename P>
-float time_late(Params<0> base, cudaStream_t s, int blocks) {
+P placed(const Params<0>& base) {
   P p;
   memset(&p, 0, sizeof(p));
   p.table = base.table;
@@ -94,22 +78,22 @@ float time_late(Params<0> base, cudaStream_t s, int blocks) {
   p.out = base.out;
   p.n = base.n;
   p.rows = base.rows;
-  return time_graph([&](cudaStream_t st) { gather_late<P><<<blocks, 256, 0, st>>>(p); }, s);
+  return p;
+}
+
+template <typename P>
+float time_late(Params<0> base, cudaStream_t s, int blocks) {
+  P p = placed<P>(base);
+  return time_graph([&](cudaStream_t st) { gather<P><<<blocks, 256, 0, st>>>(p); }, s);
 }
 
 template <int PAD>
 float time_case(bool body, Params<0> base, cudaStream_t s, int blocks) {
-  Params<PAD> p;
-  memset(&p, 0, sizeof(p));
-  p.table = base.table;
-  p.ids = base.ids;
-  p.out = base.out;
-  p.n = base.n;
-  p.rows = base.rows;
+  Params<PAD> p = placed<Params<PAD>>(base);
   return time_graph(
       [&](cudaStream_t st) {
         if (body)
-          gather<PAD><<<blocks, 256, 0, st>>>(p);
+          gather<Params<PAD>><<<blocks, 256, 0, st>>>(p);
         else
           empty<PAD><<<blocks, 256, 0, st>>>(p);
       },

@@ -53,3 +53,16 @@ inline float time_graph(const std::function<void(cudaStream_t)>& launch, cudaStr
   CK(cudaEventDestroy(b));
   return ms * 1e3f / (replays * calls);
 }
+
+// The probes' row gather, a thread per 16-byte chunk of 256-byte rows in a grid-stride loop, for
+// any parameter struct with `table`, `ids`, `out`, `n` and `rows` (bad ids leave their rows).
+template <typename P>
+__device__ __forceinline__ void gather_chunks(const P& p) {
+  uint64_t t = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
+  uint64_t total = p.n * 16;
+  for (; t < total; t += (uint64_t)gridDim.x * blockDim.x) {
+    uint64_t i = t >> 4, c = t & 15;
+    int64_t id = p.ids[i];
+    if (id >= 0 && (uint64_t)id < p.rows) p.out[t] = p.table[id * 16 + c];
+  }
+}
