@@ -201,7 +201,6 @@ int main(int argc, char** argv) {
   uint64_t* status;
   CK(cudaMalloc(&table, rows * 256));
   CK(cudaMemset(table, 7, rows * 256));
-  CK(cudaMalloc(&ids, 4096 * 8));
   CK(cudaMalloc(&out, 4096 * 512));
   uint8_t* scales;
   CK(cudaMalloc(&scales, rows * 8));
@@ -209,13 +208,7 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&status, 16));
   std::vector<uint64_t> clean = {0, ~0ull};
   CK(cudaMemcpy(status, clean.data(), 16, cudaMemcpyHostToDevice));
-  std::vector<int64_t> h(4096);
-  uint64_t x = 88172645463325252ull;
-  for (auto& v : h) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    v = x % rows;
-  }
-  CK(cudaMemcpy(ids, h.data(), 4096 * 8, cudaMemcpyHostToDevice));
+  ids = device_ids(rows, 88172645463325252ull);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const char* names[] = {"cuda-ld",     "cuda-ldg",     "cuda-ld/jit",   "fa",

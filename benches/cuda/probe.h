@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <vector>
 
 #define CK(x)                                                      \
   do {                                                             \
@@ -65,4 +66,18 @@ __device__ __forceinline__ void gather_chunks(const P& p) {
     int64_t id = p.ids[i];
     if (id >= 0 && (uint64_t)id < p.rows) p.out[t] = p.table[id * 16 + c];
   }
+}
+
+// `count` ids below `rows` on the device, drawn from `seed` by xorshift.
+inline int64_t* device_ids(uint64_t rows, uint64_t seed, int count = 4096) {
+  std::vector<int64_t> h(count);
+  uint64_t x = seed;
+  for (auto& v : h) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    v = x % rows;
+  }
+  int64_t* ids;
+  CK(cudaMalloc(&ids, count * 8));
+  CK(cudaMemcpy(ids, h.data(), count * 8, cudaMemcpyHostToDevice));
+  return ids;
 }

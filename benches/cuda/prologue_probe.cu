@@ -68,16 +68,11 @@ __global__ void gather_words(Params p) {
 int main() {
   const uint64_t rows = 1 << 24;  // 4 GiB of 256-byte rows
   uint64_t* table;
-  int64_t* ids;
   uint64_t* out;
   CK(cudaMalloc(&table, rows * 256));
   CK(cudaMemset(table, 1, rows * 256));
-  CK(cudaMalloc(&ids, 4096 * 8));
   CK(cudaMalloc(&out, 4096 * 256));
-  std::vector<int64_t> h(4096);
-  srand(7);
-  for (auto& v : h) v = ((uint64_t)rand() * 2654435761u) % rows;
-  CK(cudaMemcpy(ids, h.data(), 4096 * 8, cudaMemcpyHostToDevice));
+  int64_t* ids = device_ids(rows, 88172645463325252ull);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const char* names[] = {"const", "nc", "div", "pow2", "const/blk"};
