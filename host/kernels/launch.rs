@@ -758,31 +758,28 @@ mod tests {
     use super::*;
     use std::mem::offset_of;
 
+    /// Bytes of the field `field` projects out of a `T`, with no `T` at hand.
+    fn field_size<T, F>(_field: fn(&T) -> &F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// Where each named field of `$t` ends, in bytes from the struct's start.
+    macro_rules! field_ends {
+        ($t:ty: $($f:ident),+) => {
+            [$(offset_of!($t, $f) + field_size(|p: &$t| &p.$f)),+]
+        };
+    }
+
     /// A kernel's parameters start 16 bytes into a 64-byte line of its constant bank; what a
     /// gather reads before its first row must fit that line's 48 bytes, and what it reads only
     /// for a bad id or on the timeline comes after.
     #[test]
     fn the_fields_read_before_the_first_row_fit_one_constant_line() {
         const LINE: usize = 48;
-        let gather_hot = [
-            offset_of!(GatherParams, table) + 8,
-            offset_of!(GatherParams, ids) + 8,
-            offset_of!(GatherParams, out) + 8,
-            offset_of!(GatherParams, n) + 8,
-            offset_of!(GatherParams, rows) + 8,
-            offset_of!(GatherParams, row_bytes) + 4,
-        ];
+        let gather_hot = field_ends!(GatherParams: table, ids, out, n, rows, row_bytes);
         assert!(gather_hot.iter().all(|&end| end <= LINE), "{gather_hot:?}");
         assert!(offset_of!(GatherParams, status) >= LINE);
-        let dequant_hot = [
-            offset_of!(DequantParams, weights) + 8,
-            offset_of!(DequantParams, scales) + 8,
-            offset_of!(DequantParams, ids) + 8,
-            offset_of!(DequantParams, out) + 8,
-            offset_of!(DequantParams, rows) + 8,
-            offset_of!(DequantParams, n) + 4,
-            offset_of!(DequantParams, dim) + 4,
-        ];
+        let dequant_hot = field_ends!(DequantParams: weights, scales, ids, out, rows, n, dim);
         assert!(
             dequant_hot.iter().all(|&end| end <= LINE),
             "{dequant_hot:?}"
