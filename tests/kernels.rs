@@ -11,7 +11,7 @@ mod reference;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use fetchahead::device_abi::gather;
+use fetchahead::device_abi::{gather, width_build};
 use fetchahead::kernels::Kernels;
 use fetchahead::kernels::gpu::Gpu;
 use fetchahead::kernels::id_check::IdCheck;
@@ -123,6 +123,15 @@ fn every_gather_variant_matches_the_reference_at_other_row_widths() {
     }
 }
 
+/// The entry a call of variant `name` over rows `width` wide runs: its width build when it has
+/// one of that width (whose results the reference then checks), else its own.
+fn expected_entry(name: &'static str, width: usize) -> &'static str {
+    match width_build(name) {
+        Some(b) if b.width as usize == width => b.name,
+        _ => name,
+    }
+}
+
 /// Every gather variant on rows of `row_bytes`, each placement and batch size.
 fn check_gathers(s: &mut Setup, row_bytes: usize, placements: &[Placement], sizes: &[usize]) {
     let rows = 1u64 << 16;
@@ -141,6 +150,8 @@ fn check_gathers(s: &mut Setup, row_bytes: usize, placements: &[Placement], size
                 if !s.held(v.name) {
                     continue;
                 }
+                let entry = s.kernels.gather_entry(variant, row_bytes as u32).unwrap();
+                assert_eq!(entry, expected_entry(v.name, row_bytes));
                 poison(&s.stream, &mut out).unwrap();
                 table
                     .gather(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
@@ -155,9 +166,8 @@ fn check_gathers(s: &mut Setup, row_bytes: usize, placements: &[Placement], size
                     .position(|(a, b)| a != b);
                 if let Some(i) = differs {
                     panic!(
-                        "{} {placement:?} {row_bytes}-byte rows n={n}: output row {} (id {}) \
-                         differs",
-                        v.name,
+                        "{entry} {placement:?} {row_bytes}-byte rows n={n}: output row {} (id \
+                         {}) differs",
                         i / row_bytes,
                         ids[i / row_bytes]
                     );
@@ -214,6 +224,8 @@ fn check_dequant_dim(
                 if !s.held(v.name) {
                     continue;
                 }
+                let entry = s.kernels.dequant_entry(variant, dim as u32).unwrap();
+                assert_eq!(entry, expected_entry(v.name, dim));
                 poison(&s.stream, &mut out).unwrap();
                 table
                     .gather_dequant(&s.kernels, &s.stream, variant, &ids_dev, &mut out, &check)
@@ -227,8 +239,7 @@ fn check_dequant_dim(
                     let (row, col) = (i / dim, i % dim);
                     let id = ids[row] as usize;
                     panic!(
-                        "{what}: {} {placement:?} n={n}: element {col} of row {row} (id {id}): e4m3 {:#04x} scale {} -> {:#06x}, want {:#06x}",
-                        v.name,
+                        "{what}: {entry} {placement:?} n={n}: element {col} of row {row} (id {id}): e4m3 {:#04x} scale {} -> {:#06x}, want {:#06x}",
                         weights[id * dim + col],
                         scales[id * dim / 32 + col / 32],
                         got[i],

@@ -3,7 +3,7 @@
 //! with the same checks (`tests/common/ptx_checks.rs`).
 #[path = "common/ptx_checks.rs"]
 mod ptx_checks;
-use fetchahead::device_abi::{BASELINE_SM, Module, all_kernels, defaults};
+use fetchahead::device_abi::{self, BASELINE_SM, Module, WidthBuild, all_kernels, defaults};
 use fetchahead::kernels::ptx::{BuiltPtx, Reason, choose};
 use fetchahead::{Error, ptx};
 
@@ -56,6 +56,44 @@ fn the_baseline_ptx_holds_the_gathers_and_the_packed_dequant() {
             );
         }
     }
+}
+
+/// The body of entry `name` in a PTX text.
+fn entry_body<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.split(".entry ")
+        .skip(1)
+        .find(|body| body.split('(').next() == Some(name))
+}
+
+/// Each width build is in every PTX its variant is, and splits a thread's index into row and
+/// word with no division, where its variant, whose width comes from the parameters, needs one
+/// for widths that are no power of two; neither reads the block size (`%ntid`): the shapes fix
+/// it.
+#[test]
+fn a_width_build_splits_its_index_without_a_division() {
+    let divides = |body: &str| body.contains("div.") || body.contains("rem.");
+    for built in ptx::BUILT {
+        for build in width_builds() {
+            let Some(variant) = entry_body(built.text, build.of) else {
+                continue;
+            };
+            let body = entry_body(built.text, build.name)
+                .unwrap_or_else(|| panic!("{}: {} but no {}", built.arch, build.of, build.name));
+            assert!(divides(variant), "{} {}", built.arch, build.of);
+            assert!(!divides(body), "{} {}", built.arch, build.name);
+            assert!(!variant.contains("%ntid") && !body.contains("%ntid"));
+        }
+    }
+    let names: Vec<&str> = width_builds().map(|b| b.of).collect();
+    for default in ["gather_words8_pass", "gather_dequant_unit_pass_b128"] {
+        assert!(names.contains(&default), "{default} has no width build");
+    }
+}
+
+fn width_builds() -> impl Iterator<Item = &'static WidthBuild> {
+    device_abi::gather::WIDTH_BUILDS
+        .iter()
+        .chain(device_abi::dequant::WIDTH_BUILDS)
 }
 
 static FAKE: [BuiltPtx; 3] = [

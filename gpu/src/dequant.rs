@@ -174,10 +174,10 @@ macro_rules! dequant_body {
         >(&$p)
     };
     ($p:ident, unit_pass { conversion: $c:ident, block: $b:literal }) => {
-        super::kernels::gather_dequant_unit_pass::<{ super::Conversion::$c as u8 }>(&$p)
+        super::kernels::gather_dequant_unit_pass::<{ super::Conversion::$c as u8 }, $b, 0>(&$p)
     };
     ($p:ident, chunk_pass { conversion: $c:ident, block: $b:literal }) => {
-        super::kernels::gather_dequant_chunk_pass::<{ super::Conversion::$c as u8 }>(&$p)
+        super::kernels::gather_dequant_chunk_pass::<{ super::Conversion::$c as u8 }, $b, 0>(&$p)
     };
     ($p:ident, rows_tile { conversion: $c:ident, rows: $r:literal, warps: $w:literal }) => {
         super::kernels::gather_dequant_rows_tile::<$r, $w, { super::Conversion::$c as u8 }>(&$p)
@@ -305,6 +305,22 @@ variants! {
         => "packed, 4 rows a warp in one pass, the warp's ids in one load, blocks of 64";
 }
 
+// The one-pass variants built for rows of 256 elements (the product's MXFP8 rows): the split
+// of a thread's index into row and unit, and every row offset, fold to shifts.
+width_builds! {
+    params: DequantParams, width: 256;
+    gather_dequant_unit_pass_b64: sm_80
+        => kernels::gather_dequant_unit_pass::<{ kernels::PACKED }, 64, 256>;
+    gather_dequant_unit_pass_b128: sm_80
+        => kernels::gather_dequant_unit_pass::<{ kernels::PACKED }, 128, 256>;
+    gather_dequant_unit_pass_b256: sm_80
+        => kernels::gather_dequant_unit_pass::<{ kernels::PACKED }, 256, 256>;
+    gather_dequant_chunk_pass_b64: sm_80
+        => kernels::gather_dequant_chunk_pass::<{ kernels::PACKED }, 64, 256>;
+    gather_dequant_chunk_pass_b128: sm_80
+        => kernels::gather_dequant_chunk_pass::<{ kernels::PACKED }, 128, 256>;
+}
+
 variant_handle!(DequantVariant, "gather + dequant");
 
 #[cfg(target_arch = "nvptx64")]
@@ -315,7 +331,6 @@ pub(crate) mod kernels {
         load_8_if, load_16_if, load_hinted_8, load_hinted_16, load_i64, load_i64_early,
         load_i64_if, load_u8, load_u8_if, mul_bf16x2, permute_bytes, prefetch_l2, prefetch_line_l2,
         record_bad_id, store_16, store_16_if, store_16_streaming, thread_in_block,
-        threads_in_block,
     };
     use crate::mxfp8::{BF16_NAN, E8M0_NAN};
     use crate::params::{DequantParams, MX_BLOCK};
@@ -323,7 +338,7 @@ pub(crate) mod kernels {
     use core::num::NonZeroU32;
 
     // `Conversion` as const-generic values.
-    const PACKED: u8 = Conversion::Packed as u8;
+    pub(super) const PACKED: u8 = Conversion::Packed as u8;
 
     /// E8M0 for 2^0.
     pub(crate) const UNIT_SCALE: u8 = 127;
@@ -587,24 +602,32 @@ pub(crate) mod kernels {
     /// `t / (dim / 8)`) in straight-line code: its row's id, 8 weight bytes and scale byte
     /// loaded under predicates (a bad or absent row reads nothing and converts zero bytes at
     /// scale 2^0, a row of +0.0), one predicated 16-byte store. The host launches whole warps
-    /// over `n * dim / 8 < 2^32` units.
+    /// over `n * dim / 8 < 2^32` units, in blocks of `BLOCK` threads. `DIM`: the row's
+    /// elements as a constant (a width build's, the call's `dim`), 0 to read them from `p`.
     #[inline(always)]
-    pub(super) unsafe fn gather_dequant_unit_pass<const CONVERSION: u8>(p: &DequantParams) {
-        let units = Units::new(p.dim);
-        let t = block() * threads_in_block() + thread_in_block();
+    pub(super) unsafe fn gather_dequant_unit_pass<
+        const CONVERSION: u8,
+        const BLOCK: u32,
+        const DIM: u32,
+    >(
+        p: &DequantParams,
+    ) {
+        let dim = if DIM == 0 { p.dim } else { DIM };
+        let units = Units::new(dim);
+        let t = block() * BLOCK + thread_in_block();
         let live = (t as u64) < p.n as u64 * units.per_row as u64;
         let (i, c) = units.split(t as u64);
         // SAFETY: read only when `live`: i < n, inside the ids array.
         let id = unsafe { load_i64_if(p.ids + 8 * i, live) };
         let found = live && id >= 0 && (id as u64) < p.rows;
         let row = id as u64;
-        let scales_per_row = (p.dim / MX_BLOCK) as u64;
+        let scales_per_row = (dim / MX_BLOCK) as u64;
         // SAFETY: read only when `found`: row < rows and c < dim / 8, 8 bytes inside row `row`
         // (8-byte aligned: rows are 16-byte aligned) and its scale byte.
         let (w, s) = unsafe {
             (
                 load_8_if(
-                    p.weights + row.wrapping_mul(p.dim as u64) + 8 * c as u64,
+                    p.weights + row.wrapping_mul(dim as u64) + 8 * c as u64,
                     found,
                 ),
                 load_u8_if(
@@ -627,25 +650,32 @@ pub(crate) mod kernels {
     /// `t / (dim / 16)`) in straight-line code, as [`gather_dequant_unit_pass`] does a unit: the
     /// row's id, 16 weight bytes and scale byte loaded under predicates, two predicated 16-byte
     /// stores, the bad-id record last. The host launches whole warps over `n * dim / 16 < 2^32`
-    /// chunks.
+    /// chunks, in blocks of `BLOCK` threads; `DIM` as for [`gather_dequant_unit_pass`].
     #[inline(always)]
-    pub(super) unsafe fn gather_dequant_chunk_pass<const CONVERSION: u8>(p: &DequantParams) {
+    pub(super) unsafe fn gather_dequant_chunk_pass<
+        const CONVERSION: u8,
+        const BLOCK: u32,
+        const DIM: u32,
+    >(
+        p: &DequantParams,
+    ) {
+        let dim = if DIM == 0 { p.dim } else { DIM };
         // At least 2 (the host refuses rows narrower than 32), so the divisions cannot trap.
-        let chunks = Units::with_per_row((p.dim / ELEMS_PER_THREAD).max(1));
-        let t = block() * threads_in_block() + thread_in_block();
+        let chunks = Units::with_per_row((dim / ELEMS_PER_THREAD).max(1));
+        let t = block() * BLOCK + thread_in_block();
         let live = (t as u64) < p.n as u64 * chunks.per_row as u64;
         let (i, c) = chunks.split(t as u64);
         // SAFETY: read only when `live`: i < n, inside the ids array.
         let id = unsafe { load_i64_if(p.ids + 8 * i, live) };
         let found = live && id >= 0 && (id as u64) < p.rows;
         let row = id as u64;
-        let scales_per_row = (p.dim / MX_BLOCK) as u64;
+        let scales_per_row = (dim / MX_BLOCK) as u64;
         // SAFETY: read only when `found`: row < rows and c < dim / 16, 16 bytes inside row `row`
         // (16-byte aligned: rows are 16-byte aligned) and the scale byte of its MX block.
         let (w, s) = unsafe {
             (
                 load_16_if(
-                    p.weights + row.wrapping_mul(p.dim as u64) + 16 * c as u64,
+                    p.weights + row.wrapping_mul(dim as u64) + 16 * c as u64,
                     found,
                 ),
                 load_u8_if(

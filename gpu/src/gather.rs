@@ -328,6 +328,14 @@ variants! {
 /// Output bytes per tile of `gather_bulk`: 32 rows of 256 bytes.
 pub const BULK_TILE_BYTES: u32 = 8192;
 
+// The decode-size variants built for 256-byte rows (the product's): their split of a thread's
+// index into row and word folds to a shift and a mask.
+width_builds! {
+    params: GatherParams, width: 256;
+    gather_words8_pass: sm_80 => kernels::words_pass::<8, 256>;
+    gather_words16_pass: sm_80 => kernels::words_pass::<16, 256>;
+}
+
 variant_handle!(GatherVariant, "gather");
 
 /// A kernel that takes [`GatherParams`](crate::params::GatherParams) and does nothing: the launch
@@ -343,7 +351,7 @@ mod kernels {
         block, blocks, global_thread, grid_threads, hint, load_8_if, load_16_if, load_hinted_16,
         load_i64, load_i64_early, load_i64_hinted, load_i64_if, load_stream_16, prefetch_l2,
         record_bad_id, shuffle_i64, store_8_if, store_16, store_16_if, store_16_streaming,
-        thread_in_block, threads_in_block, warp_sync,
+        thread_in_block, warp_sync,
     };
     use crate::params::{CHUNK_BYTES, GatherParams};
     use crate::smem::{
@@ -357,19 +365,23 @@ mod kernels {
     /// [`Shape::WordsOnePass`](super::Shape::WordsOnePass) of `W`-byte words (8 or 16): thread
     /// `t` copies word `t % (row_bytes / W)` of output row `t / (row_bytes / W)`; the host
     /// launches exactly `n * row_bytes / W` threads, rounded up to whole blocks, below 2^32.
-    /// A bad id's row is written as zeros and recorded by its first word's thread.
+    /// A bad id's row is written as zeros and recorded by its first word's thread. `ROW`: the
+    /// row width as a constant (a width build's, the call's `row_bytes`), 0 to read it from
+    /// `p`. Blocks are [`BLOCK_THREADS`] threads (the shape's), a constant too: nothing before
+    /// the id's load reads a special register but the thread's and block's index.
     #[inline(always)]
-    unsafe fn words_pass<const W: u32>(p: &GatherParams) {
-        let words = NonZeroU32::new(p.row_bytes / W).unwrap_or(NonZeroU32::MIN);
-        let t = block() * threads_in_block() + thread_in_block();
+    pub(super) unsafe fn words_pass<const W: u32, const ROW: u32>(p: &GatherParams) {
+        let row_bytes = if ROW == 0 { p.row_bytes } else { ROW };
+        let words = NonZeroU32::new(row_bytes / W).unwrap_or(NonZeroU32::MIN);
+        let t = block() * BLOCK_THREADS + thread_in_block();
         let (i, w) = split(t as u64, words.get());
         let offset = (w * W) as u64;
         let live = i < p.n;
         // SAFETY: read only when `live`: i < n, inside the ids array.
         let id = unsafe { load_i64_if(p.ids + 8 * i, live) };
         let found = live && (id as u64) < p.rows;
-        let src = p.table + (id as u64).wrapping_mul(p.row_bytes as u64) + offset;
-        let dest = p.out + i * p.row_bytes as u64 + offset;
+        let src = p.table + (id as u64).wrapping_mul(row_bytes as u64) + offset;
+        let dest = p.out + i * row_bytes as u64 + offset;
         if W == 8 {
             // SAFETY: read only when `found`: word w of row id < rows, 8-byte aligned; written
             // only when `live`: word w of output row i < n, by this thread alone.
@@ -431,13 +443,13 @@ mod kernels {
     #[inline(always)]
     pub(super) unsafe fn words8_pass(p: &GatherParams) {
         // SAFETY: the caller's launch of this shape.
-        unsafe { words_pass::<8>(p) }
+        unsafe { words_pass::<8, 0>(p) }
     }
 
     #[inline(always)]
     pub(super) unsafe fn words16_pass(p: &GatherParams) {
         // SAFETY: the caller's launch of this shape.
-        unsafe { words_pass::<16>(p) }
+        unsafe { words_pass::<16, 0>(p) }
     }
 
     /// The source address of output row `i`'s chunk `c`, or `None` (after recording it) when the

@@ -126,6 +126,102 @@ macro_rules! variants {
     };
 }
 
+/// A variant's build for one row width, declared by [`width_builds!`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WidthBuild {
+    /// The variant it builds.
+    pub of: &'static str,
+    /// Its entry: `{of}_w{width}`.
+    pub name: &'static str,
+    /// The only row width it runs: a gather's row bytes, a dequant's elements a row.
+    pub width: u32,
+}
+
+/// Declares a family's builds of some of its variants for one row width (the product's rows:
+/// 256 bytes, 256 elements): the variant's body with the width a compile-time constant, so that
+/// its index arithmetic folds to shifts and masks and nothing before its first load waits on a
+/// width read from the parameters, as Triton specializes a kernel on its `constexpr` width.
+/// The host launches the build in place of its variant whenever a call's width is the build's
+/// (same name to callers, same results); any other width runs the variant as declared. Emits
+/// `WIDTH_BUILDS`, `WIDTH_KERNELS` and `WIDTH_TIMED` (the kernel list's rows and `_timed`
+/// twins) and, for `nvptx64`, both entries of each build (`$body` named from the family's
+/// module), in the PTX of archs at least the
+/// declared tier (a const check holds it equal to the variant's).
+macro_rules! width_builds {
+    (
+        params: $params:ident, width: $width:literal;
+        $( $variant:ident: $tier:ident => $body:expr; )*
+    ) => {
+        pub const WIDTH_BUILDS: &[crate::WidthBuild] = &[
+            $( crate::WidthBuild {
+                of: stringify!($variant),
+                name: concat!(stringify!($variant), "_w", stringify!($width)),
+                width: $width,
+            }, )*
+        ];
+
+        /// Each build's row of the kernel list (`WIDTH_BUILDS[i]`'s is `WIDTH_KERNELS[i]`).
+        pub const WIDTH_KERNELS: &[crate::Declared] = &[
+            $( crate::Declared {
+                name: concat!(stringify!($variant), "_w", stringify!($width)),
+                about: concat!(
+                    "as ", stringify!($variant), ", built for rows of width ", stringify!($width),
+                    " (launched in its place for them)"
+                ),
+                needs: sm_number!($tier),
+                param_bytes: core::mem::size_of::<crate::params::$params>(),
+            }, )*
+        ];
+
+        /// Each build's twin that records the device timeline.
+        pub const WIDTH_TIMED: &[&str] = &[
+            $( concat!(stringify!($variant), "_w", stringify!($width), "_timed"), )*
+        ];
+
+        // A build needs what its variant needs: it is the same body.
+        const _: () = {
+            let mut i = 0;
+            while i < WIDTH_BUILDS.len() {
+                let mut k = 0;
+                while !crate::const_str_eq(KERNELS[k].name, WIDTH_BUILDS[i].of) {
+                    k += 1;
+                }
+                assert!(KERNELS[k].needs == WIDTH_KERNELS[i].needs);
+                i += 1;
+            }
+        };
+
+        #[cfg(target_arch = "nvptx64")]
+        mod width_entries {
+            #[allow(unused_imports)]
+            use super::*;
+            $( for_tier!({
+                #[unsafe(export_name = concat!(stringify!($variant), "_w", stringify!($width)))]
+                pub unsafe extern "gpu-kernel" fn $variant(p: crate::params::$params) {
+                    // SAFETY: the host launches a build only with parameters it validated, of
+                    // rows of its width.
+                    unsafe { $body(&p) }
+                }
+            } $tier); )*
+        }
+
+        #[cfg(target_arch = "nvptx64")]
+        mod width_timed_entries {
+            #[allow(unused_imports)]
+            use super::*;
+            $( for_tier!({
+                #[unsafe(export_name = concat!(
+                    stringify!($variant), "_w", stringify!($width), "_timed"
+                ))]
+                pub unsafe extern "gpu-kernel" fn $variant(p: crate::params::$params) {
+                    // SAFETY: as the plain build's.
+                    timed!(p, unsafe { $body(&p) })
+                }
+            } $tier); )*
+        }
+    };
+}
+
 /// Wraps a kernel body in `timeline::device::begin` and `end` on `$p.timeline`: the `_timed`
 /// twin of every instrumented entry (the [`variants!`] ones and the hand-written ones) records
 /// its blocks. The plain entry stays as it was, so the timeline costs nothing when off.
@@ -406,6 +502,16 @@ const FAMILIES: &[Family] = &[
     },
     Family {
         module: Module::Product,
+        kernels: gather::WIDTH_KERNELS,
+        timed: gather::WIDTH_TIMED,
+    },
+    Family {
+        module: Module::Product,
+        kernels: dequant::WIDTH_KERNELS,
+        timed: dequant::WIDTH_TIMED,
+    },
+    Family {
+        module: Module::Product,
         kernels: &[Declared::of::<params::StagedParams>(
             staged::KERNEL,
             "gather + dequant of staged rows that waits in the kernel for each row's tag (the \
@@ -512,4 +618,13 @@ pub fn timed_twin(name: &str) -> Option<&'static str> {
     all_kernels()
         .find(|e| e.twin_of == Some(name))
         .map(|e| e.name)
+}
+
+/// The build of variant `name` for one row width ([`width_builds!`]), if it has one.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn width_build(name: &str) -> Option<&'static WidthBuild> {
+    gather::WIDTH_BUILDS
+        .iter()
+        .chain(dequant::WIDTH_BUILDS)
+        .find(|b| b.of == name)
 }

@@ -29,17 +29,26 @@ pub struct LoadedKernel {
     pub(crate) id: u32,
     /// Its twin that records the device timeline (`{name}_timed`), for the kernels that have one.
     timed: Option<CudaFunction>,
+    /// Its build for one row width (`fetchahead_gpu::WidthBuild`), launched in its place for
+    /// calls of that width.
+    at_width: Option<(u32, Box<LoadedKernel>)>,
 }
 
 impl LoadedKernel {
     /// Kernel `name` of `module`, its blocks per multiprocessor measured for blocks of
-    /// `block_threads` threads (static shared memory included), with its timed twin when it has
-    /// one.
+    /// `block_threads` threads (static shared memory included), with its timed twin and its
+    /// width build when it has them.
     pub(crate) fn load(
         module: &Arc<CudaModule>,
         name: &str,
         block_threads: u32,
     ) -> Result<LoadedKernel> {
+        let at_width = fetchahead_gpu::width_build(name)
+            .map(|b| {
+                LoadedKernel::load(module, b.name, block_threads)
+                    .map(|build| (b.width, Box::new(build)))
+            })
+            .transpose()?;
         let function = module.load_function(name).call("cuModuleGetFunction")?;
         let blocks_per_sm = function
             .occupancy_max_active_blocks_per_multiprocessor(block_threads, 0, None)
@@ -56,12 +65,29 @@ impl LoadedKernel {
             blocks_per_sm,
             id,
             timed,
+            at_width,
         })
+    }
+
+    /// What a call of rows `width` wide launches: the width build when it has one for that
+    /// width, else this kernel.
+    pub(crate) fn for_width(&self, width: u32) -> &LoadedKernel {
+        match &self.at_width {
+            Some((w, build)) if *w == width => build,
+            _ => self,
+        }
     }
 
     /// Its index in `fetchahead_gpu::all_kernels()`: the kernel id its timeline records carry.
     pub fn id(&self) -> u32 {
         self.id
+    }
+
+    /// Its entry's name.
+    pub fn name(&self) -> &'static str {
+        fetchahead_gpu::all_kernels()
+            .nth(self.id as usize)
+            .map_or("?", |e| e.name)
     }
 
     /// The function a launch handing the kernel `timeline` runs: the timed twin when the
@@ -81,6 +107,7 @@ impl LoadedKernel {
             blocks_per_sm: self.blocks_per_sm,
             id: empty.id,
             timed: None,
+            at_width: None,
         }
     }
 }
@@ -251,6 +278,19 @@ impl Kernels {
         )
     }
 
+    /// The PTX entry a gather of `variant` over rows of `row_bytes` runs (what a profiler
+    /// names): the variant's width build for rows of its width, else the variant's own.
+    pub fn gather_entry(&self, variant: GatherVariant, row_bytes: u32) -> Result<&'static str> {
+        let kernel = self.pick(&self.gather, variant.index(), "gather")?;
+        Ok(kernel.for_width(row_bytes).name())
+    }
+
+    /// As [`Kernels::gather_entry`], for a gather + dequant of rows of `dim` elements.
+    pub fn dequant_entry(&self, variant: DequantVariant, dim: u32) -> Result<&'static str> {
+        let kernel = self.pick(&self.dequant, variant.index(), "gather_dequant")?;
+        Ok(kernel.for_width(dim).name())
+    }
+
     /// Launches gather `variant` on `stream`.
     ///
     /// # Safety
@@ -264,7 +304,9 @@ impl Kernels {
         p: GatherParams,
     ) -> Result<()> {
         let grid = gather_grid(variant, &p, self.gpu.multiprocessors)?;
-        let kernel = self.pick(&self.gather, variant.index(), "gather")?;
+        let kernel = self
+            .pick(&self.gather, variant.index(), "gather")?
+            .for_width(p.row_bytes);
         let p = GatherParams {
             timeline: self.timeline.params(kernel.id),
             ..p
@@ -341,7 +383,9 @@ impl Kernels {
         // The kernels index 8-element units in u32.
         check_chunk_count(n * (p.dim / 8) as u64)?;
         let grid = dequant_grid(shape, n, p.dim);
-        let kernel = self.pick(&self.dequant, variant.index(), "gather_dequant")?;
+        let kernel = self
+            .pick(&self.dequant, variant.index(), "gather_dequant")?
+            .for_width(p.dim);
         let p = DequantParams {
             timeline: self.timeline.params(kernel.id),
             ..p
