@@ -177,7 +177,7 @@ macro_rules! dequant_body {
         super::kernels::gather_dequant_unit_pass::<{ super::Conversion::$c as u8 }, $b, 0>(&$p)
     };
     ($p:ident, chunk_pass { conversion: $c:ident, block: $b:literal }) => {
-        super::kernels::gather_dequant_chunk_pass::<{ super::Conversion::$c as u8 }, $b, 0>(&$p)
+        super::kernels::gather_dequant_chunk_pass::<{ super::Conversion::$c as u8 }, $b>(&$p)
     };
     ($p:ident, rows_tile { conversion: $c:ident, rows: $r:literal, warps: $w:literal }) => {
         super::kernels::gather_dequant_rows_tile::<$r, $w, { super::Conversion::$c as u8 }>(&$p)
@@ -305,8 +305,9 @@ variants! {
         => "packed, 4 rows a warp in one pass, the warp's ids in one load, blocks of 64";
 }
 
-// The one-pass variants built for rows of 256 elements (the product's MXFP8 rows): the split
-// of a thread's index into row and unit, and every row offset, fold to shifts.
+// The decode-size one-pass variants built for rows of 256 elements (the product's MXFP8 rows):
+// the split of a thread's index into row and unit, and every row offset, fold to shifts. (The
+// large calls' `chunk_pass` variants keep one build: their time is the bytes they move.)
 width_builds! {
     params: DequantParams, width: 256;
     gather_dequant_unit_pass_b64: sm_80
@@ -315,10 +316,6 @@ width_builds! {
         => kernels::gather_dequant_unit_pass::<{ kernels::PACKED }, 128, 256>;
     gather_dequant_unit_pass_b256: sm_80
         => kernels::gather_dequant_unit_pass::<{ kernels::PACKED }, 256, 256>;
-    gather_dequant_chunk_pass_b64: sm_80
-        => kernels::gather_dequant_chunk_pass::<{ kernels::PACKED }, 64, 256>;
-    gather_dequant_chunk_pass_b128: sm_80
-        => kernels::gather_dequant_chunk_pass::<{ kernels::PACKED }, 128, 256>;
 }
 
 variant_handle!(DequantVariant, "gather + dequant");
@@ -650,16 +647,12 @@ pub(crate) mod kernels {
     /// `t / (dim / 16)`) in straight-line code, as [`gather_dequant_unit_pass`] does a unit: the
     /// row's id, 16 weight bytes and scale byte loaded under predicates, two predicated 16-byte
     /// stores, the bad-id record last. The host launches whole warps over `n * dim / 16 < 2^32`
-    /// chunks, in blocks of `BLOCK` threads; `DIM` as for [`gather_dequant_unit_pass`].
+    /// chunks, in blocks of `BLOCK` threads.
     #[inline(always)]
-    pub(super) unsafe fn gather_dequant_chunk_pass<
-        const CONVERSION: u8,
-        const BLOCK: u32,
-        const DIM: u32,
-    >(
+    pub(super) unsafe fn gather_dequant_chunk_pass<const CONVERSION: u8, const BLOCK: u32>(
         p: &DequantParams,
     ) {
-        let dim = if DIM == 0 { p.dim } else { DIM };
+        let dim = p.dim;
         // At least 2 (the host refuses rows narrower than 32), so the divisions cannot trap.
         let chunks = Units::with_per_row((dim / ELEMS_PER_THREAD).max(1));
         let t = block() * BLOCK + thread_in_block();
