@@ -3,7 +3,7 @@
 //! with the same checks (`tests/common/ptx_checks.rs`).
 #[path = "common/ptx_checks.rs"]
 mod ptx_checks;
-use fetchahead::device_abi::{self, BASELINE_SM, Module, WidthBuild, all_kernels, defaults};
+use fetchahead::device_abi::{BASELINE_SM, Module, all_kernels, defaults, width_builds};
 use fetchahead::kernels::ptx::{BuiltPtx, Reason, choose};
 use fetchahead::{Error, ptx};
 
@@ -88,12 +88,6 @@ fn a_width_build_splits_its_index_without_a_division() {
     for default in ["gather_words8_pass", "gather_dequant_unit_pass_b128"] {
         assert!(names.contains(&default), "{default} has no width build");
     }
-}
-
-fn width_builds() -> impl Iterator<Item = &'static WidthBuild> {
-    device_abi::gather::WIDTH_BUILDS
-        .iter()
-        .chain(device_abi::dequant::WIDTH_BUILDS)
 }
 
 static FAKE: [BuiltPtx; 3] = [

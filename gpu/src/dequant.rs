@@ -652,9 +652,8 @@ pub(crate) mod kernels {
     pub(super) unsafe fn gather_dequant_chunk_pass<const CONVERSION: u8, const BLOCK: u32>(
         p: &DequantParams,
     ) {
-        let dim = p.dim;
         // At least 2 (the host refuses rows narrower than 32), so the divisions cannot trap.
-        let chunks = Units::with_per_row((dim / ELEMS_PER_THREAD).max(1));
+        let chunks = Units::with_per_row((p.dim / ELEMS_PER_THREAD).max(1));
         let t = block() * BLOCK + thread_in_block();
         let live = (t as u64) < p.n as u64 * chunks.per_row as u64;
         let (i, c) = chunks.split(t as u64);
@@ -662,13 +661,13 @@ pub(crate) mod kernels {
         let id = unsafe { load_i64_if(p.ids + 8 * i, live) };
         let found = live && id >= 0 && (id as u64) < p.rows;
         let row = id as u64;
-        let scales_per_row = (dim / MX_BLOCK) as u64;
+        let scales_per_row = (p.dim / MX_BLOCK) as u64;
         // SAFETY: read only when `found`: row < rows and c < dim / 16, 16 bytes inside row `row`
         // (16-byte aligned: rows are 16-byte aligned) and the scale byte of its MX block.
         let (w, s) = unsafe {
             (
                 load_16_if(
-                    p.weights + row.wrapping_mul(dim as u64) + 16 * c as u64,
+                    p.weights + row.wrapping_mul(p.dim as u64) + 16 * c as u64,
                     found,
                 ),
                 load_u8_if(

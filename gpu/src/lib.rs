@@ -145,8 +145,8 @@ pub struct WidthBuild {
 /// (same name to callers, same results); any other width runs the variant as declared. Emits
 /// `WIDTH_BUILDS`, `WIDTH_KERNELS` and `WIDTH_TIMED` (the kernel list's rows and `_timed`
 /// twins) and, for `nvptx64`, both entries of each build (`$body` named from the family's
-/// module), in the PTX of archs at least the
-/// declared tier (a const check holds it equal to the variant's).
+/// module), in the PTX of archs at least the declared tier (a const check holds it equal to
+/// the variant's).
 macro_rules! width_builds {
     (
         params: $params:ident, width: $width:literal;
@@ -620,11 +620,14 @@ pub fn timed_twin(name: &str) -> Option<&'static str> {
         .map(|e| e.name)
 }
 
-/// The build of variant `name` for one row width ([`width_builds!`]), if it has one.
+/// Every family's width builds ([`width_builds!`]).
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn width_builds() -> impl Iterator<Item = &'static WidthBuild> {
+    gather::WIDTH_BUILDS.iter().chain(dequant::WIDTH_BUILDS)
+}
+
+/// The build of variant `name` for one row width, if it has one.
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn width_build(name: &str) -> Option<&'static WidthBuild> {
-    gather::WIDTH_BUILDS
-        .iter()
-        .chain(dequant::WIDTH_BUILDS)
-        .find(|b| b.of == name)
+    width_builds().find(|b| b.of == name)
 }
