@@ -35,14 +35,27 @@ struct Params {
 
 constexpr uint32_t ROW = 256;
 
+// A thread's place: its output row i and part c of it (PER_ROW parts a row), whether the row
+// exists (live) and its id lies in the table (found).
+struct Place {
+  uint32_t i, c;
+  bool live, found;
+  int64_t id;
+};
+
+template <uint32_t PER_ROW, int BLOCK>
+__device__ __forceinline__ Place place(const Params& p) {
+  uint32_t t = blockIdx.x * BLOCK + threadIdx.x;
+  Place q{t / PER_ROW, t % PER_ROW, false, false, -1};
+  q.live = q.i < p.n;
+  q.id = q.live ? p.ids[q.i] : -1;
+  q.found = q.id >= 0 && (uint64_t)q.id < p.rows;
+  return q;
+}
+
 template <int BYTES, int BLOCK>
 __global__ void __launch_bounds__(BLOCK) gather(Params p) {
-  constexpr uint32_t per_row = ROW / BYTES;
-  uint32_t t = blockIdx.x * BLOCK + threadIdx.x;
-  uint32_t i = t / per_row, c = t % per_row;
-  bool live = i < p.n;
-  int64_t id = live ? p.ids[i] : -1;
-  bool found = id >= 0 && (uint64_t)id < p.rows;
+  auto [i, c, live, found, id] = place<ROW / BYTES, BLOCK>(p);
   const uint8_t* src = p.table + (uint64_t)id * ROW + c * BYTES;
   uint8_t* dst = p.out + (uint64_t)i * ROW + c * BYTES;
   if constexpr (BYTES == 8) {
@@ -70,12 +83,7 @@ __device__ __forceinline__ uint32_t widen_pair(uint32_t two, float scale) {
 
 template <int ELEMS, int BLOCK>
 __global__ void __launch_bounds__(BLOCK) dequant(Params p) {
-  constexpr uint32_t per_row = ROW / ELEMS;
-  uint32_t t = blockIdx.x * BLOCK + threadIdx.x;
-  uint32_t i = t / per_row, c = t % per_row;
-  bool live = i < p.n;
-  int64_t id = live ? p.ids[i] : -1;
-  bool found = id >= 0 && (uint64_t)id < p.rows;
+  auto [i, c, live, found, id] = place<ROW / ELEMS, BLOCK>(p);
   const uint8_t* src = p.table + (uint64_t)id * ROW + c * ELEMS;
   // One scale a 32 elements: a thread of 8 or 16 elements has one, of 32 one too.
   uint32_t s = found ? __ldg(p.scales + (uint64_t)id * (ROW / 32) + c * ELEMS / 32) : 127;
