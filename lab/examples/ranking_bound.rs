@@ -10,9 +10,10 @@
 //! (`--horizon` x the cache's rows, in ids) over the ids it would hold its place meanwhile,
 //! counted from states sampled every fourth step over the training steps: the warm-up half
 //! (what an online cache could have learned there) or, with `--in-sample`, the whole trace
-//! (knowing the half it is scored on, which no online policy can). The replay evicts the lowest density of `--samples` resident rows drawn
-//! at random, and counts as `bench-io --trace --replay-only` counts: the first half of the steps
-//! warms, the second is counted, a step's distinct rows weighted by how often it asks for each.
+//! (knowing the half it is scored on, which no online policy can). The replay evicts the lowest
+//! density of `--samples` resident rows drawn at random, and counts as `bench-io --trace
+//! --replay-only` counts: the first half of the steps warms, the second is counted, a step's
+//! distinct rows weighted by how often it asks for each.
 //!
 //! ```sh
 //! cargo run --release --example ranking_bound -- give.u64 give.steps.u32 give.docs.json [--in-sample]
@@ -325,13 +326,12 @@ fn replay(
         let now = starts[b];
         missed.clear();
         for &(row, m, request) in step {
+            let cached = slot.contains_key(&row);
             if b >= half {
                 total += m;
-                if slot.contains_key(&row) {
-                    hits += m;
-                }
+                hits += if cached { m } else { 0 };
             }
-            if !slot.contains_key(&row) {
+            if !cached {
                 missed.push(row);
             }
             history
