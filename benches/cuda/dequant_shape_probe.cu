@@ -197,14 +197,6 @@ __global__ void __launch_bounds__(64) units_x2(const uint8_t* __restrict__ w, co
   }
 }
 
-// fetchahead's DequantParams (gpu/src/params.rs), the timeline off.
-struct FaDequantParams {
-  uint64_t weights, scales, ids, out, rows;
-  uint32_t n, dim;
-  uint64_t status, ring;
-  uint32_t kernel, label;
-};
-
 // A fetchahead entry as the command line names it: NAME:ELEMS_A_THREAD:BLOCK[:loop].
 struct FaEntry {
   std::string name;

@@ -137,33 +137,6 @@ extern "C" __global__ void probe_dequant(DqParams p) {
   }
 }
 
-// fetchahead's DequantParams (gpu/src/params.rs), timeline off.
-struct FaDequantParams {
-  uint64_t weights, scales, ids, out, rows;
-  uint32_t n, dim;
-  uint64_t status, ring;
-  uint32_t kernel, label;
-};
-
-// fetchahead's GatherParams (gpu/src/params.rs), timeline off.
-struct FaGatherParams {
-  uint64_t table, ids, out, n, rows;
-  uint32_t row_bytes, pad;
-  uint64_t status, ring;
-  uint32_t kernel, label;
-};
-
-std::string read_file(const char* path) {
-  std::ifstream f(path);
-  if (!f) {
-    printf("cannot read %s\n", path);
-    exit(1);
-  }
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 int main(int argc, char** argv) {
   if (argc < 3) {
     printf("usage: %s FETCHAHEAD_PTX PROBE_PTX\n", argv[0]);

@@ -29,20 +29,6 @@
 
 constexpr uint32_t ROW = 256;
 
-// fetchahead's parameter structs (gpu/src/params.rs, gpu/src/timeline.rs), 72 bytes each.
-struct FaGather {
-  uint64_t table, ids, out, n, rows;
-  uint32_t row_bytes, pad;
-  uint64_t status, ring;
-  uint32_t kernel, label;
-};
-struct FaDequant {
-  uint64_t weights, scales, ids, out, rows;
-  uint32_t n, dim;
-  uint64_t status, ring;
-  uint32_t kernel, label;
-};
-
 struct Params {
   const uint8_t* table;
   const uint8_t* scales;
@@ -80,17 +66,6 @@ __global__ void __launch_bounds__(128) nvcc_dequant(Params p) {
   if (live) ((uint4*)(p.out + (uint64_t)i * ROW * 2))[c] = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    printf("cannot read %s\n", path.c_str());
-    exit(1);
-  }
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 // A PTX module holding only `entry`: the source's .version / .target / .address_size lines and
 // the entry's text, from its `.visible .entry NAME(` to the first line that is a lone `}`.
 std::string alone(const std::string& ptx, const std::string& entry) {
@@ -109,15 +84,8 @@ std::string alone(const std::string& ptx, const std::string& entry) {
   return head + ptx.substr(at, end + 3 - at);
 }
 
+// `entry` of a module loaded from `image` (PTX text, JIT-compiled, or a cubin).
 CUfunction load(const std::string& image, const char* entry) {
-  CUmodule m;
-  CU(cuModuleLoadData(&m, image.c_str()));
-  CUfunction f;
-  CU(cuModuleGetFunction(&f, m, entry));
-  return f;
-}
-
-CUfunction load_binary(const std::string& image, const char* entry) {
   CUmodule m;
   CU(cuModuleLoadData(&m, image.data()));
   CUfunction f;
@@ -162,9 +130,9 @@ int main(int argc, char** argv) {
 
   for (uint32_t n : {72u, 4096u}) {
     Params p{table, scales, ids, out, n, rows};
-    FaGather fg{(uint64_t)table, (uint64_t)ids, (uint64_t)out, n, rows, ROW, 0,
+    FaGatherParams fg{(uint64_t)table, (uint64_t)ids, (uint64_t)out, n, rows, ROW, 0,
                 (uint64_t)status, 0, 0, 0xffffffffu};
-    FaDequant fd{(uint64_t)table, (uint64_t)scales, (uint64_t)ids, (uint64_t)out, rows, n, ROW,
+    FaDequantParams fd{(uint64_t)table, (uint64_t)scales, (uint64_t)ids, (uint64_t)out, rows, n, ROW,
                  (uint64_t)status, 0, 0, 0xffffffffu};
     unsigned g_blocks = (n * 32 + 255) / 256, d_blocks = (n * 32 + 127) / 128;
     auto drv = [](CUfunction f, void* params, unsigned grid, unsigned block) {
@@ -178,9 +146,9 @@ int main(int argc, char** argv) {
     int d_rows = n == 72 ? 4 : 8, d_warps = 8;
     std::string g_stem = dir + "/gather_r" + std::to_string(g_rows) + "w" + std::to_string(g_warps);
     std::string d_stem = dir + "/dequant_r" + std::to_string(d_rows) + "w" + std::to_string(d_warps);
-    CUfunction tg = load_binary(read_file(g_stem + ".cubin"), "gather_peer"),
+    CUfunction tg = load(read_file(g_stem + ".cubin"), "gather_peer"),
                tg_jit = load(read_file(g_stem + ".ptx"), "gather_peer"),
-               td = load_binary(read_file(d_stem + ".cubin"), "dequant_peer"),
+               td = load(read_file(d_stem + ".cubin"), "dequant_peer"),
                td_jit = load(read_file(d_stem + ".ptx"), "dequant_peer");
     static uint64_t a_table, a_scales, a_ids, a_out, zero;
     static uint32_t a_n;

@@ -4,9 +4,13 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #define CK(x)                                                      \
@@ -80,4 +84,31 @@ inline int64_t* device_ids(uint64_t rows, uint64_t seed, int count = 4096) {
   CK(cudaMalloc(&ids, count * 8));
   CK(cudaMemcpy(ids, h.data(), count * 8, cudaMemcpyHostToDevice));
   return ids;
+}
+
+// fetchahead's GatherParams and DequantParams (gpu/src/params.rs, gpu/src/timeline.rs), 72
+// bytes each; the timeline off when `ring` is 0.
+struct FaGatherParams {
+  uint64_t table, ids, out, n, rows;
+  uint32_t row_bytes, pad;
+  uint64_t status, ring;
+  uint32_t kernel, label;
+};
+struct FaDequantParams {
+  uint64_t weights, scales, ids, out, rows;
+  uint32_t n, dim;
+  uint64_t status, ring;
+  uint32_t kernel, label;
+};
+
+// A file's bytes (a PTX or a cubin), or exit.
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    printf("cannot read %s\n", path.c_str());
+    exit(1);
+  }
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
 }
