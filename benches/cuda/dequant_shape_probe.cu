@@ -28,9 +28,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -209,11 +207,9 @@ int main(int argc, char** argv) {
   CK(cudaFree(0));
   std::vector<FaEntry> entries;
   if (argc > 2) {
-    std::ifstream file(argv[1]);
-    std::stringstream text;
-    text << file.rdbuf();
+    std::string text = read_file(argv[1]);
     CUmodule m;
-    CU(cuModuleLoadData(&m, text.str().c_str()));
+    CU(cuModuleLoadData(&m, text.c_str()));
     for (int k = 2; k < argc; ++k) {
       std::string a = argv[k];
       FaEntry entry;

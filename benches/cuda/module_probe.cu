@@ -18,10 +18,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
-#include <fstream>
-#include <functional>
-#include <sstream>
 #include <string>
 #include <vector>
 
