@@ -5,6 +5,8 @@
 //               8 bytes a thread in blocks of 256, its dequant stand-in at 8 elements in 128)
 //   fa          fetchahead's width build from its whole PTX (argv[1], every kernel in one module)
 //   fa/alone    the same entry from a module holding only it (cut from that PTX here)
+//   fa/reqntid  that module with the block size declared (`.reqntid`, as Triton's PTX has)
+//   fa/sm_90a   that module targeting sm_90a (Triton's target)
 //   triton      the Triton peer's cubin (argv[2]/NAME.cubin, `benches/triton/dump_peers.py`)
 //   triton/jit  the same peer's PTX, JIT-loaded by the driver
 // and fetchahead's empty kernel from both modules. Each case is a graph of 100 chained launches
@@ -80,6 +82,31 @@ std::string alone(const std::string& ptx, const std::string& entry) {
   return head + ptx.substr(at, end + 3 - at);
 }
 
+// `module` (one entry's, from `alone`) with `.reqntid threads` on the line after the entry's
+// parameter list closes.
+std::string with_reqntid(const std::string& module, unsigned threads) {
+  size_t at = module.find("\n)");
+  size_t end = at == std::string::npos ? at : module.find('\n', at + 1);
+  if (end == std::string::npos) {
+    printf("no parameter list in the module\n");
+    exit(1);
+  }
+  std::string m = module;
+  return m.insert(end + 1, ".reqntid " + std::to_string(threads) + "\n");
+}
+
+// `module` targeting `sm_90a` in place of its `.target` line.
+std::string on_sm90a(const std::string& module) {
+  size_t at = module.find(".target ");
+  size_t end = at == std::string::npos ? at : module.find('\n', at);
+  if (end == std::string::npos) {
+    printf("no .target line in the module\n");
+    exit(1);
+  }
+  std::string m = module;
+  return m.replace(at, end - at, ".target sm_90a");
+}
+
 // `entry` of a module loaded from `image` (PTX text, JIT-compiled, or a cubin).
 CUfunction load(const std::string& image, const char* entry) {
   CUmodule m;
@@ -108,6 +135,10 @@ int main(int argc, char** argv) {
   CUfunction fa_g1 = load(alone(fa_ptx, gather), gather),
              fa_d1 = load(alone(fa_ptx, dequant), dequant),
              fa_e1 = load(alone(fa_ptx, "gather_empty"), "gather_empty");
+  CUfunction fa_gr = load(with_reqntid(alone(fa_ptx, gather), 256), gather),
+             fa_dr = load(with_reqntid(alone(fa_ptx, dequant), 128), dequant),
+             fa_ga = load(on_sm90a(alone(fa_ptx, gather)), gather),
+             fa_da = load(on_sm90a(alone(fa_ptx, dequant)), dequant);
 
   const uint64_t rows = 1 << 24;  // 4 GiB of 256-byte rows
   uint8_t *table, *scales, *out;
@@ -168,11 +199,15 @@ int main(int argc, char** argv) {
         {"gather nvcc", [&](cudaStream_t st) { nvcc_gather<<<g_blocks, 256, 0, st>>>(p); }},
         {"gather fa", drv(fa_g, &fg, g_blocks, 256)},
         {"gather fa/alone", drv(fa_g1, &fg, g_blocks, 256)},
+        {"gather fa/reqntid", drv(fa_gr, &fg, g_blocks, 256)},
+        {"gather fa/sm_90a", drv(fa_ga, &fg, g_blocks, 256)},
         {"gather triton", triton_gather(tg)},
         {"gather triton/jit", triton_gather(tg_jit)},
         {"dequant nvcc", [&](cudaStream_t st) { nvcc_dequant<<<d_blocks, 128, 0, st>>>(p); }},
         {"dequant fa", drv(fa_d, &fd, d_blocks, 128)},
         {"dequant fa/alone", drv(fa_d1, &fd, d_blocks, 128)},
+        {"dequant fa/reqntid", drv(fa_dr, &fd, d_blocks, 128)},
+        {"dequant fa/sm_90a", drv(fa_da, &fd, d_blocks, 128)},
         {"dequant triton", triton_dequant(td)},
         {"dequant triton/jit", triton_dequant(td_jit)},
         {"empty fa", drv(fa_e, &fg, g_blocks, 256)},
