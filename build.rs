@@ -94,6 +94,7 @@ pub(crate) fn embed_ptx(module: Module, root: &Path) {
             started.elapsed().as_secs_f64()
         );
         check_entries(arch, &ptx, module);
+        let ptx = require_block_sizes(arch, &ptx, module);
         let file = format!("{arch}.ptx");
         fs::write(out_dir.join(&file), &ptx).unwrap();
         writeln!(
@@ -313,6 +314,45 @@ fn check_entries(arch: &str, ptx: &str, module: Module) {
             ));
         }
     }
+}
+
+/// `ptx` with a `.reqntid` directive on each entry of `module` whose declaration fixes its block
+/// size (`fetchahead_gpu::Declared::block_threads`: the width builds), which LLVM's PTX has no
+/// way to carry from Rust. ptxas's code is the same; what it buys is measured at launch (a
+/// replayed decode-size call, `benches/cuda/module_probe.cu`'s `fa/reqntid`), and a launch with
+/// another block size fails rather than running a body that assumes its own.
+fn require_block_sizes(arch: &str, ptx: &str, module: Module) -> String {
+    let mut out = ptx.to_string();
+    for entry in fetchahead_gpu::all_kernels().filter(|e| e.module == module) {
+        let Some(threads) = entry.block_threads else {
+            continue;
+        };
+        let Some(start) = out.find(&format!(".entry {}(", entry.name)) else {
+            continue; // not in this arch's PTX (check_entries said whether it should be)
+        };
+        // The parameter list closes on a line of its own: `)`, then LLVM's comment.
+        let close = out[start..]
+            .find("\n)")
+            .map(|at| start + at + 1)
+            .unwrap_or_else(|| {
+                fail(&format!(
+                    "{arch} PTX: `{}` has no parameter list",
+                    entry.name
+                ))
+            });
+        let line_end = out[close..]
+            .find('\n')
+            .map(|at| close + at + 1)
+            .unwrap_or_else(|| fail(&format!("{arch} PTX: `{}` has no body", entry.name)));
+        if !out[line_end..].starts_with('{') {
+            fail(&format!(
+                "{arch} PTX: `{}`'s parameter list is not followed by its body",
+                entry.name
+            ));
+        }
+        out.insert_str(line_end, &format!(".reqntid {threads}, 1, 1\n"));
+    }
+    out
 }
 
 /// The names of the kernel entries in a PTX text (as `host/kernels/ptx.rs` reads them).

@@ -5,7 +5,7 @@
 mod ptx_checks;
 use fetchahead::device_abi::{BASELINE_SM, Module, all_kernels, defaults, width_builds};
 use fetchahead::kernels::ptx::{BuiltPtx, Reason, choose};
-use fetchahead::{Error, ptx};
+use fetchahead::{DequantVariant, Error, GatherVariant, ptx};
 
 #[test]
 fn every_built_arch_has_exactly_the_kernels_it_can_run() {
@@ -68,7 +68,8 @@ fn entry_body<'a>(text: &'a str, name: &str) -> Option<&'a str> {
 /// Each width build is in every PTX its variant is, and splits a thread's index into row and
 /// word with no division, where its variant, whose width comes from the parameters, needs one
 /// for widths that are no power of two; neither reads the block size (`%ntid`): the shapes fix
-/// it.
+/// it, and the build declares it (its PTX requires it: `.reqntid`), the block its variant's
+/// launches use.
 #[test]
 fn a_width_build_splits_its_index_without_a_division() {
     let divides = |body: &str| body.contains("div.") || body.contains("rem.");
@@ -83,6 +84,19 @@ fn a_width_build_splits_its_index_without_a_division() {
             assert!(!divides(body), "{} {}", built.arch, build.name);
             assert!(!variant.contains("%ntid") && !body.contains("%ntid"));
         }
+    }
+    for build in width_builds() {
+        let declared = all_kernels().find(|k| k.name == build.name).unwrap();
+        let launched = if let Some(v) = GatherVariant::named(build.of) {
+            v.variant().shape.block_threads()
+        } else {
+            DequantVariant::named(build.of)
+                .unwrap()
+                .variant()
+                .shape
+                .block_threads()
+        };
+        assert_eq!(declared.block_threads, Some(launched), "{}", build.name);
     }
     let names: Vec<&str> = width_builds().map(|b| b.of).collect();
     for default in ["gather_words8_pass", "gather_dequant_unit_pass_b128"] {

@@ -5,17 +5,20 @@
 //               8 bytes a thread in blocks of 256, its dequant stand-in at 8 elements in 128)
 //   fa          fetchahead's width build from its whole PTX (argv[1], every kernel in one module)
 //   fa/alone    the same entry from a module holding only it (cut from that PTX here)
-//   fa/reqntid  that module with the block size declared (`.reqntid`, as Triton's PTX has)
+//   fa/reqntid  that module with the block size declared (`.reqntid`, as Triton's PTX has;
+//               build.rs now writes it on the width builds, so from such a PTX it is fa/alone)
 //   fa/sm_90a   that module targeting sm_90a (Triton's target)
 //   triton      the Triton peer's cubin (argv[2]/NAME.cubin, `benches/triton/dump_peers.py`)
 //   triton/jit  the same peer's PTX, JIT-loaded by the driver
+//   fa/before   the entry from another build's whole PTX (argv[3], optional): the build a
+//               change is measured against
 // and fetchahead's empty kernel from both modules. Each case is a graph of 100 chained launches
 // replayed 200 times; cases interleaved over 7 rounds; the median per call printed with the
 // rounds' min and max.
 // On the GPU machine:
 //   python3 benches/triton/dump_peers.py /tmp/peers
 //   nvcc -O3 -arch=sm_90 -std=c++17 benches/cuda/module_probe.cu -lcuda -o /tmp/mp
-//   /tmp/mp path/to/fetchahead_gpu.ptx /tmp/peers
+//   /tmp/mp path/to/fetchahead_gpu.ptx /tmp/peers [path/to/before.ptx]
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -83,8 +86,9 @@ std::string alone(const std::string& ptx, const std::string& entry) {
 }
 
 // `module` (one entry's, from `alone`) with `.reqntid threads` on the line after the entry's
-// parameter list closes.
+// parameter list closes, unless it has one.
 std::string with_reqntid(const std::string& module, unsigned threads) {
+  if (module.find(".reqntid ") != std::string::npos) return module;  // build.rs wrote it
   size_t at = module.find("\n)");
   size_t end = at == std::string::npos ? at : module.find('\n', at + 1);
   if (end == std::string::npos) {
@@ -123,7 +127,7 @@ struct Case {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    printf("usage: %s FETCHAHEAD_PTX TRITON_DIR\n", argv[0]);
+    printf("usage: %s FETCHAHEAD_PTX TRITON_DIR [BEFORE_PTX]\n", argv[0]);
     return 2;
   }
   CK(cudaFree(0));
@@ -135,6 +139,9 @@ int main(int argc, char** argv) {
   CUfunction fa_g1 = load(alone(fa_ptx, gather), gather),
              fa_d1 = load(alone(fa_ptx, dequant), dequant),
              fa_e1 = load(alone(fa_ptx, "gather_empty"), "gather_empty");
+  std::string before_ptx = argc > 3 ? read_file(argv[3]) : std::string();
+  CUfunction fa_gb = argc > 3 ? load(before_ptx, gather) : nullptr,
+             fa_db = argc > 3 ? load(before_ptx, dequant) : nullptr;
   CUfunction fa_gr = load(with_reqntid(alone(fa_ptx, gather), 256), gather),
              fa_dr = load(with_reqntid(alone(fa_ptx, dequant), 128), dequant),
              fa_ga = load(on_sm90a(alone(fa_ptx, gather)), gather),
@@ -213,6 +220,10 @@ int main(int argc, char** argv) {
         {"empty fa", drv(fa_e, &fg, g_blocks, 256)},
         {"empty fa/alone", drv(fa_e1, &fg, g_blocks, 256)},
     };
+    if (fa_gb) {
+      cases.push_back({"gather fa/before", drv(fa_gb, &fg, g_blocks, 256)});
+      cases.push_back({"dequant fa/before", drv(fa_db, &fd, d_blocks, 128)});
+    }
     std::vector<std::vector<float>> got(cases.size());
     for (int round = 0; round < 7; round++)
       for (size_t k = 0; k < cases.size(); k++) got[k].push_back(time_graph(cases[k].launch, s));

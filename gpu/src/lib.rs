@@ -107,6 +107,7 @@ macro_rules! variants {
                 about: $about,
                 needs: $needs!(sm_number!() $kind { $($arg)* }),
                 param_bytes: core::mem::size_of::<crate::params::$params>(),
+                block_threads: None,
             }, )*
         ];
 
@@ -170,8 +171,19 @@ macro_rules! width_builds {
                 ),
                 needs: sm_number!($tier),
                 param_bytes: core::mem::size_of::<crate::params::$params>(),
+                block_threads: Some(variant_block_threads(stringify!($variant))),
             }, )*
         ];
+
+        /// The block size of variant `name`'s shape, which its width build is compiled to
+        /// require (a build's body takes the block size from that shape, as a constant).
+        const fn variant_block_threads(name: &str) -> u32 {
+            let mut k = 0;
+            while !crate::const_str_eq(VARIANTS[k].name, name) {
+                k += 1;
+            }
+            VARIANTS[k].shape.block_threads()
+        }
 
         /// Each build's twin that records the device timeline.
         pub const WIDTH_TIMED: &[&str] = &[
@@ -423,6 +435,9 @@ pub struct Declared {
     pub about: &'static str,
     pub needs: u32,
     pub param_bytes: usize,
+    /// The block size its PTX requires (`.reqntid`, written in by build.rs), for entries whose
+    /// body fixes it; a launch with any other fails. `None`: set at launch.
+    pub block_threads: Option<u32>,
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -434,6 +449,7 @@ impl Declared {
             about,
             needs,
             param_bytes: core::mem::size_of::<P>(),
+            block_threads: None,
         }
     }
 }
@@ -450,6 +466,8 @@ pub struct Entry {
     pub needs: u32,
     /// The kernel a `_timed` twin records; `None` for a plain kernel.
     pub twin_of: Option<&'static str>,
+    /// The block size its PTX requires (`.reqntid`), as declared ([`Declared::block_threads`]).
+    pub block_threads: Option<u32>,
 }
 
 /// An arch as build.rs and the host name it, split: `sm_121a` -> (121, true), `sm_90` ->
@@ -599,6 +617,7 @@ pub fn all_kernels() -> impl Iterator<Item = Entry> {
         },
         needs: k.needs,
         twin_of,
+        block_threads: k.block_threads,
     };
     let plain = FAMILIES
         .iter()

@@ -49,6 +49,18 @@ impl LoadedKernel {
                     .map(|build| (b.width, Box::new(build)))
             })
             .transpose()?;
+        let entry = fetchahead_gpu::all_kernels().find(|e| e.name == name);
+        if let Some(required) = entry.and_then(|e| e.block_threads)
+            && required != block_threads
+        {
+            return Err(Error::Invalid {
+                what: "kernel block size",
+                why: format!(
+                    "{name} is compiled for blocks of {required} threads (.reqntid), not \
+                     {block_threads}"
+                ),
+            });
+        }
         let function = module.load_function(name).call("cuModuleGetFunction")?;
         let blocks_per_sm = function
             .occupancy_max_active_blocks_per_multiprocessor(block_threads, 0, None)

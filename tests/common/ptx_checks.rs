@@ -1,6 +1,6 @@
 //! The checks every embedded PTX module passes, the product's (`tests/ptx.rs`) and the lab's
 //! (`lab/tests/ptx.rs`, which includes this file by path): each arch holds exactly the module's
-//! kernels it can run, no panic path or local stack, at most one shared buffer an entry, and the
+//! kernels it can run (with the block size each declares), no panic path or local stack, at most one shared buffer an entry, and the
 //! timed twins' timeline word.
 use fetchahead::device_abi::{Module, all_kernels, timed_twin};
 use fetchahead::kernels::ptx::{self, BuiltPtx};
@@ -28,6 +28,22 @@ pub fn exactly_the_kernels_each_arch_can_run(module: Module, built: &[BuiltPtx])
             "{}",
             b.arch
         );
+        // An entry whose declaration fixes its block size requires it (`.reqntid`, between its
+        // parameter list and its body), and no other entry requires one.
+        for kernel in all_kernels().filter(|k| entries.contains(&k.name)) {
+            let head = b
+                .text
+                .split(&format!(".entry {}(", kernel.name))
+                .nth(1)
+                .and_then(|rest| rest.split('{').next())
+                .unwrap_or_default();
+            let required = head
+                .lines()
+                .find_map(|line| line.trim().strip_prefix(".reqntid "))
+                .map(str::to_string);
+            let declared = kernel.block_threads.map(|t| format!("{t}, 1, 1"));
+            assert_eq!(required, declared, "{} {}", b.arch, kernel.name);
+        }
     }
 }
 
