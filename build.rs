@@ -318,9 +318,9 @@ fn check_entries(arch: &str, ptx: &str, module: Module) {
 
 /// `ptx` with a `.reqntid` directive on each entry of `module` whose declaration fixes its block
 /// size (`fetchahead_gpu::Declared::block_threads`: the width builds), which LLVM's PTX has no
-/// way to carry from Rust. ptxas's code is the same; what it buys is measured at launch (a
-/// replayed decode-size call, `benches/cuda/module_probe.cu`'s `fa/reqntid`), and a launch with
-/// another block size fails rather than running a body that assumes its own.
+/// way to carry from Rust. A launch with another block size then fails rather than running a
+/// body that assumes its own (ptxas's code is the same, and a replayed decode-size call no
+/// faster: `benches/cuda/module_probe.cu`'s `fa/reqntid`, BENCHMARKS.md).
 fn require_block_sizes(arch: &str, ptx: &str, module: Module) -> String {
     let mut out = ptx.to_string();
     for entry in fetchahead_gpu::all_kernels().filter(|e| e.module == module) {

@@ -171,18 +171,22 @@ macro_rules! width_builds {
                 ),
                 needs: sm_number!($tier),
                 param_bytes: core::mem::size_of::<crate::params::$params>(),
-                block_threads: Some(variant_block_threads(stringify!($variant))),
+                // The block size of the variant's shape, which the build's body takes as a
+                // constant.
+                block_threads: Some(
+                    VARIANTS[built_variant(stringify!($variant))].shape.block_threads()
+                ),
             }, )*
         ];
 
-        /// The block size of variant `name`'s shape, which its width build is compiled to
-        /// require (a build's body takes the block size from that shape, as a constant).
-        const fn variant_block_threads(name: &str) -> u32 {
+        /// The index of the variant named `name` in `VARIANTS` (and `KERNELS`, its rows in the
+        /// kernel list); fails the build when there is none.
+        const fn built_variant(name: &str) -> usize {
             let mut k = 0;
             while !crate::const_str_eq(VARIANTS[k].name, name) {
                 k += 1;
             }
-            VARIANTS[k].shape.block_threads()
+            k
         }
 
         /// Each build's twin that records the device timeline.
@@ -194,10 +198,7 @@ macro_rules! width_builds {
         const _: () = {
             let mut i = 0;
             while i < WIDTH_BUILDS.len() {
-                let mut k = 0;
-                while !crate::const_str_eq(KERNELS[k].name, WIDTH_BUILDS[i].of) {
-                    k += 1;
-                }
+                let k = built_variant(WIDTH_BUILDS[i].of);
                 assert!(KERNELS[k].needs == WIDTH_KERNELS[i].needs);
                 i += 1;
             }

@@ -49,8 +49,10 @@ impl LoadedKernel {
                     .map(|build| (b.width, Box::new(build)))
             })
             .transpose()?;
-        let entry = fetchahead_gpu::all_kernels().find(|e| e.name == name);
-        if let Some(required) = entry.and_then(|e| e.block_threads)
+        let listed = fetchahead_gpu::all_kernels()
+            .enumerate()
+            .find(|(_, e)| e.name == name);
+        if let Some(required) = listed.and_then(|(_, e)| e.block_threads)
             && required != block_threads
         {
             return Err(Error::Invalid {
@@ -66,9 +68,7 @@ impl LoadedKernel {
             .occupancy_max_active_blocks_per_multiprocessor(block_threads, 0, None)
             .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?
             .max(1);
-        let id = fetchahead_gpu::all_kernels()
-            .position(|e| e.name == name)
-            .unwrap_or(usize::MAX) as u32;
+        let id = listed.map_or(usize::MAX, |(i, _)| i) as u32;
         let timed = fetchahead_gpu::timed_twin(name)
             .map(|twin| module.load_function(twin).call("cuModuleGetFunction"))
             .transpose()?;

@@ -1,7 +1,7 @@
 //! The checks every embedded PTX module passes, the product's (`tests/ptx.rs`) and the lab's
-//! (`lab/tests/ptx.rs`, which includes this file by path): each arch holds exactly the module's
-//! kernels it can run (with the block size each declares), no panic path or local stack, at most one shared buffer an entry, and the
-//! timed twins' timeline word.
+//! (`lab/tests/lab_ptx.rs`, which includes this file by path): each arch holds exactly the
+//! module's kernels it can run (each requiring the block size it declares), no panic path or
+//! local stack, at most one shared buffer an entry, and the timed twins' timeline word.
 use fetchahead::device_abi::{Module, all_kernels, timed_twin};
 use fetchahead::kernels::ptx::{self, BuiltPtx};
 
