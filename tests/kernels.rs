@@ -528,6 +528,26 @@ fn launches_refuse_bad_shapes_with_an_error() {
             "{what}: {result:?}"
         );
     }
+    // 2^26 rows of 256 elements are 2^31 units of 8 but 2^32 quads: a quad-pass variant, whose
+    // threads index quads in 32 bits, refuses the call.
+    let quads = fetchahead::device_abi::params::DequantParams {
+        weights: 0x1000,
+        scales: 0x2000,
+        ids: 0x3000,
+        out: 0x4000,
+        rows: 10,
+        n: 1 << 26,
+        dim: 256,
+        status: 0x5000,
+        timeline: fetchahead::device_abi::params::TimelineParams::OFF,
+    };
+    let quad = DequantVariant::named("gather_dequant_quad_pass_b256").unwrap();
+    // SAFETY: refused before launch, so no address is touched.
+    let result = unsafe { s.kernels.launch_gather_dequant(stream, quad, quads) };
+    assert!(
+        matches!(result, Err(Error::Invalid { .. })),
+        "2^32 quads: {result:?}"
+    );
     // An index past the table makes no handle; a name no row has, no variant.
     assert!(GatherVariant::at(gather::VARIANTS.len()).is_none());
     let result = s.kernels.gather_variant(Some("no_such_gather"), 72);

@@ -173,6 +173,14 @@ fn declared_shapes_are_the_launch_shapes() {
             dequant::Shape::ChunkPass { block_threads: 64 }
         )
     );
+    let d = &dequant::VARIANTS[dequant::find("gather_dequant_quad_pass_cvt_b256").unwrap()];
+    assert_eq!(
+        (d.conversion, d.shape),
+        (
+            dequant::Conversion::Hardware,
+            dequant::Shape::QuadPass { block_threads: 256 }
+        )
+    );
     let d = &dequant::VARIANTS[dequant::find("gather_dequant_rows4_w1").unwrap()];
     assert_eq!(
         (d.conversion, d.shape),

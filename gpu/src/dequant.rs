@@ -36,6 +36,11 @@ pub enum Shape {
     /// chunk's id, 16 weight bytes and scale byte loaded under predicates, two predicated
     /// 16-byte stores. The Triton peer's shape at 1M-4M rows (ROWS = 4 on 2 warps).
     ChunkPass { block_threads: u32 },
+    /// A thread per 4 elements in one pass: the id, 4 weight bytes and the scale byte loaded
+    /// under predicates, one predicated 8-byte store. For decode-size calls, where a thread's
+    /// conversion after its loads lies on the call's critical path: half a unit's work a
+    /// thread, twice the threads (the Triton peer's tile at 72 rows, ROWS = 4 on 8 warps).
+    QuadPass { block_threads: u32 },
     /// `rows` rows a warp in one pass, `warps` warps a block, lane `l` taking unit `l` (8
     /// elements; `l + 32 j` too for rows wider than 256) of each of its warp's rows, as the
     /// Triton peer's tile takes its rows: the warp's ids in one load shared by shuffles, with
@@ -50,6 +55,7 @@ impl Shape {
     pub const fn elems_per_thread(self) -> u32 {
         match self {
             Shape::Chunk16 | Shape::ChunkPass { .. } => 16,
+            Shape::QuadPass { .. } => 4,
             Shape::Units8 { unroll, .. } => 8 * unroll,
             Shape::RowsTile { rows, .. } => 8 * rows,
         }
@@ -60,9 +66,9 @@ impl Shape {
     pub const fn block_threads(self) -> u32 {
         match self {
             Shape::Chunk16 => crate::gather::BLOCK_THREADS,
-            Shape::Units8 { block_threads, .. } | Shape::ChunkPass { block_threads } => {
-                block_threads
-            }
+            Shape::Units8 { block_threads, .. }
+            | Shape::ChunkPass { block_threads }
+            | Shape::QuadPass { block_threads } => block_threads,
             Shape::RowsTile { warps, .. } => 32 * warps,
         }
     }
@@ -72,7 +78,10 @@ impl Shape {
     pub const fn one_pass(self) -> bool {
         matches!(
             self,
-            Shape::Units8 { one_pass: true, .. } | Shape::ChunkPass { .. } | Shape::RowsTile { .. }
+            Shape::Units8 { one_pass: true, .. }
+                | Shape::ChunkPass { .. }
+                | Shape::QuadPass { .. }
+                | Shape::RowsTile { .. }
         )
     }
 
@@ -82,6 +91,7 @@ impl Shape {
             Shape::Chunk16 => n * (dim / 16) as u64,
             // Whole warps: the kernel predicates the threads past the last chunk.
             Shape::ChunkPass { .. } => (n * (dim / 16) as u64).div_ceil(32) * 32,
+            Shape::QuadPass { .. } => (n * (dim / 4) as u64).div_ceil(32) * 32,
             Shape::Units8 { unroll, .. } => {
                 let units = n * (dim / 8) as u64;
                 units.div_ceil(32 * unroll as u64) * 32
@@ -136,6 +146,14 @@ macro_rules! dequant_row {
             about: $about,
         }
     };
+    ($name:expr, $about:expr, quad_pass { conversion: $c:ident, block: $b:literal }) => {
+        Variant {
+            name: $name,
+            conversion: Conversion::$c,
+            shape: Shape::QuadPass { block_threads: $b },
+            about: $about,
+        }
+    };
     ($name:expr, $about:expr, rows_tile { conversion: $c:ident, rows: $r:literal, warps: $w:literal }) => {
         Variant {
             name: $name,
@@ -179,6 +197,9 @@ macro_rules! dequant_body {
     ($p:ident, chunk_pass { conversion: $c:ident, block: $b:literal }) => {
         super::kernels::gather_dequant_chunk_pass::<{ super::Conversion::$c as u8 }, $b>(&$p)
     };
+    ($p:ident, quad_pass { conversion: $c:ident, block: $b:literal }) => {
+        super::kernels::gather_dequant_quad_pass::<{ super::Conversion::$c as u8 }, $b, 0>(&$p)
+    };
     ($p:ident, rows_tile { conversion: $c:ident, rows: $r:literal, warps: $w:literal }) => {
         super::kernels::gather_dequant_rows_tile::<$r, $w, { super::Conversion::$c as u8 }>(&$p)
     };
@@ -215,6 +236,9 @@ macro_rules! dequant_needs {
         $then! { $($pre)* sm_89 }
     };
     ($then:ident!($($pre:tt)*) chunk_pass { conversion: Hardware, $($rest:tt)* }) => {
+        $then! { $($pre)* sm_89 }
+    };
+    ($then:ident!($($pre:tt)*) quad_pass { conversion: Hardware, $($rest:tt)* }) => {
         $then! { $($pre)* sm_89 }
     };
     ($then:ident!($($pre:tt)*) rows_tile { conversion: Hardware, $($rest:tt)* }) => {
@@ -297,6 +321,12 @@ variants! {
         => "packed, a thread per 16 elements in one pass, predicated, blocks of 128";
     gather_dequant_chunk_pass_cvt_b64: chunk_pass { conversion: Hardware, block: 64 }
         => "hardware conversion, a thread per 16 elements in one pass, blocks of 64";
+    gather_dequant_quad_pass_b128: quad_pass { conversion: Packed, block: 128 }
+        => "packed, a thread per 4 elements in one pass, predicated, blocks of 128";
+    gather_dequant_quad_pass_b256: quad_pass { conversion: Packed, block: 256 }
+        => "packed, a thread per 4 elements in one pass, predicated, blocks of 256";
+    gather_dequant_quad_pass_cvt_b256: quad_pass { conversion: Hardware, block: 256 }
+        => "hardware conversion, a thread per 4 elements in one pass, blocks of 256";
     gather_dequant_rows2_w2: rows_tile { conversion: Packed, rows: 2, warps: 2 }
         => "packed, 2 rows a warp in one pass, the warp's ids in one load, blocks of 64";
     gather_dequant_rows4_w1: rows_tile { conversion: Packed, rows: 4, warps: 1 }
@@ -316,6 +346,10 @@ width_builds! {
         => kernels::gather_dequant_unit_pass::<{ kernels::PACKED }, 128, 256>;
     gather_dequant_unit_pass_b256: sm_80
         => kernels::gather_dequant_unit_pass::<{ kernels::PACKED }, 256, 256>;
+    gather_dequant_quad_pass_b128: sm_80
+        => kernels::gather_dequant_quad_pass::<{ kernels::PACKED }, 128, 256>;
+    gather_dequant_quad_pass_b256: sm_80
+        => kernels::gather_dequant_quad_pass::<{ kernels::PACKED }, 256, 256>;
 }
 
 variant_handle!(DequantVariant, "gather + dequant");
@@ -325,9 +359,9 @@ pub(crate) mod kernels {
     use super::{Conversion, ELEMS_PER_THREAD};
     use crate::device::{
         block, e4m3x2_to_f16x2, f16_to_f32, f32x2_to_bf16x2, global_thread, grid_threads,
-        load_8_if, load_16_if, load_hinted_8, load_hinted_16, load_i64, load_i64_early,
+        load_4_if, load_8_if, load_16_if, load_hinted_8, load_hinted_16, load_i64, load_i64_early,
         load_i64_if, load_u8, load_u8_if, mul_bf16x2, permute_bytes, prefetch_l2, prefetch_line_l2,
-        record_bad_id, store_16, store_16_if, store_16_streaming, thread_in_block,
+        record_bad_id, store_8_if, store_16, store_16_if, store_16_streaming, thread_in_block,
     };
     use crate::mxfp8::{BF16_NAN, E8M0_NAN};
     use crate::params::{DequantParams, MX_BLOCK};
@@ -440,6 +474,20 @@ pub(crate) mod kernels {
                 word_hardware(w, 2, scale),
                 word_hardware(w, 3, scale),
             ]
+        }
+    }
+
+    /// The two output words of 4 elements (one weight word).
+    #[inline(always)]
+    fn convert_quad<const CONVERSION: u8>(w: u32, s: u8) -> [u32; 2] {
+        if CONVERSION == PACKED {
+            let (scale2, nan) = scale_bf16x2(s);
+            let (a, b) = words_packed(w, scale2, nan);
+            [a, b]
+        } else {
+            let scale = scale_f32(s);
+            let w = [w, 0, 0, 0];
+            [word_hardware(w, 0, scale), word_hardware(w, 1, scale)]
         }
     }
 
@@ -638,6 +686,54 @@ pub(crate) mod kernels {
         // SAFETY: written only when `live`: unit t's 16 bytes of output, by this thread alone.
         unsafe { store_16_if(p.out + 16 * t as u64, out, live) };
         if live && !found && c == 0 {
+            // SAFETY: the host passes the address of a live IdStatus.
+            unsafe { record_bad_id(p.status, i) };
+        }
+    }
+
+    /// A `quad_pass` variant: thread `t` converts quad `t` (4 elements of output row
+    /// `t / (dim / 4)`) as [`gather_dequant_unit_pass`] does a unit: the row's id, 4 weight
+    /// bytes and the scale byte loaded under predicates, one predicated 8-byte store, the bad-id
+    /// record last. The host launches whole warps over `n * dim / 4 < 2^32` quads, in blocks of
+    /// `BLOCK` threads. `DIM`: as for `gather_dequant_unit_pass`.
+    #[inline(always)]
+    pub(super) unsafe fn gather_dequant_quad_pass<
+        const CONVERSION: u8,
+        const BLOCK: u32,
+        const DIM: u32,
+    >(
+        p: &DequantParams,
+    ) {
+        let dim = if DIM == 0 { p.dim } else { DIM };
+        // At least 8 (the host refuses rows narrower than 32), so the divisions cannot trap.
+        let quads = Units::with_per_row((dim / 4).max(1));
+        let t = block() * BLOCK + thread_in_block();
+        let live = (t as u64) < p.n as u64 * quads.per_row as u64;
+        let (i, q) = quads.split(t as u64);
+        // SAFETY: read only when `live`: i < n, inside the ids array.
+        let id = unsafe { load_i64_if(p.ids + 8 * i, live) };
+        let found = live && id >= 0 && (id as u64) < p.rows;
+        let row = id as u64;
+        let scales_per_row = (dim / MX_BLOCK) as u64;
+        // SAFETY: read only when `found`: row < rows and q < dim / 4, 4 bytes inside row `row`
+        // (4-byte aligned: rows are 16-byte aligned) and its scale byte (quad q's block q / 8).
+        let (w, s) = unsafe {
+            (
+                load_4_if(
+                    p.weights + row.wrapping_mul(dim as u64) + 4 * q as u64,
+                    found,
+                ),
+                load_u8_if(
+                    p.scales + row.wrapping_mul(scales_per_row) + (q / 8) as u64,
+                    found,
+                    UNIT_SCALE,
+                ),
+            )
+        };
+        let out = convert_quad::<CONVERSION>(w, s);
+        // SAFETY: written only when `live`: quad t's 8 bytes of output, by this thread alone.
+        unsafe { store_8_if(p.out + 8 * t as u64, out, live) };
+        if live && !found && q == 0 {
             // SAFETY: the host passes the address of a live IdStatus.
             unsafe { record_bad_id(p.status, i) };
         }

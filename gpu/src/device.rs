@@ -215,6 +215,25 @@ pub unsafe fn load_8_if(addr: u64, live: bool) -> [u32; 2] {
     [a, b]
 }
 
+/// 4 read-only bytes at `addr` when `live`, zeros otherwise (one predicated load).
+///
+/// # Safety
+/// When `live`: `addr` is a readable, 4-byte aligned global address that nothing writes during
+/// the kernel. Otherwise `addr` is not read.
+#[inline(always)]
+pub unsafe fn load_4_if(addr: u64, live: bool) -> u32 {
+    let v: u32;
+    // SAFETY: the caller guarantees the address when `live`; nothing is read otherwise.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; setp.ne.u32 p, {2}, 0; mov.b32 {0}, 0; @p ld.global.nc.u32 {0}, [{1}]; }}",
+            out(reg32) v, in(reg64) addr, in(reg32) live as u32,
+            options(readonly, nostack, preserves_flags),
+        );
+    }
+    v
+}
+
 /// The read-only byte at `addr` when `live`, `otherwise` when not (one predicated load).
 ///
 /// # Safety

@@ -392,9 +392,10 @@ impl Kernels {
             return Ok(()); // nothing to write: the addresses of empty buffers may be null
         }
         let shape = dequant_shape(variant)?;
-        // The kernels index 8-element units in u32.
+        // The kernels index 8-element units in u32, and a quad-pass variant's threads too.
         check_chunk_count(n * (p.dim / 8) as u64)?;
         let grid = dequant_grid(shape, n, p.dim);
+        check_chunk_count(grid.threads)?;
         let kernel = self
             .pick(&self.dequant, variant.index(), "gather_dequant")?
             .for_width(p.dim);
@@ -753,7 +754,7 @@ fn check_chunk_count(chunks: u64) -> Result<()> {
         return Err(Error::invalid(
             "batch",
             format!(
-                "{chunks} chunks (16 bytes of a gather, 8 elements of a dequant) in one launch; split it below 2^32"
+                "{chunks} chunks (16 bytes of a gather; 8 elements of a dequant, 4 of a quad-pass one) in one launch; split it below 2^32"
             ),
         ));
     }
@@ -923,6 +924,17 @@ mod tests {
         assert_eq!((shape.block_threads(), shape.one_pass()), (64, true));
         assert_eq!(shape.threads(1000, 256), 16_000);
         assert_eq!(shape.threads(3, 96), 32);
+        let grid = dequant_grid(shape, 1000, 256);
+        assert!(grid.one_pass);
+        assert_eq!(grid.threads.div_ceil(grid.block_threads as u64), 250);
+        // A thread per 4 elements, whole warps: 1000 rows of 256 are 64000 quads (2000 warps,
+        // 250 blocks of 256); 3 rows of 96 are 72 quads, three warps.
+        let quad = DequantVariant::named("gather_dequant_quad_pass_b256").unwrap();
+        let shape = quad.variant().shape;
+        assert_eq!((shape.block_threads(), shape.one_pass()), (256, true));
+        assert_eq!(shape.elems_per_thread(), 4);
+        assert_eq!(shape.threads(1000, 256), 64_000);
+        assert_eq!(shape.threads(3, 96), 96);
         let grid = dequant_grid(shape, 1000, 256);
         assert!(grid.one_pass);
         assert_eq!(grid.threads.div_ceil(grid.block_threads as u64), 250);
