@@ -4,7 +4,8 @@
 // varies is how many bytes a thread moves and how many threads a block has:
 //   gather  B bytes a thread (8: one 8-byte load; 16: one 16-byte load; 32: two 16-byte loads),
 //           blocks of 32 / 64 / 128 / 256 threads
-//   dequant E elements a thread (8: an 8-byte weight load, one 16-byte store; 16: a 16-byte load,
+//   dequant E elements a thread (4: a 4-byte weight load, one 8-byte store, the Triton peer's
+//           tile at 72 rows; 8: an 8-byte weight load, one 16-byte store; 16: a 16-byte load,
 //           two stores; 32: two loads, four stores) and the thread's scale byte, each E4M3 byte
 //           widened to f32, scaled by the exponent bits (s << 23), stored as bf16 (the Triton
 //           peer's arithmetic), blocks of 64 / 128 / 256
@@ -90,7 +91,9 @@ __global__ void __launch_bounds__(BLOCK) dequant(Params p) {
   float scale = __uint_as_float(s << 23);
   constexpr int WORDS = ELEMS / 4;  // 4 weight bytes a word
   uint32_t w[WORDS];
-  if constexpr (ELEMS == 8) {
+  if constexpr (ELEMS == 4) {
+    w[0] = found ? __ldg((const uint32_t*)src) : 0;
+  } else if constexpr (ELEMS == 8) {
     uint2 v = found ? __ldg((const uint2*)src) : make_uint2(0, 0);
     w[0] = v.x, w[1] = v.y;
   } else {
@@ -99,6 +102,11 @@ __global__ void __launch_bounds__(BLOCK) dequant(Params p) {
       uint4 v = found ? __ldg((const uint4*)src + k) : make_uint4(0, 0, 0, 0);
       w[4 * k] = v.x, w[4 * k + 1] = v.y, w[4 * k + 2] = v.z, w[4 * k + 3] = v.w;
     }
+  }
+  if constexpr (ELEMS == 4) {
+    uint2 o = make_uint2(widen_pair(w[0] & 0xffff, scale), widen_pair(w[0] >> 16, scale));
+    if (live) *(uint2*)(p.out + ((uint64_t)i * ROW + c * ELEMS) * 2) = o;
+    return;
   }
   uint4* dst = (uint4*)(p.out + ((uint64_t)i * ROW + c * ELEMS) * 2);
 #pragma unroll
@@ -123,20 +131,17 @@ struct Case {
 #define DEQUANT(E, K) Case{"dequant " #E "el/thread b" #K, dequant<E, K>, ROW / E, K}
 
 int main() {
-  const uint64_t rows = 1 << 24;  // 4 GiB of 256-byte rows
-  uint8_t *table, *scales, *out;
-  CK(cudaMalloc(&table, rows * ROW));
-  CK(cudaMemset(table, 0x3a, rows * ROW));
-  CK(cudaMalloc(&scales, rows * (ROW / 32)));
-  CK(cudaMemset(scales, 127, rows * (ROW / 32)));
-  CK(cudaMalloc(&out, 4096 * ROW * 2));
-  int64_t* ids = device_ids(rows, 88172645463325252ull);
+  DecodeTensors tensors = decode_tensors();  // 4 GiB of 256-byte rows
+  const uint64_t rows = tensors.rows;
+  uint8_t *table = tensors.table, *scales = tensors.scales, *out = tensors.out;
+  int64_t* ids = tensors.ids;
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<Case> cases = {
       GATHER(8, 32),   GATHER(8, 64),   GATHER(8, 128),   GATHER(8, 256),
       GATHER(16, 32),  GATHER(16, 64),  GATHER(16, 128),  GATHER(16, 256),
       GATHER(32, 32),  GATHER(32, 64),  GATHER(32, 128),  GATHER(32, 256),
+      DEQUANT(4, 64),  DEQUANT(4, 128), DEQUANT(4, 256),
       DEQUANT(8, 64),  DEQUANT(8, 128), DEQUANT(8, 256),  DEQUANT(16, 64),
       DEQUANT(16, 128), DEQUANT(16, 256), DEQUANT(32, 64), DEQUANT(32, 128),
       DEQUANT(32, 256),

@@ -25,13 +25,6 @@
 
 constexpr uint32_t ROW = 256;
 
-CUfunction load(const std::string& image, const char* entry) {
-  CUmodule m;
-  CU(cuModuleLoadData(&m, image.data()));
-  CUfunction f;
-  CU(cuModuleGetFunction(&f, m, entry));
-  return f;
-}
 
 struct Case {
   std::string family, name;
@@ -61,13 +54,10 @@ int main(int argc, char** argv) {
   }
   printf("%zu Triton builds\n", builds.size());
 
-  const uint64_t rows = 1 << 24;  // 4 GiB of 256-byte rows
-  uint8_t *table, *scales, *out;
-  CK(cudaMalloc(&table, rows * ROW));
-  CK(cudaMemset(table, 0x3a, rows * ROW));
-  CK(cudaMalloc(&scales, rows * (ROW / 32)));
-  CK(cudaMemset(scales, 127, rows * (ROW / 32)));
-  CK(cudaMalloc(&out, 4096 * ROW * 2));
+  DecodeTensors tensors = decode_tensors();  // 4 GiB of 256-byte rows
+  const uint64_t rows = tensors.rows;
+  uint8_t *table = tensors.table, *scales = tensors.scales, *out = tensors.out;
+  int64_t* ids = tensors.ids;
   uint64_t *status, *tri_status;
   CK(cudaMalloc(&status, 16));
   CK(cudaMalloc(&tri_status, 16));
@@ -75,7 +65,6 @@ int main(int argc, char** argv) {
   CK(cudaMemcpy(status, clean.data(), 16, cudaMemcpyHostToDevice));
   std::vector<uint64_t> tri_clean = {0, (uint64_t)INT64_MAX};
   CK(cudaMemcpy(tri_status, tri_clean.data(), 16, cudaMemcpyHostToDevice));
-  int64_t* ids = device_ids(rows, 88172645463325252ull);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
@@ -104,9 +93,9 @@ int main(int argc, char** argv) {
       {"lad16_s32", 256, 16},
   };
   std::vector<CUfunction> fa_f, lad_f, tri_f;
-  for (auto& e : fa) fa_f.push_back(load(fa_ptx, e.entry));
-  for (auto& e : lad) lad_f.push_back(load(lad_ptx, std::get<0>(e)));
-  for (auto& b : builds) tri_f.push_back(load(read_file(dir + "/" + b.stem + ".cubin"), b.entry.c_str()));
+  for (auto& e : fa) fa_f.push_back(load_entry(fa_ptx, e.entry));
+  for (auto& e : lad) lad_f.push_back(load_entry(lad_ptx, std::get<0>(e)));
+  for (auto& b : builds) tri_f.push_back(load_entry(read_file(dir + "/" + b.stem + ".cubin"), b.entry.c_str()));
 
   for (uint32_t n : {72u, 4096u}) {
     static FaGatherParams fg;

@@ -111,14 +111,6 @@ std::string on_sm90a(const std::string& module) {
   return m.replace(at, end - at, ".target sm_90a");
 }
 
-// `entry` of a module loaded from `image` (PTX text, JIT-compiled, or a cubin).
-CUfunction load(const std::string& image, const char* entry) {
-  CUmodule m;
-  CU(cuModuleLoadData(&m, image.data()));
-  CUfunction f;
-  CU(cuModuleGetFunction(&f, m, entry));
-  return f;
-}
 
 struct Case {
   std::string name;
@@ -134,31 +126,27 @@ int main(int argc, char** argv) {
   std::string fa_ptx = read_file(argv[1]), dir = argv[2];
   const char* gather = "gather_words8_pass_w256";
   const char* dequant = "gather_dequant_unit_pass_b128_w256";
-  CUfunction fa_g = load(fa_ptx, gather), fa_d = load(fa_ptx, dequant),
-             fa_e = load(fa_ptx, "gather_empty");
-  CUfunction fa_g1 = load(alone(fa_ptx, gather), gather),
-             fa_d1 = load(alone(fa_ptx, dequant), dequant),
-             fa_e1 = load(alone(fa_ptx, "gather_empty"), "gather_empty");
+  CUfunction fa_g = load_entry(fa_ptx, gather), fa_d = load_entry(fa_ptx, dequant),
+             fa_e = load_entry(fa_ptx, "gather_empty");
+  CUfunction fa_g1 = load_entry(alone(fa_ptx, gather), gather),
+             fa_d1 = load_entry(alone(fa_ptx, dequant), dequant),
+             fa_e1 = load_entry(alone(fa_ptx, "gather_empty"), "gather_empty");
   std::string before_ptx = argc > 3 ? read_file(argv[3]) : std::string();
-  CUfunction fa_gb = argc > 3 ? load(before_ptx, gather) : nullptr,
-             fa_db = argc > 3 ? load(before_ptx, dequant) : nullptr;
-  CUfunction fa_gr = load(with_reqntid(alone(fa_ptx, gather), 256), gather),
-             fa_dr = load(with_reqntid(alone(fa_ptx, dequant), 128), dequant),
-             fa_ga = load(on_sm90a(alone(fa_ptx, gather)), gather),
-             fa_da = load(on_sm90a(alone(fa_ptx, dequant)), dequant);
+  CUfunction fa_gb = argc > 3 ? load_entry(before_ptx, gather) : nullptr,
+             fa_db = argc > 3 ? load_entry(before_ptx, dequant) : nullptr;
+  CUfunction fa_gr = load_entry(with_reqntid(alone(fa_ptx, gather), 256), gather),
+             fa_dr = load_entry(with_reqntid(alone(fa_ptx, dequant), 128), dequant),
+             fa_ga = load_entry(on_sm90a(alone(fa_ptx, gather)), gather),
+             fa_da = load_entry(on_sm90a(alone(fa_ptx, dequant)), dequant);
 
-  const uint64_t rows = 1 << 24;  // 4 GiB of 256-byte rows
-  uint8_t *table, *scales, *out;
-  CK(cudaMalloc(&table, rows * ROW));
-  CK(cudaMemset(table, 0x3a, rows * ROW));
-  CK(cudaMalloc(&scales, rows * (ROW / 32)));
-  CK(cudaMemset(scales, 127, rows * (ROW / 32)));
-  CK(cudaMalloc(&out, 4096 * ROW * 2));
+  DecodeTensors tensors = decode_tensors();  // 4 GiB of 256-byte rows
+  const uint64_t rows = tensors.rows;
+  uint8_t *table = tensors.table, *scales = tensors.scales, *out = tensors.out;
+  int64_t* ids = tensors.ids;
   uint64_t* status;
   CK(cudaMalloc(&status, 16));
   std::vector<uint64_t> clean = {0, ~0ull};
   CK(cudaMemcpy(status, clean.data(), 16, cudaMemcpyHostToDevice));
-  int64_t* ids = device_ids(rows, 88172645463325252ull);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
@@ -180,10 +168,10 @@ int main(int argc, char** argv) {
     int d_rows = n == 72 ? 4 : 8, d_warps = 8;
     std::string g_stem = dir + "/gather_r" + std::to_string(g_rows) + "w" + std::to_string(g_warps);
     std::string d_stem = dir + "/dequant_r" + std::to_string(d_rows) + "w" + std::to_string(d_warps);
-    CUfunction tg = load(read_file(g_stem + ".cubin"), "gather_peer"),
-               tg_jit = load(read_file(g_stem + ".ptx"), "gather_peer"),
-               td = load(read_file(d_stem + ".cubin"), "dequant_peer"),
-               td_jit = load(read_file(d_stem + ".ptx"), "dequant_peer");
+    CUfunction tg = load_entry(read_file(g_stem + ".cubin"), "gather_peer"),
+               tg_jit = load_entry(read_file(g_stem + ".ptx"), "gather_peer"),
+               td = load_entry(read_file(d_stem + ".cubin"), "dequant_peer"),
+               td_jit = load_entry(read_file(d_stem + ".ptx"), "dequant_peer");
     static uint64_t a_table, a_scales, a_ids, a_out, zero;
     static uint32_t a_n;
     a_table = (uint64_t)table, a_scales = (uint64_t)scales, a_ids = (uint64_t)ids;

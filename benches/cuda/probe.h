@@ -101,6 +101,34 @@ struct FaDequantParams {
   uint32_t kernel, label;
 };
 
+// `entry` of a module loaded from `image` (PTX text, JIT-compiled, or a cubin), or exit.
+inline CUfunction load_entry(const std::string& image, const char* entry) {
+  CUmodule m;
+  CU(cuModuleLoadData(&m, image.data()));
+  CUfunction f;
+  CU(cuModuleGetFunction(&f, m, entry));
+  return f;
+}
+
+// The decode-size probes' tensors: a 4 GiB table of 256-byte rows (every byte 0x3a), its
+// E8M0 scales (all 2^0), room for 4096 output rows of bf16, and 4096 ids drawn below `rows`.
+struct DecodeTensors {
+  uint64_t rows;
+  uint8_t *table, *scales, *out;
+  int64_t* ids;
+};
+inline DecodeTensors decode_tensors() {
+  constexpr uint64_t row = 256;
+  DecodeTensors t{1 << 24, nullptr, nullptr, nullptr, nullptr};
+  CK(cudaMalloc(&t.table, t.rows * row));
+  CK(cudaMemset(t.table, 0x3a, t.rows * row));
+  CK(cudaMalloc(&t.scales, t.rows * (row / 32)));
+  CK(cudaMemset(t.scales, 127, t.rows * (row / 32)));
+  CK(cudaMalloc(&t.out, 4096 * row * 2));
+  t.ids = device_ids(t.rows, 88172645463325252ull);
+  return t;
+}
+
 // A file's bytes (a PTX or a cubin), or exit.
 inline std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

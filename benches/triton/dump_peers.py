@@ -28,6 +28,15 @@ BUILDS = [
 ]
 
 
+def compile_peer(fn, sig: dict, constexprs: dict, warps: int, target: GPUTarget):
+    """`fn` compiled for `target` with `sig`'s pointers declared 16-byte aligned, as Triton
+    specializes the peers' tensors at run time."""
+    aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())
+               if t.startswith("*")}
+    src = ASTSource(fn, signature=sig, constexprs=constexprs, attrs=aligned)
+    return triton_compile(src, target=target, options={"num_warps": warps})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
@@ -36,10 +45,7 @@ def main() -> int:
     os.makedirs(a.out, exist_ok=True)
     target = GPUTarget("cuda", a.arch, 32)
     for family, fn, sig, width, rows, warps in BUILDS:
-        aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())
-                   if t.startswith("*")}
-        src = ASTSource(fn, signature=sig, constexprs={width: 256, "ROWS": rows}, attrs=aligned)
-        built = triton_compile(src, target=target, options={"num_warps": warps})
+        built = compile_peer(fn, sig, {width: 256, "ROWS": rows}, warps, target)
         stem = os.path.join(a.out, f"{family}_r{rows}w{warps}")
         with open(stem + ".cubin", "wb") as f:
             f.write(built.asm["cubin"])

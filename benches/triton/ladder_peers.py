@@ -16,13 +16,13 @@ import sys
 import types
 
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, compile as triton_compile
 import triton
 import triton.language as tl
 
 sys.modules.setdefault("torch", types.SimpleNamespace(Generator=object))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402  (its kernels; nothing runs on import)
+from dump_peers import compile_peer  # noqa: E402
 
 
 @triton.jit(do_not_specialize=["n", "rows"])
@@ -90,12 +90,8 @@ def main() -> int:
     target = GPUTarget("cuda", a.arch, 32)
     lines = []
     for family, args, fn, sig, width, extra in KERNELS:
-        aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())
-                   if t.startswith("*")}
         for rows, warps in CONFIGS:
-            src = ASTSource(fn, signature=sig, constexprs={width: 256, "ROWS": rows, **extra},
-                            attrs=aligned)
-            built = triton_compile(src, target=target, options={"num_warps": warps})
+            built = compile_peer(fn, sig, {width: 256, "ROWS": rows, **extra}, warps, target)
             stem = f"{family}_{args}_r{rows}w{warps}"
             with open(os.path.join(a.out, stem + ".cubin"), "wb") as f:
                 f.write(built.asm["cubin"])

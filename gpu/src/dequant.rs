@@ -192,13 +192,13 @@ macro_rules! dequant_body {
         >(&$p)
     };
     ($p:ident, unit_pass { conversion: $c:ident, block: $b:literal }) => {
-        super::kernels::gather_dequant_unit_pass::<{ super::Conversion::$c as u8 }, $b, 0>(&$p)
+        super::kernels::gather_dequant_pass::<{ super::Conversion::$c as u8 }, $b, 0, 8>(&$p)
     };
     ($p:ident, chunk_pass { conversion: $c:ident, block: $b:literal }) => {
         super::kernels::gather_dequant_chunk_pass::<{ super::Conversion::$c as u8 }, $b>(&$p)
     };
     ($p:ident, quad_pass { conversion: $c:ident, block: $b:literal }) => {
-        super::kernels::gather_dequant_quad_pass::<{ super::Conversion::$c as u8 }, $b, 0>(&$p)
+        super::kernels::gather_dequant_pass::<{ super::Conversion::$c as u8 }, $b, 0, 4>(&$p)
     };
     ($p:ident, rows_tile { conversion: $c:ident, rows: $r:literal, warps: $w:literal }) => {
         super::kernels::gather_dequant_rows_tile::<$r, $w, { super::Conversion::$c as u8 }>(&$p)
@@ -341,15 +341,15 @@ variants! {
 width_builds! {
     params: DequantParams, width: 256;
     gather_dequant_unit_pass_b64: sm_80
-        => kernels::gather_dequant_unit_pass::<{ kernels::PACKED }, 64, 256>;
+        => kernels::gather_dequant_pass::<{ kernels::PACKED }, 64, 256, 8>;
     gather_dequant_unit_pass_b128: sm_80
-        => kernels::gather_dequant_unit_pass::<{ kernels::PACKED }, 128, 256>;
+        => kernels::gather_dequant_pass::<{ kernels::PACKED }, 128, 256, 8>;
     gather_dequant_unit_pass_b256: sm_80
-        => kernels::gather_dequant_unit_pass::<{ kernels::PACKED }, 256, 256>;
+        => kernels::gather_dequant_pass::<{ kernels::PACKED }, 256, 256, 8>;
     gather_dequant_quad_pass_b128: sm_80
-        => kernels::gather_dequant_quad_pass::<{ kernels::PACKED }, 128, 256>;
+        => kernels::gather_dequant_pass::<{ kernels::PACKED }, 128, 256, 4>;
     gather_dequant_quad_pass_b256: sm_80
-        => kernels::gather_dequant_quad_pass::<{ kernels::PACKED }, 256, 256>;
+        => kernels::gather_dequant_pass::<{ kernels::PACKED }, 256, 256, 4>;
 }
 
 variant_handle!(DequantVariant, "gather + dequant");
@@ -643,104 +643,69 @@ pub(crate) mod kernels {
         }
     }
 
-    /// A `unit_pass` variant: thread `t` converts unit `t` (8 elements of output row
-    /// `t / (dim / 8)`) in straight-line code: its row's id, 8 weight bytes and scale byte
-    /// loaded under predicates (a bad or absent row reads nothing and converts zero bytes at
-    /// scale 2^0, a row of +0.0), one predicated 16-byte store. The host launches whole warps
-    /// over `n * dim / 8 < 2^32` units, in blocks of `BLOCK` threads. `DIM`: the row's
-    /// elements as a constant (a width build's, the call's `dim`), 0 to read them from `p`.
+    /// The one-pass body of `ELEMS` elements a thread: a `unit_pass` variant (8: thread `t`
+    /// converts unit `t`, 8 elements of output row `t / (dim / 8)`) or a `quad_pass` one (4: a
+    /// quad of output row `t / (dim / 4)`), in straight-line code: its row's id, `ELEMS` weight
+    /// bytes and its block's scale byte loaded under predicates (a bad or absent row reads
+    /// nothing and converts zero bytes at scale 2^0, a row of +0.0), one predicated store of
+    /// `2 * ELEMS` bytes, the bad-id record last. The host launches whole warps over
+    /// `n * dim / ELEMS < 2^32` threads, in blocks of `BLOCK`. `DIM`: the row's elements as a
+    /// constant (a width build's, the call's `dim`), 0 to read them from `p`.
     #[inline(always)]
-    pub(super) unsafe fn gather_dequant_unit_pass<
+    pub(super) unsafe fn gather_dequant_pass<
         const CONVERSION: u8,
         const BLOCK: u32,
         const DIM: u32,
+        const ELEMS: u32,
     >(
         p: &DequantParams,
     ) {
         let dim = if DIM == 0 { p.dim } else { DIM };
-        let units = Units::new(dim);
+        // At least 4 pieces a row (the host refuses rows narrower than 32), so the divisions
+        // cannot trap.
+        let pieces = Units::with_per_row((dim / ELEMS).max(1));
         let t = block() * BLOCK + thread_in_block();
-        let live = (t as u64) < p.n as u64 * units.per_row as u64;
-        let (i, c) = units.split(t as u64);
+        let live = (t as u64) < p.n as u64 * pieces.per_row as u64;
+        let (i, c) = pieces.split(t as u64);
         // SAFETY: read only when `live`: i < n, inside the ids array.
         let id = unsafe { load_i64_if(p.ids + 8 * i, live) };
         let found = live && id >= 0 && (id as u64) < p.rows;
         let row = id as u64;
+        // Closures, so that each address is computed where it is used (the PTX as when they were
+        // written inline: each load's address just before it, the store's after the loads).
         let scales_per_row = (dim / MX_BLOCK) as u64;
-        // SAFETY: read only when `found`: row < rows and c < dim / 8, 8 bytes inside row `row`
-        // (8-byte aligned: rows are 16-byte aligned) and its scale byte.
-        let (w, s) = unsafe {
-            (
-                load_8_if(
-                    p.weights + row.wrapping_mul(dim as u64) + 8 * c as u64,
-                    found,
-                ),
-                load_u8_if(
-                    p.scales + row.wrapping_mul(scales_per_row) + (c / 4) as u64,
-                    found,
-                    UNIT_SCALE,
-                ),
-            )
-        };
-        let out = convert_unit::<CONVERSION>(w, s);
-        // SAFETY: written only when `live`: unit t's 16 bytes of output, by this thread alone.
-        unsafe { store_16_if(p.out + 16 * t as u64, out, live) };
+        let weights = || p.weights + row.wrapping_mul(dim as u64) + (ELEMS * c) as u64;
+        let scale =
+            || p.scales + row.wrapping_mul(scales_per_row) + (c / (MX_BLOCK / ELEMS)) as u64;
+        let out = || p.out + 2 * ELEMS as u64 * t as u64;
+        // SAFETY: read only when `found`: row < rows and c < dim / ELEMS, the piece's ELEMS
+        // bytes inside row `row` (aligned to ELEMS: rows are 16-byte aligned) and its block's
+        // scale byte; written only when `live`: piece t's output, by this thread alone.
+        unsafe {
+            if ELEMS == 4 {
+                let (w, s) = (
+                    load_4_if(weights(), found),
+                    load_u8_if(scale(), found, UNIT_SCALE),
+                );
+                let v = convert_quad::<CONVERSION>(w, s);
+                store_8_if(out(), v, live);
+            } else {
+                let (w, s) = (
+                    load_8_if(weights(), found),
+                    load_u8_if(scale(), found, UNIT_SCALE),
+                );
+                let v = convert_unit::<CONVERSION>(w, s);
+                store_16_if(out(), v, live);
+            }
+        }
         if live && !found && c == 0 {
             // SAFETY: the host passes the address of a live IdStatus.
             unsafe { record_bad_id(p.status, i) };
         }
     }
 
-    /// A `quad_pass` variant: thread `t` converts quad `t` (4 elements of output row
-    /// `t / (dim / 4)`) as [`gather_dequant_unit_pass`] does a unit: the row's id, 4 weight
-    /// bytes and the scale byte loaded under predicates, one predicated 8-byte store, the bad-id
-    /// record last. The host launches whole warps over `n * dim / 4 < 2^32` quads, in blocks of
-    /// `BLOCK` threads. `DIM`: as for `gather_dequant_unit_pass`.
-    #[inline(always)]
-    pub(super) unsafe fn gather_dequant_quad_pass<
-        const CONVERSION: u8,
-        const BLOCK: u32,
-        const DIM: u32,
-    >(
-        p: &DequantParams,
-    ) {
-        let dim = if DIM == 0 { p.dim } else { DIM };
-        // At least 8 (the host refuses rows narrower than 32), so the divisions cannot trap.
-        let quads = Units::with_per_row((dim / 4).max(1));
-        let t = block() * BLOCK + thread_in_block();
-        let live = (t as u64) < p.n as u64 * quads.per_row as u64;
-        let (i, q) = quads.split(t as u64);
-        // SAFETY: read only when `live`: i < n, inside the ids array.
-        let id = unsafe { load_i64_if(p.ids + 8 * i, live) };
-        let found = live && id >= 0 && (id as u64) < p.rows;
-        let row = id as u64;
-        let scales_per_row = (dim / MX_BLOCK) as u64;
-        // SAFETY: read only when `found`: row < rows and q < dim / 4, 4 bytes inside row `row`
-        // (4-byte aligned: rows are 16-byte aligned) and its scale byte (quad q's block q / 8).
-        let (w, s) = unsafe {
-            (
-                load_4_if(
-                    p.weights + row.wrapping_mul(dim as u64) + 4 * q as u64,
-                    found,
-                ),
-                load_u8_if(
-                    p.scales + row.wrapping_mul(scales_per_row) + (q / 8) as u64,
-                    found,
-                    UNIT_SCALE,
-                ),
-            )
-        };
-        let out = convert_quad::<CONVERSION>(w, s);
-        // SAFETY: written only when `live`: quad t's 8 bytes of output, by this thread alone.
-        unsafe { store_8_if(p.out + 8 * t as u64, out, live) };
-        if live && !found && q == 0 {
-            // SAFETY: the host passes the address of a live IdStatus.
-            unsafe { record_bad_id(p.status, i) };
-        }
-    }
-
     /// A `chunk_pass` variant: thread `t` converts chunk `t` (16 elements of output row
-    /// `t / (dim / 16)`) in straight-line code, as [`gather_dequant_unit_pass`] does a unit: the
+    /// `t / (dim / 16)`) in straight-line code, as [`gather_dequant_pass`] does a unit: the
     /// row's id, 16 weight bytes and scale byte loaded under predicates, two predicated 16-byte
     /// stores, the bad-id record last. The host launches whole warps over `n * dim / 16 < 2^32`
     /// chunks, in blocks of `BLOCK` threads.
