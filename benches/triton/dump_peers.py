@@ -46,6 +46,10 @@ def main() -> int:
     target = GPUTarget("cuda", a.arch, 32)
     for family, fn, sig, width, rows, warps in BUILDS:
         built = compile_peer(fn, sig, {width: 256, "ROWS": rows}, warps, target)
+        if built.metadata.shared:
+            # module_probe.cu launches the peers without dynamic shared memory.
+            raise SystemExit(f"{family} ROWS={rows} warps={warps} needs "
+                             f"{built.metadata.shared} B of shared memory")
         stem = os.path.join(a.out, f"{family}_r{rows}w{warps}")
         with open(stem + ".cubin", "wb") as f:
             f.write(built.asm["cubin"])

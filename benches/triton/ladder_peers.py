@@ -8,7 +8,9 @@ Triton, not a GPU (nor torch: `peers.py`'s kernels are read without its tables).
 
 Writes `NAME.cubin` for each build and `OUT_DIR/ladder.txt`, a line a build: the file's stem,
 its family (gather or dequant), its argument list (`plain`: the peer's; `checked`: rows and a
-status pointer after n), ROWS and the warps."""
+status pointer after n), ROWS, the warps, the kernel's name and the shared memory its launch
+must give it (Triton stages some dequant tiles' layout changes there: 1-4 KiB at 2 or 4
+warps)."""
 
 import argparse
 import os
@@ -95,7 +97,8 @@ def main() -> int:
             stem = f"{family}_{args}_r{rows}w{warps}"
             with open(os.path.join(a.out, stem + ".cubin"), "wb") as f:
                 f.write(built.asm["cubin"])
-            lines.append(f"{stem} {family} {args} {rows} {warps} {built.metadata.name}")
+            meta = built.metadata
+            lines.append(f"{stem} {family} {args} {rows} {warps} {meta.name} {meta.shared}")
     with open(os.path.join(a.out, "ladder.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"{len(lines)} builds in {a.out}")
