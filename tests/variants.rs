@@ -181,6 +181,18 @@ fn declared_shapes_are_the_launch_shapes() {
             dequant::Shape::QuadPass { block_threads: 256 }
         )
     );
+    let d = &dequant::VARIANTS[dequant::find("gather_dequant_unit_pass_cvt_b128").unwrap()];
+    assert_eq!(
+        (d.conversion, d.shape),
+        (
+            dequant::Conversion::Hardware,
+            dequant::Shape::Units8 {
+                unroll: 1,
+                one_pass: true,
+                block_threads: 128
+            }
+        )
+    );
     let d = &dequant::VARIANTS[dequant::find("gather_dequant_rows4_w1").unwrap()];
     assert_eq!(
         (d.conversion, d.shape),
@@ -246,6 +258,10 @@ fn each_variant_needs_the_arch_its_declaration_implies() {
     }
     for entry in all_kernels() {
         let plain = entry.name.strip_suffix("_timed").unwrap_or(entry.name);
+        // A width build needs what its variant needs.
+        let plain = fetchahead::device_abi::width_builds()
+            .find(|b| b.name == plain)
+            .map_or(plain, |b| b.of);
         let family_needs = [
             (gather::find(plain), gather::NEEDS),
             (dequant::find(plain), dequant::NEEDS),

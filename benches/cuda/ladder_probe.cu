@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
       {"gather_dequant_unit_pass_b256_w256", "dequant", 256, 32},
       {"gather_dequant_quad_pass_b128_w256", "dequant", 128, 64},
       {"gather_dequant_quad_pass_b256_w256", "dequant", 256, 64},
-      {"gather_dequant_quad_pass_cvt_b256", "dequant", 256, 64},
+      {"gather_dequant_quad_pass_cvt_b256_w256", "dequant", 256, 64},
+      {"gather_dequant_unit_pass_cvt_b128_w256", "dequant", 128, 32},
       {"gather_empty", "empty", 256, 32},
   };
   // The ladder's entries: name, threads a block, threads a row.

@@ -315,6 +315,8 @@ variants! {
         => "packed, a thread per unit in one pass, loads and stores predicated, blocks of 128";
     gather_dequant_unit_pass_b256: unit_pass { conversion: Packed, block: 256 }
         => "packed, a thread per unit in one pass, loads and stores predicated, blocks of 256";
+    gather_dequant_unit_pass_cvt_b128: unit_pass { conversion: Hardware, block: 128 }
+        => "hardware conversion, a thread per unit in one pass, predicated, blocks of 128";
     gather_dequant_chunk_pass_b64: chunk_pass { conversion: Packed, block: 64 }
         => "packed, a thread per 16 elements in one pass, predicated, blocks of 64";
     gather_dequant_chunk_pass_b128: chunk_pass { conversion: Packed, block: 128 }
@@ -350,6 +352,13 @@ width_builds! {
         => kernels::gather_dequant_pass::<{ kernels::PACKED }, 128, 256, 4>;
     gather_dequant_quad_pass_b256: sm_80
         => kernels::gather_dequant_pass::<{ kernels::PACKED }, 256, 256, 4>;
+    // The Triton peer's conversion (e4m3x2 to f16x2 in hardware, an f32 scale multiply) in the
+    // peer's decode tiles: 8 elements a thread in blocks of 128 (its ROWS = 4 on 4 warps), 4
+    // in blocks of 256.
+    gather_dequant_unit_pass_cvt_b128: sm_89
+        => kernels::gather_dequant_pass::<{ kernels::HARDWARE }, 128, 256, 8>;
+    gather_dequant_quad_pass_cvt_b256: sm_89
+        => kernels::gather_dequant_pass::<{ kernels::HARDWARE }, 256, 256, 4>;
 }
 
 variant_handle!(DequantVariant, "gather + dequant");
@@ -370,18 +379,19 @@ pub(crate) mod kernels {
 
     // `Conversion` as const-generic values.
     pub(super) const PACKED: u8 = Conversion::Packed as u8;
+    pub(super) const HARDWARE: u8 = Conversion::Hardware as u8;
 
     /// E8M0 for 2^0.
     pub(crate) const UNIT_SCALE: u8 = 127;
 
-    /// The E8M0 scale as an f32 power of two (2^-127 is an f32 subnormal, still exact).
+    /// The E8M0 scale as an f32 power of two (2^-127 is an f32 subnormal, still exact), the
+    /// E8M0 NaN as f32's quiet NaN. Without a branch: `s << 23` is the exponent field, and bit 22
+    /// set on it makes both ends, 2^-127 (`0x0040_0000`) from 0 and the NaN (`0x7fc0_0000`)
+    /// from 255's infinity.
     #[inline(always)]
     fn scale_f32(s: u8) -> f32 {
-        match s {
-            E8M0_NAN => f32::NAN,
-            0 => f32::from_bits(0x0040_0000),
-            _ => f32::from_bits((s as u32) << 23),
-        }
+        let end = ((s == 0) | (s == E8M0_NAN)) as u32;
+        f32::from_bits(((s as u32) << 23) | (end << 22))
     }
 
     /// Output word `k` (elements 2k and 2k+1) of a 16-element chunk, hardware conversion.
