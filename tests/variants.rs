@@ -153,9 +153,12 @@ fn declared_shapes_are_the_launch_shapes() {
             );
         }
     }
-    let d = &dequant::VARIANTS[dequant::find("gather_dequant_u8_packed_x2_pass").unwrap()];
+    let d = |name| {
+        let v = &dequant::VARIANTS[dequant::find(name).unwrap()];
+        (v.conversion, v.shape)
+    };
     assert_eq!(
-        (d.conversion, d.shape),
+        d("gather_dequant_u8_packed_x2_pass"),
         (
             dequant::Conversion::Packed,
             dequant::Shape::Units8 {
@@ -165,25 +168,22 @@ fn declared_shapes_are_the_launch_shapes() {
             }
         )
     );
-    let d = &dequant::VARIANTS[dequant::find("gather_dequant_chunk_pass_cvt_b64").unwrap()];
     assert_eq!(
-        (d.conversion, d.shape),
+        d("gather_dequant_chunk_pass_cvt_b64"),
         (
             dequant::Conversion::Hardware,
             dequant::Shape::ChunkPass { block_threads: 64 }
         )
     );
-    let d = &dequant::VARIANTS[dequant::find("gather_dequant_quad_pass_cvt_b256").unwrap()];
     assert_eq!(
-        (d.conversion, d.shape),
+        d("gather_dequant_quad_pass_cvt_b256"),
         (
             dequant::Conversion::Hardware,
             dequant::Shape::QuadPass { block_threads: 256 }
         )
     );
-    let d = &dequant::VARIANTS[dequant::find("gather_dequant_unit_pass_cvt_b128").unwrap()];
     assert_eq!(
-        (d.conversion, d.shape),
+        d("gather_dequant_unit_pass_cvt_b128"),
         (
             dequant::Conversion::Hardware,
             dequant::Shape::Units8 {
@@ -193,9 +193,8 @@ fn declared_shapes_are_the_launch_shapes() {
             }
         )
     );
-    let d = &dequant::VARIANTS[dequant::find("gather_dequant_rows4_w1").unwrap()];
     assert_eq!(
-        (d.conversion, d.shape),
+        d("gather_dequant_rows4_w1"),
         (
             dequant::Conversion::Packed,
             dequant::Shape::RowsTile { rows: 4, warps: 1 }
